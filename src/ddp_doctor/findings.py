@@ -1,0 +1,162 @@
+"""The one vocabulary of ddp-doctor: the finding-code catalogue and the Finding type.
+
+Lint rules, runtime diagnoses and ``check`` all report through :class:`Finding`
+with a code from :data:`CATALOGUE`, so a hazard has the same name wherever it is
+seen.  This module depends on nothing else in the package (nor on torch).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Severity(str, enum.Enum):
+    """How bad a finding is: error (hang, crash, corruption), warning (wrong or wasteful), info."""
+
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+    @property
+    def rank(self) -> int:
+        """Ordering for fail levels: higher is worse."""
+        return {"info": 0, "warning": 1, "error": 2}[self.value]
+
+
+@dataclass(frozen=True)
+class CodeInfo:
+    """One catalogue entry: a stable code, its kebab-case name, default severity and a one-line title."""
+
+    code: str
+    name: str
+    severity: Severity
+    title: str
+
+
+def _entries(*rows: tuple[str, str, str, str]) -> dict[str, CodeInfo]:
+    return {code: CodeInfo(code, name, Severity(sev), title) for code, name, sev, title in rows}
+
+
+# Codes are stable; a new hazard gets a new number.  Keep in step with ../shared/DESIGN.md.
+CATALOGUE: dict[str, CodeInfo] = _entries(
+    ("DDP101", "uneven-steps", "error", "Ranks run different numbers of training steps"),
+    ("DDP102", "sampler-epoch-not-set", "warning", "DistributedSampler.set_epoch() is never called"),
+    ("DDP103", "shuffle-with-sampler", "warning", "DataLoader gets both shuffle=True and a sampler"),
+    ("DDP104", "collate-may-return-none", "warning", "collate_fn can return None"),
+    ("DDP105", "loader-without-distributed-sampler", "warning", "Training loader has no DistributedSampler"),
+    ("DDP201", "rank-conditional-collective", "error", "Collective reached by only some ranks"),
+    ("DDP202", "ddp-forward-on-subset-of-ranks", "error", "DDP model called on only some ranks"),
+    ("DDP203", "collective-mismatch", "error", "Ranks call different collectives at the same point"),
+    ("DDP204", "rank-exited", "error", "A rank exited while the others wait"),
+    ("DDP205", "stalled-outside-collectives", "error", "No rank progresses and none is in a collective"),
+    ("DDP206", "launch-not-at-entry", "warning", "Distributed launch/init outside the program entry"),
+    ("DDP301", "load-without-map-location", "warning", "torch.load without map_location"),
+    ("DDP302", "cuda-before-set-device", "warning", "CUDA used before torch.cuda.set_device(local_rank)"),
+    ("DDP303", "save-on-every-rank", "warning", "torch.save reached by every rank"),
+    ("DDP401", "data-bound", "warning", "Training waits on the data loader"),
+    ("DDP402", "loader-without-pin-memory", "info", "Batches copied to CUDA from unpinned memory"),
+    ("DDP403", "workers-not-persistent", "info", "DataLoader workers restart every epoch"),
+    ("DDP404", "straggler-rank", "warning", "One rank is consistently slower than the others"),
+    ("DDP405", "find-unused-parameters", "info", "find_unused_parameters=True costs an extra graph traversal"),
+    ("DDP406", "batchnorm-without-syncbn", "info", "BatchNorm in a DDP model without SyncBatchNorm"),
+)
+
+
+def info(code: str) -> CodeInfo:
+    """The catalogue entry for ``code``; KeyError names an unknown code."""
+    try:
+        return CATALOGUE[code]
+    except KeyError:
+        raise KeyError(f"unknown finding code {code!r}") from None
+
+
+@dataclass
+class Location:
+    """Where a finding points: a source line (1-based) and, when known, columns and function."""
+
+    path: str
+    line: int
+    function: str | None = None
+    column: int | None = None  # 1-based, as editors show it
+    end_line: int | None = None
+    end_column: int | None = None
+
+    def to_report_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "line": self.line, "function": self.function}
+
+
+@dataclass
+class Finding:
+    """One reported hazard, static or runtime.
+
+    ``message`` says what goes (or went) wrong and where; ``fix`` says what to
+    write instead.  ``ranks`` and ``evidence`` are filled by runtime diagnoses.
+    """
+
+    code: str
+    message: str
+    fix: str
+    location: Location | None = None
+    severity: Severity | None = None  # None: the catalogue default
+    ranks: list[int] = field(default_factory=list)
+    evidence: dict[str, Any] = field(default_factory=dict)
+    title: str | None = None  # None: the catalogue title
+
+    def __post_init__(self) -> None:
+        entry = info(self.code)
+        if self.severity is None:
+            self.severity = entry.severity
+        else:
+            self.severity = Severity(self.severity)
+        if self.title is None:
+            self.title = entry.title
+
+    @property
+    def name(self) -> str:
+        return info(self.code).name
+
+    def to_lint_dict(self) -> dict[str, Any]:
+        """The ``ddp-doctor/lint/v1`` finding object (DESIGN.md)."""
+        loc = self.location
+        return {
+            "code": self.code,
+            "name": self.name,
+            "severity": self.severity.value,
+            "path": loc.path if loc else None,
+            "line": loc.line if loc else None,
+            "column": loc.column if loc else None,
+            "end_line": loc.end_line if loc else None,
+            "end_column": loc.end_column if loc else None,
+            "message": self.message,
+            "fix": self.fix,
+        }
+
+    def to_report_dict(self) -> dict[str, Any]:
+        """The ``ddp-doctor/report/v1`` finding object (DESIGN.md)."""
+        return {
+            "code": self.code,
+            "name": self.name,
+            "severity": self.severity.value,
+            "title": self.title,
+            "message": self.message,
+            "ranks": sorted(self.ranks),
+            "location": self.location.to_report_dict() if self.location else None,
+            "evidence": self.evidence,
+            "fix": self.fix,
+        }
+
+    @classmethod
+    def from_report_dict(cls, data: dict[str, Any]) -> "Finding":
+        """Inverse of :meth:`to_report_dict` (for re-rendering a saved report)."""
+        loc = data.get("location")
+        return cls(
+            code=data["code"],
+            message=data.get("message", ""),
+            fix=data.get("fix", ""),
+            location=Location(loc["path"], loc["line"], loc.get("function")) if loc else None,
+            severity=data.get("severity"),
+            ranks=list(data.get("ranks", [])),
+            evidence=dict(data.get("evidence", {})),
+            title=data.get("title"),
+        )
