@@ -24,3 +24,14 @@ def test_finding_defaults_come_from_catalogue_and_round_trip_through_report_dict
 def test_unknown_code_is_rejected():
     with pytest.raises(KeyError):
         info("DDP999")
+
+
+def test_every_catalogue_code_has_an_explain_page_with_the_four_sections():
+    from importlib import resources
+
+    pages = resources.files("ddp_doctor") / "pages"
+    for code, entry in CATALOGUE.items():
+        text = (pages / f"{code}.md").read_text(encoding="utf-8")
+        assert text.startswith(f"# {code} {entry.name}\n"), code
+        for heading in ("## What it does", "## Why is this bad?", "## Example", "## Use instead"):
+            assert heading in text, (code, heading)

@@ -42,7 +42,7 @@ def _entries(*rows: tuple[str, str, str, str]) -> dict[str, CodeInfo]:
 CATALOGUE: dict[str, CodeInfo] = _entries(
     ("DDP101", "uneven-steps", "error", "Ranks run different numbers of training steps"),
     ("DDP102", "sampler-epoch-not-set", "warning", "DistributedSampler.set_epoch() is never called"),
-    ("DDP103", "shuffle-with-sampler", "warning", "DataLoader gets both shuffle=True and a sampler"),
+    ("DDP103", "shuffle-with-sampler", "error", "DataLoader gets both shuffle=True and a sampler (ValueError at start)"),
     ("DDP104", "collate-may-return-none", "warning", "collate_fn can return None"),
     ("DDP105", "loader-without-distributed-sampler", "warning", "Training loader has no DistributedSampler"),
     ("DDP201", "rank-conditional-collective", "error", "Collective reached by only some ranks"),
