@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
     fixed = 0
     if args.fix and result.fixes:
         from ddp_doctor.lint.fix import apply_fixes
-        fixed, notes = apply_fixes(result.fixes)
+        fixed, notes = apply_fixes(result.fixes, select=select, ignore=ignore or None)
         for note in notes:
             print(note, file=sys.stderr)
         # report what is left
