@@ -193,8 +193,8 @@ class Job:
             self.store.set("ddpd/stop", json.dumps({"reason": decision.get("reason")}))
         except Exception:
             pass
-        if decision.get("reason") == "exit" and not decision.get("finished"):
-            return  # a rank failed: torch's agent stops (or restarts) the job itself
+        if decision.get("reason") == "exit" and not decision.get("finished") and self.args.max_restarts > 0:
+            return  # a rank failed and restarts are allowed: torch's agent restarts the job itself
         self.stop()
 
     def stop(self) -> None:
@@ -277,10 +277,12 @@ class Job:
         verdict, findings = diagnose(evidence, decision, self.failures)
         exit_code = 0
         if verdict == "crash":
-            codes = [f.get("exit_code") for f in self.failures.values() if f.get("exit_code")]
-            root = next((c for c in codes if c and c > 0), None)
-            sig = next((-c for c in codes if c and c < 0), None)
-            exit_code = root or (128 + sig if sig else 1)
+            # the root rank's own exit status (as a shell shows it: 128+N for a signal)
+            root = findings[0].ranks[0] if findings and findings[0].ranks else None
+            code = (self.failures.get(root) or (evidence["ranks"].get(root) or {}).get("exit") or {}).get("exit_code")
+            if not code:
+                code = next((c for c in (f.get("exit_code") for f in self.failures.values()) if c), 1)
+            exit_code = 128 - code if code < 0 else code
         elif verdict != "ok":
             exit_code = 1
         elif job_error is not None:

@@ -36,7 +36,7 @@ def user_frame(stack: list[dict] | None) -> dict | None:
 
 def rank_site(st: dict[str, Any]) -> dict | None:
     """Best user line for where a rank is: its collective, its stack, its last sampled line."""
-    c = st.get("in_collective")
+    c = st.get("in_collective") or (st.get("exc") or {}).get("collective")
     if c and c.get("site"):
         return c["site"]
     return user_frame(st.get("stack")) or st.get("where")
@@ -171,7 +171,9 @@ def diagnose_desync(ev: dict[str, Any], d: dict[str, Any]) -> list[Finding]:
                f"pairs different training steps: {txt}. One rank ran more steps than another in an epoch, and the "
                "gradient all-reduces now average different iterations (gloo pairs them silently); the job hangs or "
                "crashes later. Detected as it happened.")
-        return [Finding("DDP101", msg, FIX_101, location=loc(site), ranks=sorted(calls),
+        ahead = max(eps.values())  # the rank(s) already in a later epoch ran fewer steps in the earlier one
+        fewer = sorted(r for r, e in eps.items() if e == ahead) if len(set(eps.values())) > 1 else sorted(calls)
+        return [Finding("DDP101", msg, FIX_101, location=loc(site), ranks=fewer,
                         evidence={"group": d["group"], "seq": d["seq"], "calls": {str(r): c for r, c in calls.items()},
                                   **_step_evidence(ranks)})]
     code, fault, site = classify_calls(calls, ranks)
@@ -333,27 +335,46 @@ def _stall(ranks, stuck: dict[int, dict], stall: dict, partial: dict | None = No
 
 # -- DDP204 --------------------------------------------------------------------------------
 def _root_ranks(ranks: dict[int, dict]) -> list[int]:
+    """The rank(s) whose exit caused the others': an exception outside a collective, then a killing signal,
+    then an exception inside a collective (the first one), then a non-zero exit."""
     exc = [r for r, st in ranks.items() if st.get("exc")]
-    if exc:
-        # the first to raise outside a collective is the root; ranks that failed inside one followed it
-        exc.sort(key=lambda r: (bool(ranks[r]["exc"].get("collective")), ranks[r]["exc"].get("t") or 0))
-        return exc[:1]
+    own = sorted((r for r in exc if not ranks[r]["exc"].get("collective")), key=lambda r: ranks[r]["exc"].get("t") or 0)
+    if own:
+        return own[:1]
     sig = [r for r, st in ranks.items() if (st.get("exit") or {}).get("signal") not in (None, "SIGTERM")]
     if sig:
         return sorted(sig)
+    if exc:
+        return sorted(exc, key=lambda r: ranks[r]["exc"].get("t") or 0)[:1]
     bad = [r for r, st in ranks.items() if (st.get("exit") or {}).get("exit_code") not in (None, 0, -15)]
     if bad:
         return sorted(bad)
     return sorted(r for r, st in ranks.items() if (st.get("exit") or {}).get("signal"))
 
 
+def _finished_early(ranks: dict[int, dict]) -> list[int]:
+    """Ranks that ended normally while another was still inside a collective (or failed in one after)."""
+    done = [r for r, st in ranks.items() if st.get("done") or (st.get("exit") or {}).get("exit_code") == 0]
+    stuck = [r for r, st in ranks.items() if r not in done and (
+        st.get("in_collective") or (st.get("exc") or {}).get("collective"))]
+    return sorted(done) if done and stuck else []
+
+
 def diagnose_exit(ev: dict[str, Any], d: dict[str, Any]) -> list[Finding]:
     ranks = _ranks(ev)
     out: list[Finding] = []
-    if d.get("finished"):
+    if d.get("finished") or (_finished_early(ranks) and not [
+            r for r in _root_ranks(ranks) if not (ranks[r].get("exc") or {}).get("collective")]):
         done = sorted(r for r, st in ranks.items() if st.get("done") or (st.get("exit") or {}).get("exit_code") == 0)
         waiting = {r: st for r, st in ranks.items() if r not in done}
         steps = {r: st.get("step") or 0 for r, st in ranks.items()}
+        if len(set(steps.values())) <= 1 and waiting:
+            msg = (f"Rank {', '.join(map(str, done))} left the training loop and finished after "
+                   f"{steps[done[0]]} steps while the others still train: {_others_text(ranks, set(done))}. "
+                   "Their next collective has no partner.")
+            site = next((rank_site(st) for st in waiting.values() if rank_site(st)), None)
+            out.append(Finding("DDP101", msg, FIX_101, location=loc(site), ranks=done,
+                               evidence={"finished": done, **_step_evidence(ranks)}))
         if len(set(steps.values())) > 1:
             counts = {r: st.get("steps_by_epoch") or [] for r, st in ranks.items()}
             n = min((len(c) for c in counts.values()), default=0)

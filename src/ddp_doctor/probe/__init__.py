@@ -80,7 +80,7 @@ class Probe:
 
 
 def _cur(rec):
-    c = rec.cur
+    c = rec.cur or rec.failed_in
     if c is None:
         return None
     site = rec.sites[c[5]] if c[5] < len(rec.sites) else None

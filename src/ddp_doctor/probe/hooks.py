@@ -89,6 +89,9 @@ def _wrap_collective(fn, name: str):
         _tls.depth = 1
         try:
             return fn(*args, **kwargs)
+        except BaseException:
+            REC.failed_in = entry
+            raise
         finally:
             _tls.depth = 0
             if entry is not None:
@@ -133,6 +136,9 @@ def _patch_ddp() -> None:
             entry = None
         try:
             orig_init(self, *args, **kwargs)
+        except BaseException:
+            REC.failed_in = entry
+            raise
         finally:
             if entry is not None:
                 try:
@@ -169,6 +175,9 @@ def _patch_ddp() -> None:
             entry = None
         try:
             return orig_forward(self, *args, **kwargs)
+        except BaseException:
+            REC.failed_in = entry
+            raise
         finally:
             try:
                 if entry is not None:
@@ -197,6 +206,9 @@ def _patch_ddp() -> None:
             entry = None
         try:
             return orig_backward(*args, **kwargs)
+        except BaseException:
+            REC.failed_in = entry
+            raise
         finally:
             if entry is not None:
                 try:

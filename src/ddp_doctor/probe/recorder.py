@@ -107,6 +107,7 @@ class Recorder:
         # current collective: (group, seq, op, shapes, dtypes, site_idx, t_enter_monotonic, origin)
         self.cur: tuple | None = None
         self.last: tuple | None = None
+        self.failed_in: tuple | None = None  # the collective an exception escaped from
         # fingerprints: (group, seq, op, shapes, dtypes, site_idx, epoch, step_in_epoch)
         self.ring: deque[tuple] = deque(maxlen=_RING)
         self.sites: list[tuple[str, int, str] | None] = []

@@ -104,8 +104,10 @@ class RankView:
     def busy(self) -> bool:
         """Working outside collectives: CPU time grows, or its Python line changes."""
         st = self.state or {}
-        if st.get("in_collective") or st.get("done") or self.exit:
+        if st.get("done") or self.exit:
             return False
+        # (a rank inside a collective counts too: DDP's construction, forward and backward compute
+        # inside them, and a rank that truly waits in gloo burns no CPU)
         if len(self.samples) < 2:
             return False
         (t0, c0, w0), (t1, c1, w1) = self.samples[0], self.samples[-1]
@@ -113,6 +115,8 @@ class RankView:
             return False
         if (c1 - c0) / (t1 - t0) > 0.05:
             return True
+        if st.get("in_collective"):
+            return False  # its line cannot change while it waits
         return any(w != w0 for _, _, w in self.samples)
 
 
@@ -293,15 +297,15 @@ class Watcher(threading.Thread):
     def decide(self) -> dict[str, Any] | None:
         now = time.monotonic()
         views = self.views
-        # 1. a rank raised / was killed / exited non-zero
+        # 1. desync (first: a mismatch is the root cause even when gloo then aborts both ranks)
+        d = self.find_desync()
+        if d:
+            return d
+        # 2. a rank raised / was killed / exited non-zero
         for r, v in views.items():
             st = v.state or {}
             if st.get("exc") or (v.exit and v.exit.get("exit_code") not in (0, None)) or (v.exit and v.exit.get("signal")):
                 return {"reason": "exit", "rank": r}
-        # 2. desync
-        d = self.find_desync()
-        if d:
-            return d
         seen = [v for v in views.values() if v.state]
         if not seen:
             return None
@@ -378,6 +382,11 @@ class Watcher(threading.Thread):
                     self.collect_stacks()
                     self.ack_all()
                 decision["t_stacks"] = time.monotonic()
+                if decision.get("reason") == "desync" and "calls" in decision:
+                    # still blocked at the mismatch -> the job hangs; moved on -> gloo paired them silently
+                    decision["blocked"] = all(
+                        ((self.views[int(r)].state or {}).get("in_collective") or {}).get("seq") == decision["seq"]
+                        for r in decision["calls"])
                 self.decision = decision
                 if self.on_decision is not None:
                     self.on_decision(decision)
