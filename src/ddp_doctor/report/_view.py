@@ -17,6 +17,9 @@ _STDLIB = tuple(p for p in {sysconfig.get_paths().get("stdlib"), sysconfig.get_p
 def normalize(report: dict[str, Any]) -> dict[str, Any]:
     """Turn a lint/v1 document into a report-shaped dict; pass report/v1 through unchanged."""
     if report.get("schema") != LINT_SCHEMA_ID:
+        if not report.get("ranks") and not report.get("world_size") and report.get("verdict") in (None, "ok") \
+                and all(f.get("source") == "lint" for f in report.get("findings") or []):
+            return dict(report, verdict=None)  # a lint-only report: no job ran
         return report
     findings = []
     for f in report.get("findings") or []:
@@ -62,6 +65,20 @@ def split_findings(report: dict[str, Any]) -> tuple[list[dict], list[dict]]:
             lint.append(f)
     key = lambda f: (SEVERITY_ORDER.get(f.get("severity"), 3), str(f.get("code")))  # noqa: E731
     return sorted(runtime, key=key), sorted(lint, key=key)
+
+
+def lint_confirmed(report: dict[str, Any]) -> set[tuple]:
+    """Keys of runtime findings that lint had also flagged (same code, file, line)."""
+    runtime = [f for f in report.get("findings") or [] if f.get("source") != "lint"]
+    lint = [f for f in report.get("findings") or [] if f.get("source") == "lint"]
+    if isinstance(report.get("lint"), dict):
+        lint += report["lint"].get("findings") or []
+    lk = {_loc_key(f) for f in lint}
+    return {_loc_key(f) for f in runtime if _loc_key(f) in lk}
+
+
+def finding_key(f: dict[str, Any]) -> tuple:
+    return _loc_key(f)
 
 
 def is_library_frame(path: str | None) -> bool:

@@ -14,6 +14,7 @@ from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -64,10 +65,11 @@ def print_report(report: dict[str, Any], file: IO[str] | None = None, color: boo
     runtime, lint = _view.split_findings(report)
     _banner(con, report)
     is_lint_only = report.get("verdict") is None or (not report.get("ranks") and not runtime)
+    confirmed = _view.lint_confirmed(report)
     if runtime:
         con.print(Text(f"Findings ({len(runtime)})", style="bold underline"))
         for f in runtime:
-            _finding(con, f)
+            _finding(con, f, also_lint=_view.finding_key(f) in confirmed)
     elif report.get("verdict") not in (None, "ok") and not is_lint_only:
         con.print("No specific cause was identified; see where each rank stopped below.")
         con.print()
@@ -118,7 +120,7 @@ def _banner(con: Console, report: dict[str, Any]) -> None:
     con.print()
 
 
-def _finding(con: Console, f: dict[str, Any]) -> None:
+def _finding(con: Console, f: dict[str, Any], also_lint: bool = False) -> None:
     sev = str(f.get("severity") or "info")
     head = Text()
     head.append(str(f.get("code", "")), style=SEV_STYLE.get(sev, "bold"))
@@ -129,6 +131,8 @@ def _finding(con: Console, f: dict[str, Any]) -> None:
         head.append(f"  rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}", style="bold")
     if f.get("source") and f.get("source") != "runtime":
         head.append(f"  ({f['source']})", style="dim")
+    if also_lint:
+        head.append("  (also seen in the source by lint)", style="dim")
     con.print(head)
     if f.get("title"):
         con.print(Text("  " + str(f["title"]), style="bold"))
@@ -150,15 +154,14 @@ def _finding(con: Console, f: dict[str, Any]) -> None:
             t.append(v)
             con.print(t)
     if f.get("fix"):
-        t = Text("  fix: ", style="bold green")
+        t = Text("fix: ", style="bold green")
         t.append(str(f["fix"]))
-        con.print(t)
+        con.print(Padding(t, (0, 0, 0, 2), expand=False))
     con.print()
 
 
-def _indent(s: str, n: int) -> Text:
-    pad = " " * n
-    return Text("\n".join(pad + ln for ln in s.splitlines()))
+def _indent(s: str, n: int) -> Padding:
+    return Padding(Text(s), (0, 0, 0, n), expand=False)
 
 
 def _snippet(con: Console, snip: dict[str, Any], line: Any) -> None:
