@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 import time
 from typing import IO, Any
 
@@ -14,7 +15,6 @@ from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
-from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -137,7 +137,7 @@ def _finding(con: Console, f: dict[str, Any], also_lint: bool = False) -> None:
     if f.get("title"):
         con.print(Text("  " + str(f["title"]), style="bold"))
     if f.get("message"):
-        con.print(_indent(str(f["message"]), 2))
+        con.print(Text(_wrap(con, str(f["message"]))))
     loc = f.get("location")
     if isinstance(loc, dict) and loc.get("path"):
         where = _view.frame_text(loc, short=False)
@@ -154,14 +154,23 @@ def _finding(con: Console, f: dict[str, Any], also_lint: bool = False) -> None:
             t.append(v)
             con.print(t)
     if f.get("fix"):
-        t = Text("fix: ", style="bold green")
-        t.append(str(f["fix"]))
-        con.print(Padding(t, (0, 0, 0, 2), expand=False))
+        body = _wrap(con, str(f["fix"]), 2, "fix: ")
+        t = Text(body)
+        t.stylize("bold green", 2, 6)
+        con.print(t)
     con.print()
 
 
-def _indent(s: str, n: int) -> Padding:
-    return Padding(Text(s), (0, 0, 0, n), expand=False)
+def _wrap(con: Console, s: str, indent: int = 2, first: str = "") -> str:
+    """Wrap ``s`` to the console width with a hanging indent, keeping its own line breaks (no trailing blanks)."""
+    pad = " " * indent
+    width = max(40, (con.width or 100) - 1)
+    out = []
+    for i, para in enumerate(str(s).splitlines() or [""]):
+        init = pad + (first if i == 0 else "")
+        out.append(textwrap.fill(para, width=width, initial_indent=init, subsequent_indent=pad,
+                                 break_long_words=True, break_on_hyphens=False, replace_whitespace=False) or init)
+    return "\n".join(out)
 
 
 def _snippet(con: Console, snip: dict[str, Any], line: Any) -> None:
@@ -174,7 +183,8 @@ def _snippet(con: Console, snip: dict[str, Any], line: Any) -> None:
         t = Text("  ")
         t.append(">" if mark else " ", style="bold red" if mark else "")
         t.append(f" {no:>{width}} | ", style="bold" if mark else "dim")
-        t.append(str(src).expandtabs(4), style="bold" if mark else "")
+        t.append(str(src).expandtabs(4).rstrip(), style="bold" if mark else "")
+        t.rstrip()
         con.print(t, overflow="ellipsis", no_wrap=True, crop=True)
 
 
