@@ -125,3 +125,18 @@ def test_browser_screenshot(tmp_path, capsys, name):
     shutil.copy(path, shot.with_suffix(".html"))
     with capsys.disabled():
         print(f"\n[artifact] HTML report screenshot: {shot}  (page: {shot.with_suffix('.html')})")
+
+
+@needs_browser
+def test_browser_real_run_report(tmp_path):
+    """A report written by ``ddp-doctor run`` (seed 000 on gloo: desync), rendered in the browser."""
+    import json
+    r = json.loads((Path(__file__).parent / "data" / "run_seed000_desync.json").read_text())
+    path = tmp_path / "real.html"
+    write_html(r, path)
+    dom = dump_dom(tmp_path, path)
+    assert 'data-rendered="1"' in dom and 'data-code="DDP202"' in dom
+    assert 'data-range="training"' in dom, "start-up should be skipped by default"
+    assert re.search(r'<g class="lane bad" data-rank="0"', dom) and re.search(r'<g class="lane" data-rank="1"', dom)
+    assert "stopped: train_buggy.py:26 in validate" in dom
+    assert "also seen by lint: line 51" in dom and 'data-code="DDP406"' in dom

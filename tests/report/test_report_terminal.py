@@ -37,7 +37,7 @@ def test_hang_report_plain_has_everything():
     assert re.search(r">\s+41 \|\s+out = model\(x\)", out)
     assert re.search(r"^\s+40 \|", out, re.M)
     assert "ddp_forwards:" in out and "fix: Evaluate model.module" in out
-    assert "also seen in the source by lint" in out
+    assert "also seen in the source by lint: line 41" in out
     # lint finding the runtime did not raise, in its own section; the one it raised is not repeated
     assert "Seen in the source" in out and "DDP406" in out
     assert out.count("DDP202 ddp-forward") == 1

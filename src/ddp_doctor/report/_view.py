@@ -47,38 +47,52 @@ def _loc_key(f: dict[str, Any]) -> tuple:
     return (f.get("code"), os.path.basename(str(loc.get("path") or "")), loc.get("line"))
 
 
+def _file_key(f: dict[str, Any]) -> tuple:
+    loc = f.get("location") or {}
+    return (f.get("code"), os.path.basename(str(loc.get("path") or "")))
+
+
+def _lint_all(report: dict[str, Any]) -> list[dict[str, Any]]:
+    out = [f for f in report.get("findings") or [] if isinstance(f, dict) and f.get("source") == "lint"]
+    lint = report.get("lint")
+    if isinstance(lint, dict):
+        out += [f for f in lint.get("findings") or [] if isinstance(f, dict)]
+    return out
+
+
 def split_findings(report: dict[str, Any]) -> tuple[list[dict], list[dict]]:
     """(runtime findings, lint-only findings), each sorted by severity.
 
-    A lint finding the runtime also raised (same code, file and line) is shown once,
-    as the runtime finding.  For a report with no runtime findings and no ranks
-    (a lint-only report) everything is in the second list.
+    A lint finding of a code the runtime raised in the same file is shown once, as
+    the runtime finding (lint may point at the caller, the runtime at the call
+    that ran).  For a lint-only report everything is in the second list.
     """
-    runtime, lint = [], []
-    for f in report.get("findings") or []:
-        (lint if f.get("source") == "lint" else runtime).append(f)
-    extra = (report.get("lint") or {}).get("findings") if isinstance(report.get("lint"), dict) else None
-    seen = {_loc_key(f) for f in runtime} | {_loc_key(f) for f in lint}
-    for f in extra or []:
-        if _loc_key(f) not in seen:
-            seen.add(_loc_key(f))
-            lint.append(f)
+    runtime = [f for f in report.get("findings") or [] if isinstance(f, dict) and f.get("source") != "lint"]
+    raised = {_file_key(f) for f in runtime}
+    lint, seen = [], set()
+    for f in _lint_all(report):
+        if _file_key(f) in raised or _loc_key(f) in seen:
+            continue
+        seen.add(_loc_key(f))
+        lint.append(f)
     key = lambda f: (SEVERITY_ORDER.get(f.get("severity"), 3), str(f.get("code")))  # noqa: E731
     return sorted(runtime, key=key), sorted(lint, key=key)
 
 
-def lint_confirmed(report: dict[str, Any]) -> set[tuple]:
-    """Keys of runtime findings that lint had also flagged (same code, file, line)."""
-    runtime = [f for f in report.get("findings") or [] if f.get("source") != "lint"]
-    lint = [f for f in report.get("findings") or [] if f.get("source") == "lint"]
-    if isinstance(report.get("lint"), dict):
-        lint += report["lint"].get("findings") or []
-    lk = {_loc_key(f) for f in lint}
-    return {_loc_key(f) for f in runtime if _loc_key(f) in lk}
+def lint_lines(report: dict[str, Any], f: dict[str, Any]) -> list[int]:
+    """Lines where lint flagged the same code in the same file as runtime finding ``f``."""
+    k = _file_key(f)
+    return sorted({(g.get("location") or {}).get("line") for g in _lint_all(report)
+                   if _file_key(g) == k and isinstance((g.get("location") or {}).get("line"), int)})
 
 
-def finding_key(f: dict[str, Any]) -> tuple:
-    return _loc_key(f)
+def nnodes(report: dict[str, Any]) -> int:
+    """Node count from ``nnodes`` (an int or torchrun's "MIN:MAX" string); 1 when unknown."""
+    v = report.get("nnodes")
+    try:
+        return int(str(v).split(":")[-1]) if v is not None else 1
+    except ValueError:
+        return 1
 
 
 def is_library_frame(path: str | None) -> bool:
@@ -93,6 +107,14 @@ def is_library_frame(path: str | None) -> bool:
     if "/ddp_doctor/" in norm and "/ddp_doctor/demo/" not in norm:
         return True
     return False
+
+
+def stopped_at(r: dict[str, Any]) -> dict[str, Any] | None:
+    """Where a rank stopped: the runner's ``where`` if given, else the innermost user frame of its stack."""
+    w = r.get("where")
+    if isinstance(w, dict) and w.get("path"):
+        return w
+    return user_frame(r.get("stack"))
 
 
 def user_frame(stack: list[dict[str, Any]] | None) -> dict[str, Any] | None:
@@ -131,7 +153,7 @@ def collective_text(c: Any) -> str:
         parts.append(f"#{seq}")
     extra = []
     for k in ("shape", "dtype", "group", "state"):
-        if c.get(k) is not None:
+        if c.get(k) is not None and not (k == "group" and c[k] in ("world", "default_pg")):
             v = c[k]
             extra.append(f"{k}={'x'.join(map(str, v)) if k == 'shape' and isinstance(v, (list, tuple)) else v}")
     if c.get("done") is False or c.get("in_progress"):
@@ -162,22 +184,37 @@ def evidence_items(ev: Any, limit: int = 12, width: int = 120) -> list[tuple[str
         return [("evidence", _short(ev, width))] if ev else []
     out = []
     for k, v in list(ev.items())[:limit]:
+        if isinstance(v, dict) and v and len(v) <= 16 and any(isinstance(x, dict) for x in v.values()):
+            for k2, v2 in v.items():  # e.g. per-rank calls: one line each
+                out.append((f"{k} {k2}", _short(v2, width)))
+            continue
         out.append((str(k), _short(v, width)))
     if len(ev) > limit:
         out.append(("…", f"{len(ev) - limit} more"))
     return out
 
 
+def compact(v: Any, depth: int = 0) -> str:
+    """Short human text of an evidence value: frames as file:line, dicts as k: v, no JSON quotes."""
+    if isinstance(v, dict):
+        if "path" in v and "line" in v and len(v) <= 4:
+            return frame_text(v)
+        items = [(k, x) for k, x in v.items() if x not in (None, [], {}, "")]
+        if depth >= 2:
+            return "{…}"
+        return "{" + ", ".join(f"{k}: {compact(x, depth + 1)}" for k, x in items) + "}"
+    if isinstance(v, (list, tuple)):
+        if depth >= 2 and v:
+            return "[…]"
+        shown = ", ".join(compact(x, depth + 1) for x in list(v)[:12])
+        return "[" + shown + (", …" if len(v) > 12 else "") + "]"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
 def _short(v: Any, width: int) -> str:
-    import json
-    if isinstance(v, str):
-        s = v
-    else:
-        try:
-            s = json.dumps(v, default=str, ensure_ascii=False)
-        except (TypeError, ValueError):
-            s = str(v)
-    s = " ".join(s.split())
+    s = " ".join(compact(v).split())
     return s if len(s) <= width else s[: width - 1] + "…"
 
 

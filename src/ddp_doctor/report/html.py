@@ -59,7 +59,7 @@ def _view_data(report: dict[str, Any]) -> dict[str, Any]:
         timing = r.get("timing") if isinstance(r.get("timing"), dict) else None
         ranks.append({
             "rank": r.get("rank"), "state": r.get("state"), "epoch": r.get("epoch"), "step": r.get("step"),
-            "bad": _view.rank_is_bad(r), "where": _view.frame_text(_view.user_frame(r.get("stack"))),
+            "bad": _view.rank_is_bad(r), "where": _view.frame_text(_view.stopped_at(r)),
             "timeline": tl, "timing": timing, "stop_t": stop_t,
         })
     try:
@@ -73,7 +73,6 @@ def render_html(report: dict[str, Any]) -> str:
     """The whole page as a string."""
     report = _view.normalize(report)
     runtime, lint = _view.split_findings(report)
-    confirmed = _view.lint_confirmed(report)
     verdict = report.get("verdict")
     word, sub = VERDICT_TEXT.get(verdict, (str(verdict).upper(), ""))
     ws = report.get("world_size")
@@ -81,8 +80,8 @@ def render_html(report: dict[str, Any]) -> str:
     if verdict is not None:
         facts.append(f"exit code {_e(report.get('exit_code'))}")
         facts.append(f"{_e(ws)} rank{'s' if ws != 1 else ''}")
-        if (report.get("nnodes") or 1) > 1:
-            facts.append(f"{_e(report['nnodes'])} nodes")
+        if _view.nnodes(report) > 1:
+            facts.append(f"{_view.nnodes(report)} nodes")
         if report.get("duration_s") is not None:
             facts.append("ran " + _e(_view.fmt_duration(report["duration_s"])))
         if report.get("hang_timeout_s") is not None and verdict == "hang":
@@ -118,6 +117,7 @@ def render_html(report: dict[str, Any]) -> str:
     if has_ranks:
         out.append('<section id="timeline"><h2>Timeline</h2><p class="hint">One lane per rank: steps, collectives and '
                    "data-loader waits over time; a red, hatched lane is a rank that stopped, with the line it stopped on.</p>"
+                   '<div id="timeline-range" class="range"></div>'
                    '<div id="timeline-chart" class="chart"><noscript><p class="empty">Enable JavaScript to draw the timeline.'
                    "</p></noscript></div><div class=\"legend\"><span style=\"--c:var(--step)\">step</span>"
                    '<span style="--c:var(--coll)">collective</span><span style="--c:var(--wait)">data wait</span>'
@@ -133,7 +133,7 @@ def render_html(report: dict[str, Any]) -> str:
             out.append('<p class="empty">' + ("No finding: nothing went wrong that ddp-doctor knows of."
                                              if verdict == "ok" else "No specific cause was identified; see where each "
                                              "rank stopped in the timeline and the rank table.") + "</p>")
-        out += [_finding_html(f, i, _view.finding_key(f) in confirmed) for i, f in enumerate(runtime)]
+        out += [_finding_html(f, i, _view.lint_lines(report, f)) for i, f in enumerate(runtime)]
         out.append("</section>")
     if lint:
         sec_id = "lint" if runtime or has_ranks else "findings"
@@ -157,7 +157,7 @@ def render_html(report: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _finding_html(f: dict[str, Any], idx: int, also_lint: bool = False) -> str:
+def _finding_html(f: dict[str, Any], idx: int, also_lint: list[int] | None = None) -> str:
     sev = str(f.get("severity") or "info")
     ranks = f.get("ranks") or []
     h = [f'<article class="finding sev-{_e(sev)}" id="finding-{idx}" data-code="{_e(f.get("code"))}">',
@@ -168,7 +168,8 @@ def _finding_html(f: dict[str, Any], idx: int, also_lint: bool = False) -> str:
     if f.get("source") and f.get("source") != "runtime":
         h.append(f'<span class="badge src">{_e(f["source"])}</span>')
     if also_lint:
-        h.append('<span class="badge src" title="lint flagged this line before the run">also seen by lint</span>')
+        h.append('<span class="badge src" title="lint flagged this before the run">also seen by lint: line '
+                 f'{_e(", ".join(map(str, also_lint)))}</span>')
     h.append("</h3>")
     if f.get("title"):
         h.append(f'<div class="title">{_e(f["title"])}</div>')
@@ -201,7 +202,7 @@ def _ranks_html(report: dict[str, Any]) -> str:
     for r in sorted(report.get("ranks") or [], key=lambda r: r.get("rank", 0)):
         bad = _view.rank_is_bad(r)
         stack = r.get("stack") or []
-        fr = _view.user_frame(stack)
+        fr = _view.stopped_at(r)
         host = " / ".join(str(x) for x in (r.get("host"), r.get("pid")) if x is not None)
         rows.append(f'<tr class="{"bad" if bad else "good"}" id="rank-{_e(r.get("rank"))}" data-rank="{_e(r.get("rank"))}">'
                     f'<td>{_e(r.get("rank"))}</td><td class="state">{_e(r.get("state"))}</td>'
@@ -211,7 +212,7 @@ def _ranks_html(report: dict[str, Any]) -> str:
                     f"<td>{_e(host)}</td></tr>")
         blocks = []
         if stack:
-            blocks.append(_stack_html("Python stack", stack, fr, open_=bad))
+            blocks.append(_stack_html("Python stack", stack, _view.user_frame(stack), open_=bad))
         for w in r.get("workers") or []:
             if isinstance(w, dict) and w.get("stack"):
                 blocks.append(_stack_html(f"data-loader worker pid {w.get('pid')}", w["stack"],

@@ -59,17 +59,30 @@ def make_console(file: IO[str] | None = None, color: bool | None = None) -> Cons
 
 # ---------------------------------------------------------------- final report
 def print_report(report: dict[str, Any], file: IO[str] | None = None, color: bool | None = None) -> None:
-    """Print a ``ddp-doctor/report/v1`` (or lint/v1) dict for people."""
+    """Print a ``ddp-doctor/report/v1`` (or lint/v1) dict for people.  Never raises on odd data."""
     con = make_console(file, color)
+    try:
+        _print_report(con, report)
+    except Exception as exc:  # a renderer bug must not hide the diagnosis: fall back to plain lines
+        out = con.file
+        print(f"ddp-doctor: verdict {report.get('verdict')} (exit {report.get('exit_code')})"
+              f" [terminal renderer failed: {exc!r}]", file=out)
+        for f in report.get("findings") or []:
+            if isinstance(f, dict):
+                loc = f.get("location") or {}
+                print(f"  {f.get('code')} {f.get('severity')} ranks {f.get('ranks')} {loc.get('path')}:{loc.get('line')}"
+                      f"\n    {f.get('message')}\n    fix: {f.get('fix')}", file=out)
+
+
+def _print_report(con: Console, report: dict[str, Any]) -> None:
     report = _view.normalize(report)
     runtime, lint = _view.split_findings(report)
     _banner(con, report)
     is_lint_only = report.get("verdict") is None or (not report.get("ranks") and not runtime)
-    confirmed = _view.lint_confirmed(report)
     if runtime:
         con.print(Text(f"Findings ({len(runtime)})", style="bold underline"))
         for f in runtime:
-            _finding(con, f, also_lint=_view.finding_key(f) in confirmed)
+            _finding(con, f, also_lint=_view.lint_lines(report, f))
     elif report.get("verdict") not in (None, "ok") and not is_lint_only:
         con.print("No specific cause was identified; see where each rank stopped below.")
         con.print()
@@ -101,7 +114,8 @@ def _banner(con: Console, report: dict[str, Any]) -> None:
         facts.append(f"exit code {report.get('exit_code')}")
         ws = report.get("world_size")
         if ws is not None:
-            facts.append(f"world size {ws}" + (f" on {report['nnodes']} nodes" if (report.get("nnodes") or 1) > 1 else ""))
+            n = _view.nnodes(report)
+            facts.append(f"world size {ws}" + (f" on {n} nodes" if n > 1 else ""))
         if report.get("duration_s") is not None:
             facts.append(f"ran {_view.fmt_duration(report['duration_s'])}")
         if report.get("hang_timeout_s") is not None and verdict == "hang":
@@ -120,7 +134,7 @@ def _banner(con: Console, report: dict[str, Any]) -> None:
     con.print()
 
 
-def _finding(con: Console, f: dict[str, Any], also_lint: bool = False) -> None:
+def _finding(con: Console, f: dict[str, Any], also_lint: list[int] | None = None) -> None:
     sev = str(f.get("severity") or "info")
     head = Text()
     head.append(str(f.get("code", "")), style=SEV_STYLE.get(sev, "bold"))
@@ -132,7 +146,7 @@ def _finding(con: Console, f: dict[str, Any], also_lint: bool = False) -> None:
     if f.get("source") and f.get("source") != "runtime":
         head.append(f"  ({f['source']})", style="dim")
     if also_lint:
-        head.append("  (also seen in the source by lint)", style="dim")
+        head.append(f"  (also seen in the source by lint: line {', '.join(map(str, also_lint))})", style="dim")
     con.print(head)
     if f.get("title"):
         con.print(Text("  " + str(f["title"]), style="bold"))
@@ -145,13 +159,12 @@ def _finding(con: Console, f: dict[str, Any], also_lint: bool = False) -> None:
         snip = _view.snippet_of(f)
         if snip:
             _snippet(con, snip, loc.get("line"))
-    ev = _view.evidence_items(f.get("evidence"))
+    ev = _view.evidence_items(f.get("evidence"), width=max(40, (con.width or 100) * 2))
     if ev:
         con.print(Text("  evidence:", style="dim"))
         for k, v in ev:
-            t = Text("    ")
-            t.append(k + ": ", style="dim")
-            t.append(v)
+            t = Text(_wrap(con, v, 6, k + ": ")[2:])
+            t.stylize("dim", 4, 4 + len(k) + 1)
             con.print(t)
     if f.get("fix"):
         body = _wrap(con, str(f["fix"]), 2, "fix: ")
@@ -194,7 +207,7 @@ def _rank_table(con: Console, report: dict[str, Any]) -> None:
         table.add_column(col, overflow="fold")
     for r in sorted(report.get("ranks") or [], key=lambda r: r.get("rank", 0)):
         bad = _view.rank_is_bad(r)
-        fr = _view.user_frame(r.get("stack"))
+        fr = _view.stopped_at(r)
         table.add_row(
             str(r.get("rank")),
             Text(str(r.get("state") or ""), style="bold red" if bad else "green"),

@@ -35,18 +35,20 @@
                                    : "No ranks in this report (a lint-only report).";
       box.appendChild(p); return;
     }
-    var W = Math.max(700, box.clientWidth || 1200), gut = 190, right = 16, laneH = 46, top = 22;
-    var tmax = view.tmax || 1, plotW = W - gut - right;
+    while (box.firstChild) box.removeChild(box.firstChild);
+    var W = Math.max(700, box.clientWidth || 1200), gut = 190, right = 16, laneH = 52, top = 22;
+    var tmax = view.tmax || 1, tlo = range === "training" ? trainStart() : 0, plotW = W - gut - right;
     var H = top + ranks.length * laneH + 26;
-    var svg = el("svg", {viewBox: "0 0 " + W + " " + H, width: W, height: H, role: "img", "aria-label": "per-rank timeline"}, box);
-    function X(t) { return gut + Math.max(0, Math.min(1, t / tmax)) * plotW; }
+    var svg = el("svg", {viewBox: "0 0 " + W + " " + H, width: W, height: H, role: "img", "aria-label": "per-rank timeline",
+                         "data-range": range}, box);
+    function X(t) { return gut + Math.max(0, Math.min(1, (t - tlo) / (tmax - tlo))) * plotW; }
     var defs = el("defs", {}, svg);
     var pat = el("pattern", {id: "hatch", width: 8, height: 8, patternUnits: "userSpaceOnUse", patternTransform: "rotate(45)"}, defs);
     el("rect", {width: 8, height: 8, fill: "#fdecea"}, pat);
     el("line", {x1: 0, y1: 0, x2: 0, y2: 8, stroke: "#e57373", "stroke-width": 3}, pat);
     // axis
-    var axis = el("g", {"class": "axis"}, svg), step = niceStep(tmax, 10);
-    for (var t = 0; t <= tmax + 1e-9; t += step) {
+    var axis = el("g", {"class": "axis"}, svg), step = niceStep(tmax - tlo, 10);
+    for (var t = Math.ceil(tlo / step) * step; t <= tmax + 1e-9; t += step) {
       el("line", {x1: X(t), x2: X(t), y1: top - 4, y2: H - 22}, axis);
       el("text", {x: X(t), y: top - 8, "text-anchor": "middle", "class": "muted"}, axis, (+t.toFixed(3)) + " s");
     }
@@ -63,20 +65,27 @@
         if (ev.kind === "step" || ev.kind === "epoch") progress = Math.max(progress, end);
       });
       var stopX = X(r.stop_t !== null && r.stop_t !== undefined ? r.stop_t : (r.bad ? tmax : lastT));
-      if (r.bad && stopX - X(progress) > 2) {
+      if (!evs.length) {
+        el("text", {"class": "muted", x: gut + 8, y: y + 27}, g, "no timeline recorded for this rank");
+      } else if (r.bad && stopX - X(progress) > 2) {
         tip(el("rect", {x: X(progress), y: y + 3, width: stopX - X(progress), height: laneH - 6, fill: "url(#hatch)", opacity: 0.8}, g),
             "rank " + r.rank + ": no step completed after " + fmtS(progress));
       }
-      var bandY = {step: y + 7, collective: y + 19, data_wait: y + 30};
+      var bandY = {step: y + 6, collective: y + 17, data_wait: y + 28};
+      var lastLabelX = -1e9;
       evs.forEach(function (ev) {
         var t0 = +ev.t || 0, d = +ev.dur || 0, x = X(t0), w = Math.max(0, X(t0 + d) - x), k = ev.kind;
+        if (t0 + d < tlo && k !== "stop") return;
         var px = Math.floor(x) + ":" + Math.floor(w);
         if (last[k] === px && k !== "stop" && k !== "epoch") return; // one mark per pixel and kind
         last[k] = px;
         var label = (ev.label ? ev.label + " - " : "") + k + " at " + fmtS(t0) + (d ? " for " + fmtS(d) : "");
         if (k === "epoch") {
           tip(el("line", {x1: x, x2: x, y1: y + 3, y2: y + laneH - 3, stroke: "var(--epoch)", "stroke-dasharray": "3 2"}, g), label);
-          el("text", {x: x + 2, y: y + laneH - 5, "class": "muted", "font-size": 10}, g, ev.label || "epoch");
+          if (x - lastLabelX > 90) {
+            el("text", {x: x + 2, y: y + laneH - 6, "class": "muted", "font-size": 10}, g, ev.label || "epoch");
+            lastLabelX = x;
+          }
         } else if (k === "stop") {
           var s = el("g", {"class": "stop"}, g);
           el("path", {d: "M" + x + " " + (y + 8) + " l6 7 l-6 7 l-6 -7 z", fill: "var(--stop)"}, s);
@@ -93,11 +102,40 @@
         var txt = "stopped" + (r.where ? ": " + r.where : "");
         var anchorRight = endX > gut + plotW * 0.6;
         el("text", {"class": "stop-text", x: anchorRight ? endX - 6 : endX + 6, y: y + laneH - 9, "text-anchor": anchorRight ? "end" : "start"}, g, txt);
-      } else if (r.where) {
-        el("text", {"class": "muted", x: gut + plotW - 4, y: y + laneH - 9, "text-anchor": "end", "font-size": 10}, g, r.where);
       }
     });
-    el("text", {x: gut + plotW, y: H - 6, "text-anchor": "end", "class": "muted"}, svg, "time since job start");
+    el("text", {x: gut + plotW, y: H - 6, "text-anchor": "end", "class": "muted"}, svg,
+       "time since job start" + (tlo > 0 ? " (start-up before " + fmtS(tlo) + " hidden)" : ""));
+  }
+
+  // Start of training: the first step/epoch/data wait of any rank.  Start-up (imports, rendezvous,
+  // DDP's parameter broadcast) often takes most of a short run; the default view skips it.
+  function trainStart() {
+    var lo = Infinity;
+    (view.ranks || []).forEach(function (r) {
+      (r.timeline || []).forEach(function (ev) {
+        if (ev.kind === "step" || ev.kind === "epoch" || ev.kind === "data_wait") lo = Math.min(lo, +ev.t || 0);
+      });
+    });
+    if (!isFinite(lo)) return 0;
+    var span = (view.tmax || 1) - lo;
+    return Math.max(0, lo - 0.03 * span);
+  }
+  var range = trainStart() > 0.3 * (view.tmax || 1) ? "training" : "all";
+  function rangeButtons() {
+    var bar = document.getElementById("timeline-range");
+    if (!bar || trainStart() <= 0) return;
+    [["training", "training only"], ["all", "whole run"]].forEach(function (b) {
+      var btn = document.createElement("button");
+      btn.type = "button"; btn.textContent = b[1]; btn.setAttribute("data-range", b[0]);
+      btn.className = range === b[0] ? "on" : "";
+      btn.addEventListener("click", function () {
+        range = b[0];
+        Array.prototype.forEach.call(bar.children, function (c) { c.className = c.getAttribute("data-range") === range ? "on" : ""; });
+        timeline();
+      });
+      bar.appendChild(btn);
+    });
   }
 
   function breakdown() {
@@ -138,7 +176,7 @@
       el("text", {x: x + 6, y: y + 15, "class": "muted"}, g, fmtS(o.total) + " / step");
     });
   }
-  try { timeline(); } catch (e) { if (window.console) console.error(e); }
+  try { rangeButtons(); timeline(); } catch (e) { if (window.console) console.error(e); }
   try { breakdown(); } catch (e) { if (window.console) console.error(e); }
   document.body.setAttribute("data-rendered", "1");
 })();
