@@ -94,6 +94,8 @@ class DDPForwardOnSubset(Rule):
             def classify(site: Site):
                 target = A.forward_target(site.call)
                 if target is not None and m.is_ddp_value(target, scope):
+                    if A.no_buffer_broadcast(m, target, scope) and A.in_no_grad(m, scope, site.call.lineno):
+                        return None  # no_grad forward with broadcast_buffers=False runs no collective
                     return "forward", f"the DDP model `{ctx.text(target)}`"
                 fn = m.resolve_function(site.call.func, scope)
                 if fn is not None and fn is not scope.node:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import re
 
 from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import (
@@ -59,11 +60,15 @@ def _dataset_is_iterable_or_sharded(m: ModuleModel, ds: ast.expr | None, scope: 
                 bq = m.qual(b) or final_name(b) or ""
                 if bq in ITERABLE_DATASETS or "Iterable" in bq or "IterDataPipe" in bq:
                     return True
-        if any(m.mentions_rank(a, scope) for a in (*ds.args, *(k.value for k in ds.keywords))):
+        if any(_per_rank(m, a, scope) for a in (*ds.args, *(k.value for k in ds.keywords))):
             return True  # Subset(ds, range(rank, n, world)) and friends: already split per rank
         text = ast.dump(ds)
         if "shard" in text or "split_dataset_by_node" in text:
             return True
+        fn = m.resolve_function(ds.func, scope)
+        if fn is not None and depth < 2:
+            return any(_dataset_is_iterable_or_sharded(m, r.value, m.scopes[fn], depth + 1)
+                       for r in m.returns_of(fn) if r.value is not None)
         return False
     if isinstance(ds, (ast.Name, ast.Attribute)):
         vals = m.values_of(ds, scope)
@@ -71,6 +76,63 @@ def _dataset_is_iterable_or_sharded(m: ModuleModel, ds: ast.expr | None, scope: 
             return True  # a parameter or unknown object
         return any(_dataset_is_iterable_or_sharded(m, v, scope, depth + 1) for v in vals if v is not ds)
     return True
+
+
+def _per_rank(m: ModuleModel, expr: ast.expr, scope: Scope, depth: int = 0) -> bool:
+    """Is ``expr`` derived from the rank (``rank``, ``list(DistributedSampler(ds))``, ...)?"""
+    if depth > 3:
+        return False
+    if m.mentions_rank(expr, scope):
+        return True
+    for n in ast.walk(expr):
+        if isinstance(n, ast.Call) and m.is_sampler_call(n):
+            return True
+        if isinstance(n, ast.Name) and n.id not in m.imports:
+            for v in m.values_of(n, scope):
+                if v is not expr and _per_rank(m, v, scope, depth + 1):
+                    return True
+    return False
+
+
+_LOADING = re.compile(r"open|load|read|decode|imread|Image|transform|augment|sleep|fetch|tokeni|resize|crop|"
+                      r"flip|request|download|cv2|PIL|np\.|numpy|pickle|json|h5|lmdb|zip", re.I)
+
+
+def _in_memory_dataset(m: ModuleModel, ds: ast.expr | None, scope: Scope, depth: int = 0) -> bool:
+    """A dataset that only indexes tensors already in memory (no file I/O, no transforms)."""
+    if ds is None or depth > 6:
+        return False
+    if isinstance(ds, ast.Call):
+        name = final_name(ds.func) or ""
+        if name == "TensorDataset":
+            return True
+        if name in ("Subset", "ConcatDataset", "random_split") and ds.args:
+            first = ds.args[0]
+            if isinstance(first, (ast.List, ast.Tuple)) and first.elts:
+                return all(_in_memory_dataset(m, e, scope, depth + 1) for e in first.elts)
+            return _in_memory_dataset(m, first, scope, depth + 1)
+        cls = m.classes.get(name)
+        if cls is not None:
+            getitem = m.methods.get(cls, {}).get("__getitem__") or m.methods.get(cls, {}).get("__iter__")
+            if getitem is None:
+                return False
+            for c in ast.walk(getitem):
+                if isinstance(c, ast.Call) and _LOADING.search(ast.unparse(c.func)):
+                    return False
+            init = m.methods.get(cls, {}).get("__init__")
+            return init is None or not any(isinstance(c, ast.Call) and "transform" in ast.unparse(c).lower()
+                                           for c in ast.walk(getitem))
+        fn = m.resolve_function(ds.func, scope)
+        if fn is not None:
+            rets = [r.value for r in m.returns_of(fn) if r.value is not None]
+            return bool(rets) and all(_in_memory_dataset(m, r, m.scopes[fn], depth + 1) for r in rets)
+        return False
+    if isinstance(ds, ast.Subscript):
+        return _in_memory_dataset(m, ds.value, scope, depth + 1)
+    if isinstance(ds, (ast.Name, ast.Attribute)):
+        vals = [v for v in m.values_of(ds, scope) if v is not ds]
+        return bool(vals) and all(_in_memory_dataset(m, v, scope, depth + 1) for v in vals)
+    return False
 
 
 class SamplerEpochNotSet(Rule):
@@ -157,10 +219,8 @@ class CollateMayReturnNone(Rule):
                 for d in defs:
                     fns[d] = None
         for fn in fns:
-            scope = m.scopes[fn]
-            for node in ast.walk(fn):
-                if isinstance(node, ast.Return) and m.scope_of(node) is scope and \
-                        (node.value is None or (isinstance(node.value, ast.Constant) and node.value.value is None)):
+            for node in m.returns_of(fn):
+                if (node.value is None or (isinstance(node.value, ast.Constant) and node.value.value is None)):
                     ctx.report(
                         self.code, node,
                         f"collate function `{fn.name}` returns None here: the training loop then gets a None "
@@ -211,13 +271,6 @@ def _num_workers(call: ast.Call):
     return nw, (0 if nw is None else A.literal(nw))
 
 
-def _is_tensor_dataset(m: ModuleModel, ds: ast.expr | None, scope: Scope) -> bool:
-    if ds is None:
-        return False
-    vals = [ds] if isinstance(ds, ast.Call) else m.values_of(ds, scope)
-    return any(isinstance(v, ast.Call) and final_name(v.func) == "TensorDataset" for v in vals)
-
-
 class DataBound(Rule):
     code = "DDP401"
 
@@ -231,7 +284,7 @@ class DataBound(Rule):
             nw, val = _num_workers(call)
             if val != 0:
                 continue
-            if _is_tensor_dataset(m, dl_arg(call, "dataset"), uses[0].loader_scope):
+            if _in_memory_dataset(m, dl_arg(call, "dataset"), uses[0].loader_scope):
                 continue  # in-memory tensors: workers would only add overhead
             how = "no `num_workers`" if nw is None else "`num_workers=0`"
             ctx.report(

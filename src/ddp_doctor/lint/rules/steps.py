@@ -85,9 +85,13 @@ def _value_tainted(m: ModuleModel, scope: Scope, value: ast.expr, tainted: set[s
             if final_name(c.func) == "next":
                 return True
             tgt = A.forward_target(c)
-            if tgt is not None and m.is_ddp_value(tgt, scope):
-                return True
-    return False
+            if tgt is not None:
+                if isinstance(tgt, ast.Attribute) and tgt.attr == "module":
+                    tgt = tgt.value  # model.module(x): the rank's own forward, too
+                if m.is_ddp_value(tgt, scope):
+                    return True
+    # a value computed from the rank itself (x[rank::world], rank-local validation shards)
+    return m.mentions_rank(value, scope) and not isinstance(value, (ast.Constant,))
 
 
 def _size_only(test: ast.expr, tainted: set[str]) -> bool:
