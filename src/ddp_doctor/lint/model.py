@@ -916,6 +916,14 @@ class _Eval:
                 return {tuple(next(iter(e)) for e in elts)}
             raise _Unknown
         if isinstance(node, ast.JoinedStr):
+            for v in node.values:  # f"ckpt-rank{rank}.pt": depends on the rank
+                if isinstance(v, ast.FormattedValue):
+                    try:
+                        self.ev(v.value, depth + 1)
+                    except Exception:  # noqa: BLE001
+                        pass
+            if self.hit and not self.collect:
+                raise _Unknown
             return self.atom(node)
         return self.atom(node)
 

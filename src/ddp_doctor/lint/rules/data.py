@@ -30,14 +30,6 @@ def _all_calls(m: ModuleModel, pred):
                 yield site.call, scope
 
 
-def _set_epoch_called(m: ModuleModel) -> bool:
-    for scope in m.scopes.values():
-        for site in scope.sites:
-            if final_name(site.call.func) == "set_epoch":
-                return True
-    return False
-
-
 def _uses_wrapper_loaders(m: ModuleModel) -> bool:
     """Fabric / accelerate / Lightning own the sampler (they add a DistributedSampler and set its epoch)."""
     return any(q.split(".")[0] in ("lightning", "pytorch_lightning", "accelerate", "lightning_fabric")
@@ -140,33 +132,60 @@ class SamplerEpochNotSet(Rule):
 
     def check(self, ctx: Context) -> None:
         m = ctx.model
-        if _set_epoch_called(m):
-            return
         uses = A.loader_uses(m)
+        set_epoch_sites = [s for sc in m.scopes.values() for s in sc.sites if final_name(s.call.func) == "set_epoch"]
         for call, scope in list(_all_calls(m, m.is_sampler_call)):
             shuffle = arg_or_kw(call, 3, "shuffle")
             if shuffle is not None and A.literal(shuffle) is not True:
                 continue  # shuffle=False (or unknown): the order does not depend on the epoch
+            if any(self._sets_epoch_of(m, s, call, uses) for s in set_epoch_sites):
+                continue
             # the loaders that use this sampler, and whether they are iterated over epochs
-            epoch_iterated = False
-            for use in uses:
-                s = dl_arg(use.loader, "sampler")
-                if s is None:
-                    bs = dl_arg(use.loader, "batch_sampler")
-                    s = bs.args[0] if isinstance(bs, ast.Call) and bs.args else bs
-                if s is None:
-                    continue
-                if s is call or any(v is call for v in m.values_of(s, use.loader_scope)):
-                    epoch_iterated = epoch_iterated or use.epochs
-            if not epoch_iterated:
+            if not any(use.epochs and _loader_sampler_is(m, use.loader, use.loader_scope, call) for use in uses):
                 continue
             ctx.report(
                 self.code, call,
-                "this DistributedSampler shuffles, but `set_epoch()` is never called: every epoch replays "
+                "this DistributedSampler shuffles, but its `set_epoch()` is never called: every epoch replays "
                 "the same permutation on every rank (no reshuffling between epochs, which hurts convergence).",
                 "Call `sampler.set_epoch(epoch)` at the start of every epoch, before iterating the loader "
                 "(e.g. `train_loader.sampler.set_epoch(epoch)`).",
             )
+
+
+    @staticmethod
+    def _sets_epoch_of(m: ModuleModel, site, sampler: ast.Call, uses) -> bool:
+        """Does this ``X.set_epoch(...)`` call (possibly) reach ``sampler``?"""
+        recv = site.call.func.value if isinstance(site.call.func, ast.Attribute) else None
+        if recv is None:
+            return True
+        # loader.sampler.set_epoch / loader.batch_sampler.sampler.set_epoch
+        base = recv
+        while isinstance(base, ast.Attribute) and base.attr in ("sampler", "batch_sampler"):
+            base = base.value
+        if base is not recv:
+            loaders = A.resolve_loaders(m, base, site.scope)
+            if not loaders:
+                return True
+            return any(_loader_sampler_is(m, lc, ls, sampler) for lc, ls in loaders)
+        if isinstance(recv, ast.Call):
+            return recv is sampler
+        vals = m.values_of(recv, site.scope)
+        if not vals:
+            return True  # a parameter or an object we cannot follow: assume it is this sampler
+        known = [v for v in vals if isinstance(v, ast.Call) and m.is_sampler_call(v)]
+        if not known:
+            return True  # `s = train_sampler if cond else None`, built by a helper, ...: assume it is
+        return sampler in known
+
+
+def _loader_sampler_is(m: ModuleModel, loader: ast.Call, scope: Scope, sampler: ast.Call) -> bool:
+    s = dl_arg(loader, "sampler")
+    if s is None:
+        bs = dl_arg(loader, "batch_sampler")
+        s = bs.args[0] if isinstance(bs, ast.Call) and bs.args else bs
+    if s is None:
+        return False
+    return s is sampler or any(v is sampler for v in m.values_of(s, scope))
 
 
 class ShuffleWithSampler(Rule):
@@ -205,6 +224,8 @@ class CollateMayReturnNone(Rule):
             cf = dl_arg(call, "collate_fn")
             if cf is None:
                 continue
+            if isinstance(cf, ast.Call) and final_name(cf.func) == "partial" and cf.args:
+                cf = cf.args[0]
             fn = m.resolve_function(cf, scope)
             if fn is None and isinstance(cf, ast.Name):
                 cls = m.classes.get(cf.id)
@@ -215,7 +236,7 @@ class CollateMayReturnNone(Rule):
             if fn is not None:
                 fns[fn] = None
         for name, defs in m.functions.items():
-            if name in ("collate_fn", "collate") or name.endswith("_collate_fn") or name.endswith("_collate"):
+            if name == "collate_fn":
                 for d in defs:
                     fns[d] = None
         for fn in fns:
