@@ -299,6 +299,24 @@ def balanced(model: ModuleModel, group: list[tuple[tuple[Cond, ...], Scope]]) ->
     return evaluated
 
 
+def never_runs(model: ModuleModel, conds: tuple[Cond, ...], scope: Scope) -> bool:
+    """The conditions are False on every rank whatever the unknowns (dead code in a distributed run)."""
+    if not conds:
+        return False
+    atoms: list[str] = []
+    for c in conds:
+        for a in model.atoms(c.test, scope):
+            if a not in atoms:
+                atoms.append(a)
+    if len(atoms) > 4:
+        return False
+    for sigma in model.sigmas(atoms) if atoms else [{}]:
+        t = site_truths(model, conds, scope, sigma)
+        if t is None or any(x != "F" for x in t):
+            return False
+    return True
+
+
 def describe_conds(ctx, conds: Iterable[Cond]) -> str:
     parts = []
     for c in conds:
