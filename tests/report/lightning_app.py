@@ -1,6 +1,5 @@
 """A small Lightning job (2 CPU ranks, DDP) for `ddp-doctor run`."""
 import os
-import sys
 
 import lightning as L
 import torch
