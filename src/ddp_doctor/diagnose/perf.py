@@ -411,13 +411,21 @@ def diagnose_unused_parameters(ev: dict[str, Any]) -> list[Finding]:
 
 # -- DDP301/302 GPU memory on other ranks' devices ----------------------------------------------
 def diagnose_gpu_memory(ev: dict[str, Any]) -> list[Finding]:
+    ranks = _ranks(ev)
     gpu = ev.get("gpu")
+    if not gpu:  # the probe's NVML samples: one per host (taken by its local rank 0)
+        by_host = {}
+        for st in ranks.values():
+            snap = st.get("gpu")
+            if snap:
+                by_host.setdefault(snap.get("host"), snap)
+        gpu = list(by_host.values())
     if not gpu:
         return []
     from ddp_doctor.gpu import foreign_contexts
 
     out = []
-    for item in foreign_contexts(gpu, _ranks(ev)):
+    for item in foreign_contexts(gpu, ranks):
         out.append(_gpu_finding(item))
     return out
 
