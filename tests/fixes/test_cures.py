@@ -1,4 +1,7 @@
-"""agree / skip_if_nonfinite / EarlyStopping / gather_variable / rank_zero_first / load_checkpoint on 2 gloo ranks."""
+"""agree / skip_if_nonfinite / EarlyStopping / gather_variable / rank_zero_first / load_checkpoint on 2 gloo ranks.
+
+The passing cases share one 2-rank job (CPU is scarce); each failing "without the cure" case runs alone.
+"""
 import math
 
 import pytest
@@ -6,46 +9,48 @@ import torch
 
 from ddp_doctor import fixes
 
-pytestmark = pytest.mark.timeout(90)
+from multirank import run_ranks
+
+pytestmark = pytest.mark.timeout(300)
+CASES = ["nan_fix", "agree", "early", "gather", "rzf_ok", "rzf_fail", "rzf_fail_other", "ckpt"]
 
 
-def test_nan_skip_desyncs_without_fix(ranks):
-    run = ranks("cures.py", "nan", timeout=60)
-    assert run.code != 0
-
-
-def test_skip_if_nonfinite_keeps_ranks_in_step(ranks):
-    run = ranks("cures.py", "nan", "--fix", timeout=60)
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    run = run_ranks("cures.py", *CASES, "--tmp", str(tmp_path_factory.mktemp("cures")), timeout=180)
     assert run.code == 0, run.stdout + run.stderr
     res = run.results()
-    assert res[0] == res[1] == {"steps": 5, "skipped": 1, "total": 10.0}
+    assert set(res[0]) == set(res[1]) == set(CASES)
+    return res
 
 
-def test_agree(ranks):
-    run = ranks("cures.py", "agree", timeout=60)
-    assert run.code == 0, run.stderr
-    res = run.results()
-    assert res[0] == res[1] == {"any": True, "all": False, "all_true": True, "tensor_any": True}
+def test_nan_skip_desyncs_without_fix():
+    run = run_ranks("cures.py", "nan", timeout=120)
+    assert run.code != 0  # rank 1 skipped a backward: rank 0's next gradient all-reduce fails
 
 
-def test_early_stopping_stops_all_ranks_together(ranks):
-    run = ranks("cures.py", "early", timeout=60)
-    assert run.code == 0, run.stderr
-    res = run.results()
-    assert res[0] == res[1]
-    assert res[0]["stopped_at"] == 3  # rank 0's metric stalled for `patience` epochs; rank 1 stops with it
-    assert res[0]["mean_stops"] == [False, False, True, True] and res[0]["best"] == 1.5
+def test_skip_if_nonfinite_keeps_ranks_in_step(job):
+    assert job[0]["nan_fix"] == job[1]["nan_fix"] == {"steps": 5, "skipped": 1, "total": 10.0}
 
 
-def test_gather_variable(ranks):
-    run = ranks("cures.py", "gather", timeout=60)
-    assert run.code == 0, run.stderr
-    res = run.results()
-    assert res[0] == res[1]
-    assert res[0]["shapes"] == [[3, 2], [5, 2]] and res[0]["cat"] == 8
-    assert res[0]["sum"] == sum(range(6)) + sum(range(10))
-    assert res[0]["ragged"] == [[2, 1], [3, 2]] and res[0]["ragged_sum"] == 2 + 6
-    assert "disagree" in res[0]["mismatch"]  # a clear error on every rank, not a gloo abort
+def test_agree(job):
+    assert job[0]["agree"] == job[1]["agree"] == {"any": True, "all": False, "all_true": True, "tensor_any": True}
+
+
+def test_early_stopping_stops_all_ranks_together(job):
+    e0, e1 = job[0]["early"], job[1]["early"]
+    assert e0 == e1
+    assert e0["stopped_at"] == 3  # rank 0's metric stalled for `patience` epochs; rank 1 stops with it
+    assert e0["mean_stops"] == [False, False, True, True] and e0["best"] == 1.5
+
+
+def test_gather_variable(job):
+    g = job[0]["gather"]
+    assert g == job[1]["gather"]
+    assert g["shapes"] == [[3, 2], [5, 2]] and g["cat"] == 8
+    assert g["sum"] == sum(range(6)) + sum(range(10))
+    assert g["ragged"] == [[2, 1], [3, 2]] and g["ragged_sum"] == 2 + 6
+    assert "disagree" in g["mismatch"]  # a clear error on every rank, not a gloo abort
 
 
 @pytest.mark.parametrize("case,expect0,expect1", [
@@ -53,27 +58,15 @@ def test_gather_variable(ranks):
     ("rzf_fail", "OSError: download failed", "RankZeroFailed"),
     ("rzf_fail_other", "RankZeroFailed", "OSError: disk full"),
 ])
-def test_rank_zero_first(ranks, tmp_path, case, expect0, expect1):
-    run = ranks("cures.py", case, "--tmp", str(tmp_path), timeout=60)
-    assert run.code == 0, run.stdout + run.stderr
-    res = run.results()
-    assert res[0]["outcome"].startswith(expect0) and res[1]["outcome"].startswith(expect1)
+def test_rank_zero_first(job, case, expect0, expect1):
+    assert job[0][case]["outcome"].startswith(expect0) and job[1][case]["outcome"].startswith(expect1)
     if case == "rzf_ok":
-        assert res[1]["saw_marker"] == [True]  # rank 1 ran its body after rank 0's
+        assert job[1][case]["saw_marker"] == [True]  # rank 1 ran its body after rank 0's
 
 
-def test_naive_barrier_hangs_until_timeout(ranks):
-    # the pattern rank_zero_first replaces: rank 1 only gets out through the process-group timeout
-    run = ranks("cures.py", "rzf_naive", timeout=60)
-    assert run.results()[1]["outcome"] == "RuntimeError"
-
-
-def test_load_checkpoint_multirank(ranks, tmp_path):
-    run = ranks("cures.py", "ckpt", "--tmp", str(tmp_path), timeout=60)
-    assert run.code == 0, run.stderr
-    res = run.results()
-    assert res[0]["keys"] == ["bias", "weight"]  # 'module.' stripped
-    assert res[1]["device"] == "cpu" and res[1]["epoch"] == 3
+def test_load_checkpoint_multirank(job):
+    assert job[0]["ckpt"]["keys"] == ["bias", "weight"]  # 'module.' stripped
+    assert job[1]["ckpt"]["device"] == "cpu" and job[1]["ckpt"]["epoch"] == 3
 
 
 def test_single_process_behaviour():

@@ -1,52 +1,54 @@
-"""EvenBatches on real 2-rank gloo jobs: the uneven job fails, the same job wrapped finishes in step."""
+"""EvenBatches on real 2-rank gloo jobs: the uneven job fails, the same job wrapped finishes in step.
+
+The passing cases share one 2-rank job (CPU is scarce); the failing one runs alone.
+"""
 import pytest
 import torch
 
 from ddp_doctor.fixes import EvenBatches
 
-pytestmark = pytest.mark.timeout(90)
+from multirank import run_ranks
+
+pytestmark = pytest.mark.timeout(300)
+CASES = ["filter:min", "filter:max", "iterable:min", "shards:min", "shards:max"]
 
 
-def test_rank_local_filter_desyncs_without_fix(ranks):
-    run = ranks("even.py", "--data", "filter", "--fix", "none", timeout=60)
+@pytest.fixture(scope="module")
+def job():
+    run = run_ranks("even.py", *CASES, timeout=180)
+    assert run.code == 0, run.stdout + run.stderr
+    return run.results()
+
+
+def test_rank_local_filter_desyncs_without_fix():
+    run = run_ranks("even.py", "filter:none", timeout=120)
     # rank 1 skips 3 batches per epoch: it leaves the loop early, rank 0 is left in a gradient all-reduce
     assert run.code != 0, run.stdout
     assert run.rank_codes[0] != 0
 
 
 @pytest.mark.parametrize("mode,steps", [("min", 5), ("max", 8)])
-def test_rank_local_filter_even_with_keep(ranks, mode, steps):
-    run = ranks("even.py", "--data", "filter", "--fix", mode, timeout=60)
-    assert run.code == 0, run.stdout + run.stderr
-    res = run.results()
-    assert res[0]["steps"] == res[1]["steps"] == [steps, steps]
-    assert res[0]["psum"] == res[1]["psum"]  # replicas still identical
-    assert res[0]["sync"] == "step"  # a keep= filter makes the length unknown
+def test_rank_local_filter_even_with_keep(job, mode, steps):
+    r0, r1 = job[0][f"filter:{mode}"], job[1][f"filter:{mode}"]
+    assert r0["steps"] == r1["steps"] == [steps, steps]
+    assert r0["psum"] == r1["psum"]  # replicas still identical
+    assert r0["sync"] == "step"  # a keep= filter makes the length unknown
     if mode == "max":
-        assert res[1]["last"]["padded"] == 3
+        assert r1["last"]["padded"] == 3
 
 
-def test_iterable_unknown_length(ranks):
-    run = ranks("even.py", "--data", "iterable", "--fix", "min", timeout=60)
-    assert run.code == 0, run.stdout + run.stderr
-    res = run.results()
-    assert res[0]["steps"] == res[1]["steps"] == [5, 5]
-    assert res[0]["last"]["dropped_at_least"] == 1
-
-
-def test_iterable_without_fix_fails(ranks):
-    run = ranks("even.py", "--data", "iterable", "--fix", "none", timeout=60)
-    assert run.code != 0
+def test_iterable_unknown_length(job):
+    r0, r1 = job[0]["iterable:min"], job[1]["iterable:min"]
+    assert r0["steps"] == r1["steps"] == [5, 5]
+    assert r0["last"]["dropped_at_least"] == 1 and r0["sync"] == "step"
 
 
 @pytest.mark.parametrize("mode,steps", [("min", 5), ("max", 8)])
-def test_map_style_shards_agree_once_per_epoch(ranks, mode, steps):
-    run = ranks("even.py", "--data", "shards", "--fix", mode, timeout=60)
-    assert run.code == 0, run.stdout + run.stderr
-    res = run.results()
-    assert res[0]["sync"] == "epoch"
-    assert res[0]["steps"] == res[1]["steps"] == [steps, steps]
-    assert res[1]["last"]["min"] == 5 and res[1]["last"]["max"] == 8
+def test_map_style_shards_agree_once_per_epoch(job, mode, steps):
+    r0, r1 = job[0][f"shards:{mode}"], job[1][f"shards:{mode}"]
+    assert r0["sync"] == "epoch"
+    assert r0["steps"] == r1["steps"] == [steps, steps]
+    assert r1["last"]["min"] == 5 and r1["last"]["max"] == 8
 
 
 def test_single_process_is_pass_through():

@@ -3,7 +3,7 @@ import pytest
 
 from ddp_doctor.diagnose.perf import diagnose_perf, rank_split, recommend_workers, step_phases
 
-from evidence import evidence, rank_state
+from perf_evidence import evidence, rank_state
 
 
 def codes(ev):

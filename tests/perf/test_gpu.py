@@ -4,7 +4,7 @@ import pytest
 from ddp_doctor import gpu
 from ddp_doctor.diagnose.perf import diagnose_perf
 
-from evidence import evidence, rank_state
+from perf_evidence import evidence, rank_state
 from fake_nvml import FakeNVML
 
 

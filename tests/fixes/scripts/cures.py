@@ -1,9 +1,11 @@
-"""2-rank checks of agree / skip_if_nonfinite / EarlyStopping / gather_variable / rank_zero_first / load_checkpoint."""
+"""2-rank checks of agree / skip_if_nonfinite / EarlyStopping / gather_variable / rank_zero_first / load_checkpoint.
+
+usage: cures.py CASE [CASE...] --tmp DIR   (the cases run one after the other in one process group)
+"""
 import argparse
 import datetime
 import json
 import os
-import sys
 
 import torch
 import torch.distributed as dist
@@ -12,15 +14,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_doctor import fixes
 
 p = argparse.ArgumentParser()
-p.add_argument("case")
-p.add_argument("--fix", action="store_true")
+p.add_argument("cases", nargs="+")
 p.add_argument("--tmp", default="")
 a = p.parse_args()
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=4))
 rank = dist.get_rank()
-out = {}
 
-if a.case == "nan":
+
+def nan(fix):
     # rank 1 sees a NaN loss at step 3; the classic rank-local skip desyncs, skip_if_nonfinite does not
     model = DDP(torch.nn.Linear(2, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -29,7 +30,7 @@ if a.case == "nan":
         loss = model(torch.ones(1, 2)).sum()
         if rank == 1 and i == 3:
             loss = loss * float("nan")
-        if (fixes.skip_if_nonfinite(loss) if a.fix else not torch.isfinite(loss)):
+        if (fixes.skip_if_nonfinite(loss) if fix else not torch.isfinite(loss)):
             skipped += 1
             continue
         opt.zero_grad()
@@ -38,12 +39,16 @@ if a.case == "nan":
         steps += 1
     t = torch.tensor([float(steps)])
     dist.all_reduce(t)
-    out = {"steps": steps, "skipped": skipped, "total": float(t)}
-elif a.case == "agree":
-    out = {"any": fixes.agree(rank == 1), "all": fixes.agree(rank == 1, "all"), "all_true": fixes.agree(True, "all"),
-           "tensor_any": fixes.agree(torch.tensor([False, rank == 0]))}
-elif a.case == "early":
-    # validation metric computed on each rank's shard: rank 0's stops improving at epoch 2, rank 1's keeps improving
+    return {"steps": steps, "skipped": skipped, "total": float(t)}
+
+
+def agree():
+    return {"any": fixes.agree(rank == 1), "all": fixes.agree(rank == 1, "all"), "all_true": fixes.agree(True, "all"),
+            "tensor_any": fixes.agree(torch.tensor([False, rank == 0]))}
+
+
+def early():
+    # validation metric on each rank's shard: rank 0's stops improving at epoch 2, rank 1's keeps improving
     stopper = fixes.EarlyStopping(patience=2, mode="min", reduce=None)
     epoch = 0
     for epoch in range(10):
@@ -52,8 +57,10 @@ elif a.case == "early":
             break
     mean_stopper = fixes.EarlyStopping(patience=1)
     stops = [mean_stopper.step(torch.tensor(v)) for v in ([3.0, 2.0, 2.0, 2.0] if rank == 0 else [1.0, 1.0, 1.0, 1.0])]
-    out = {"stopped_at": epoch, "mean_stops": stops, "best": mean_stopper.best}
-elif a.case == "gather":
+    return {"stopped_at": epoch, "mean_stops": stops, "best": mean_stopper.best}
+
+
+def gather():
     x = torch.arange((3 + 2 * rank) * 2, dtype=torch.float32).reshape(3 + 2 * rank, 2)
     parts = fixes.gather_variable(x)
     cat = fixes.gather_variable(x, cat=True)
@@ -63,17 +70,19 @@ elif a.case == "gather":
         mismatch = None
     except ValueError as e:
         mismatch = str(e)
-    out = {"shapes": [list(t.shape) for t in parts], "cat": cat.shape[0], "sum": float(cat.sum()),
-           "ragged": [list(t.shape) for t in ragged], "ragged_sum": int(sum(t.sum() for t in ragged)),
-           "mismatch": mismatch}
-elif a.case in ("rzf_ok", "rzf_fail", "rzf_fail_other"):
-    marker = os.path.join(a.tmp, "prepared")
+    return {"shapes": [list(t.shape) for t in parts], "cat": cat.shape[0], "sum": float(cat.sum()),
+            "ragged": [list(t.shape) for t in ragged], "ragged_sum": int(sum(t.sum() for t in ragged)),
+            "mismatch": mismatch}
+
+
+def rzf(case):
+    marker = os.path.join(a.tmp, case + ".prepared")
     order = []
     try:
         with fixes.rank_zero_first():
-            if a.case == "rzf_fail" and rank == 0:
+            if case == "rzf_fail" and rank == 0:
                 raise OSError("download failed")
-            if a.case == "rzf_fail_other" and rank == 1:
+            if case == "rzf_fail_other" and rank == 1:
                 raise OSError("disk full on rank 1")
             if rank == 0:
                 open(marker, "w").write("x")
@@ -83,30 +92,26 @@ elif a.case in ("rzf_ok", "rzf_fail", "rzf_fail_other"):
         outcome = "RankZeroFailed: " + str(e)
     except OSError as e:
         outcome = "OSError: " + str(e)
-    out = {"outcome": outcome, "saw_marker": order}
-elif a.case == "rzf_naive":
-    # the hand-written barrier: rank 0 fails in the body, rank 1 waits in a barrier forever (here: the pg timeout)
-    try:
-        if rank != 0:
-            dist.barrier()
-        if rank == 0:
-            raise OSError("download failed")
-        if rank == 0:
-            dist.barrier()
-    except Exception as e:
-        out = {"outcome": type(e).__name__}
-        print("RESULT", rank, json.dumps(out), flush=True)
-        sys.exit(3)
-elif a.case == "ckpt":
+    return {"outcome": outcome, "saw_marker": order}
+
+
+def ckpt():
     path = os.path.join(a.tmp, "ck.pt")
     m = DDP(torch.nn.Linear(2, 2))  # on every rank (DDP construction is a collective)
     if rank == 0:
-        torch.save({"model": m.state_dict(), "epoch": 3}, path)
+        torch.save({"model": m.state_dict(), "epoch": 3}, path)  # keys saved with the 'module.' prefix
     dist.barrier()
     ck = fixes.load_checkpoint(path)
-    plain = torch.nn.Linear(2, 2)
-    plain.load_state_dict(ck["model"])
-    out = {"keys": sorted(ck["model"]), "device": str(ck["model"]["weight"].device), "epoch": ck["epoch"],
-           "local_device": str(fixes.local_device())}
-print("RESULT", rank, json.dumps(out), flush=True)
+    torch.nn.Linear(2, 2).load_state_dict(ck["model"])
+    return {"keys": sorted(ck["model"]), "device": str(ck["model"]["weight"].device), "epoch": ck["epoch"],
+            "local_device": str(fixes.local_device())}
+
+
+CASES = {"nan": lambda: nan(False), "nan_fix": lambda: nan(True), "agree": agree, "early": early, "gather": gather,
+         "rzf_ok": lambda: rzf("rzf_ok"), "rzf_fail": lambda: rzf("rzf_fail"),
+         "rzf_fail_other": lambda: rzf("rzf_fail_other"), "ckpt": ckpt}
+results = {}
+for case in a.cases:
+    results[case] = CASES[case]()
+    print("RESULT", rank, json.dumps(results), flush=True)  # partial results survive a crash
 dist.destroy_process_group()

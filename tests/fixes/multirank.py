@@ -1,3 +1,4 @@
+"""Run a tests/fixes/scripts/ script on N real gloo ranks (forked by _launch.py) with a deadline."""
 import json
 import os
 import random
@@ -7,7 +8,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 
 HERE = Path(__file__).parent
 SRC = HERE.parents[1] / "src"
@@ -21,7 +21,7 @@ class RankRun:
     stderr: str
 
     def results(self) -> dict:
-        """{rank: obj} from lines 'RESULT <rank> <json>' printed by the script."""
+        """{rank: obj} from the last line 'RESULT <rank> <json>' each rank printed."""
         out = {}
         for line in self.stdout.splitlines():
             if line.startswith("RESULT "):
@@ -54,8 +54,3 @@ def run_ranks(script: str, *args: str, nprocs: int = 2, timeout: float = 30.0, p
         if line.startswith("RANKCODES "):
             codes = json.loads(line.split(" ", 1)[1])
     return RankRun(p.returncode, codes, p.stdout, p.stderr)
-
-
-@pytest.fixture
-def ranks():
-    return run_ranks
