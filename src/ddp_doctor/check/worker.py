@@ -67,7 +67,7 @@ _SRC_PREFIX = re.compile(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")
 def _first_line(exc: BaseException) -> str:
     """The gist of a backend error: its last line, without C++ source prefixes."""
     text = str(exc).strip().splitlines()
-    msg = _SRC_PREFIX.sub("", text[-1] if text else "")
+    msg = _SRC_PREFIX.sub("", text[-1] if text else "").split(" This is typically caused")[0]
     return f"{type(exc).__name__}: {msg}"[:300]
 
 
