@@ -106,11 +106,13 @@ def pair_groups(ctx: Ctx) -> None:
         pairs = sorted({(min(i, (i + 1) % n), max(i, (i + 1) % n)) for i in range(n)})
     else:
         pairs = [(a, b) for a in range(n) for b in range(a + 1, n)]
+    ctx.waiting_for = [r for r in range(n) if r != ctx.rank]   # new_group waits for every rank
     for a, b in pairs:
         ctx.op = f"creating the process group of ranks {a} and {b}"
         group = dist.new_group([a, b], timeout=timedelta(seconds=ctx.deadline))
         if ctx.rank in (a, b):
             ctx.groups[(a, b)] = group
+    ctx.waiting_for = []
 
 
 def _exchange(ctx: Ctx, send_to: int | None, recv_from: int | None, timeout_s: float) -> list[dict[str, Any]]:
