@@ -226,10 +226,12 @@ def _pairs(world: int, test: str, data: dict[str, Any]) -> list[dict[str, Any]]:
                 what = item.get("error") or (f"element {wrong['index']} is {wrong['got']:g}, expected {wrong['expected']:g}"
                                              if wrong else "")
                 row["details"].append(f"rank {r}: {item.get('op')}: {what}")
-                row.setdefault("status", item.get("status"))
+                row.setdefault("statuses", set()).add(item.get("status"))
     rows = []
     for (a, b), row in sorted(pairs.items()):
-        row["status"] = "pass" if row["ok"] else row.get("status", "fail")
+        statuses = row.pop("statuses", set())
+        row["status"] = ("pass" if row["ok"] else "timeout" if "timeout" in statuses
+                         else "error" if "error" in statuses else "fail")
         rows.append(row)
     return rows
 
