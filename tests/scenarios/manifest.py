@@ -14,6 +14,7 @@ It also works as a small command-line tool::
 
     python tests/scenarios/manifest.py list [--issue run|perf]
     python tests/scenarios/manifest.py observe NAME... [--timeout S]   # plain torchrun, print what happens
+    PYTHONPATH=src python tests/scenarios/manifest.py doctor [NAME...|--issue run]  # ddp-doctor run vs expectations
 
 Only the standard library is needed at import time; ``psutil`` is imported when
 leftovers are checked.
@@ -388,6 +389,41 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
+def doctor_run(name: str, report_path: str | os.PathLike, timeout: float = 240.0,
+               extra_options: Iterable[str] = (), env: dict[str, str] | None = None) -> CommandResult:
+    """Run ``name`` under ``python -m ddp_doctor run --report REPORT_PATH [extra_options] <torchrun argv>``."""
+    return run_command([sys.executable, "-m", "ddp_doctor", "run", "--report", str(report_path), *extra_options,
+                        *torchrun_argv(name)], timeout=timeout, env=scenario_env(name, env))
+
+
+def _doctor(todo: list[str], timeout: float, report_dir: str | None) -> int:
+    import tempfile
+
+    out_dir = Path(report_dir or tempfile.mkdtemp(prefix="ddp-doctor-scenarios-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for n in todo:
+        rep = out_dir / f"{n}.json"
+        rep.unlink(missing_ok=True)
+        res = doctor_run(n, rep, timeout=timeout)
+        try:
+            report = json.loads(rep.read_text())
+        except (OSError, ValueError) as exc:
+            failed += 1
+            print(f"FAIL {n}: no report ({exc}); {summarize(res, lines=6)}", flush=True)
+            continue
+        problems = report_problems(n, report)
+        if res.leftovers:
+            problems.append(f"leftover processes: {res.leftovers}")
+        got = [(f.get("code"), f.get("ranks"), (f.get("location") or {}).get("line")) for f in report.get("findings", [])
+               if f.get("source", "runtime") == "runtime"]
+        failed += bool(problems)
+        print(f"{'FAIL' if problems else 'ok  '} {n}: verdict={report.get('verdict')} rc={res.returncode} "
+              f"t={res.duration_s}s findings={got}" + "".join(f"\n       - {p}" for p in problems), flush=True)
+    print(f"{len(todo) - failed}/{len(todo)} scenarios as expected; reports in {out_dir}")
+    return 1 if failed else 0
+
+
 def _main(argv: list[str]) -> int:
     import argparse
 
@@ -400,7 +436,15 @@ def _main(argv: list[str]) -> int:
     ob.add_argument("--timeout", type=float, default=180)
     ob.add_argument("--save-dir", help="write each run's full stdout/stderr there")
     sub.add_parser("table", help="print the markdown table of docs/scenarios.md")
+    dr = sub.add_parser("doctor", help="run scenarios under `python -m ddp_doctor run` and compare each report "
+                                       "with its expectation (uses the ddp_doctor found on PYTHONPATH)")
+    dr.add_argument("names", nargs="*", help="default: all (or --issue)")
+    dr.add_argument("--issue", choices=["run", "perf"])
+    dr.add_argument("--timeout", type=float, default=240)
+    dr.add_argument("--report-dir", default=None, help="keep the JSON reports there")
     a = ap.parse_args(argv)
+    if a.cmd == "doctor":
+        return _doctor(a.names or names(a.issue), a.timeout, a.report_dir)
     if a.cmd == "table":
         print(markdown_table())
         return 0
