@@ -283,11 +283,13 @@ def _kill_group(pgid: int) -> None:
 
 
 def run_command(argv: list[str], timeout: float, env: dict[str, str] | None = None,
-                cwd: str | os.PathLike | None = None) -> CommandResult:
+                cwd: str | os.PathLike | None = None, leftover_grace_s: float = 5.0) -> CommandResult:
     """Run ``argv`` in a new process group; on timeout kill the whole group (TERM, then KILL).
 
     Never raises on failure or timeout: look at ``returncode`` / ``timed_out``.
-    ``leftovers`` lists group members still alive afterwards (always killed before returning).
+    Every descendant seen while it ran is tracked too (torch's launcher puts each rank in its
+    own session, so the group alone does not reach them).  ``leftovers`` lists the processes
+    still alive ``leftover_grace_s`` after the command ended (they are killed before returning).
     """
     import psutil
 
@@ -329,7 +331,14 @@ def run_command(argv: list[str], timeout: float, env: dict[str, str] | None = No
                 pass
             break
     duration = time.monotonic() - t0
-    leftovers = leftover_processes(pgid, seen - {proc.pid})
+    # ranks run in their own sessions (torch's launcher uses start_new_session): give the
+    # launcher's own shutdown of its workers a moment before calling anything a leftover
+    deadline = time.monotonic() + leftover_grace_s
+    while True:
+        leftovers = leftover_processes(pgid, seen - {proc.pid})
+        if not leftovers or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     if leftovers:
         _kill_group(pgid)
         for pid in seen:

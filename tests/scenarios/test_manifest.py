@@ -150,3 +150,15 @@ def test_torchrun_argv_two_nodes_keeps_the_world_size():
     assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--node-rank") + 1] == "1"
     with pytest.raises(ValueError):
         manifest.torchrun_argv("rank0_barrier", nnodes=2)
+
+
+def test_run_command_reaches_descendants_in_other_sessions():
+    # like torch's launcher: the rank runs in its own session, out of reach of killpg
+    code = ("import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
+            "time.sleep(60)")
+    res = manifest.run_command([sys.executable, "-c", code], timeout=2.0, leftover_grace_s=1.0)
+    assert res.timed_out
+    assert len(res.pids) >= 2, "the grandchild in its own session was not tracked"
+    assert res.leftovers, "a descendant that survived the group kill must be reported"
+    manifest.assert_no_leftovers(res)  # ... and it was killed before run_command returned
