@@ -385,6 +385,19 @@ def _expect_text(e: dict[str, Any]) -> str:
     return text
 
 
+def markdown_coverage() -> str:
+    """One line per finding code: the scenarios that must produce it, and the twins that must not."""
+    by_code: dict[str, list[str]] = {}
+    for n, e in _load().items():
+        for f in e["expect"].get("findings", []):
+            by_code.setdefault(f["code"], []).append(n)
+    lines = ["| code | must be reported by | clean twins |", "|---|---|---|"]
+    for code in sorted(by_code):
+        twins = sorted({t for n in by_code[code] for t in [entry(n).get("twin")] if t})
+        lines.append(f"| {code} | {', '.join(f'`{n}`' for n in by_code[code])} | {', '.join(f'`{t}`' for t in twins)} |")
+    return "\n".join(lines)
+
+
 def markdown_table() -> str:
     """The scenario table of docs/scenarios.md, generated from scenarios.json."""
     rows = ["| scenario | issue | twin | what it does | plain torchrun (observed) | ddp-doctor must report |",
@@ -455,7 +468,7 @@ def _main(argv: list[str]) -> int:
     if a.cmd == "doctor":
         return _doctor(a.names or names(a.issue), a.timeout, a.report_dir)
     if a.cmd == "table":
-        print(markdown_table())
+        print("## Coverage by finding code\n\n" + markdown_coverage() + "\n\n## Every scenario\n\n" + markdown_table())
         return 0
     if a.cmd == "list":
         for n in names(a.issue):

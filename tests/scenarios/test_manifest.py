@@ -162,3 +162,12 @@ def test_run_command_reaches_descendants_in_other_sessions():
     assert len(res.pids) >= 2, "the grandchild in its own session was not tracked"
     assert res.leftovers, "a descendant that survived the group kill must be reported"
     manifest.assert_no_leftovers(res)  # ... and it was killed before run_command returned
+
+
+def test_docs_table_is_up_to_date():
+    doc = manifest.HERE.parents[1] / "docs" / "scenarios.md"
+    if not doc.exists():
+        pytest.skip("docs/scenarios.md not in this checkout")
+    text = doc.read_text()
+    assert manifest.markdown_table() in text and manifest.markdown_coverage() in text, \
+        "regenerate the tables: python tests/scenarios/manifest.py table"
