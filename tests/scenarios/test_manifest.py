@@ -74,7 +74,8 @@ def test_twins_exist_and_point_back(name):
         assert e["expect"]["verdict"] == "ok" and e["plain"]["exit_code"] == 0
         assert not [f for f in e["expect"].get("findings", []) if f["code"] in e["expect"].get("forbid", [])]
     if not e.get("twin_of"):
-        assert e["expect"]["verdict"] != "ok" or e["expect"].get("findings"), "a scenario that is neither a twin nor expected to find anything"
+        assert e["expect"]["verdict"] != "ok" or e["expect"].get("findings"), \
+            "a scenario that is neither a twin nor expected to find anything"
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -120,7 +121,8 @@ def test_report_problems_catches_mistakes():
     rep = {"verdict": "ok", "findings": [{"code": "DDP201", "severity": "error", "ranks": [0], "location": None}]}
     problems = manifest.report_problems(twin, rep)
     assert any("forbidden" in p for p in problems) and any("twin" in p for p in problems)
-    lint_only = {"verdict": "ok", "findings": [{"code": "DDP201", "severity": "error", "source": "lint", "ranks": [], "location": None}]}
+    lint_only = {"verdict": "ok", "findings": [{"code": "DDP201", "severity": "error", "source": "lint",
+                                                "ranks": [], "location": None}]}
     assert manifest.report_problems(twin, lint_only) == []
 
 
