@@ -14,6 +14,7 @@ It also works as a small command-line tool::
 
     python tests/scenarios/manifest.py list [--issue run|perf]
     python tests/scenarios/manifest.py observe NAME... [--timeout S]   # plain torchrun, print what happens
+    PYTHONPATH=src python tests/scenarios/manifest.py doctor [NAME...|--issue run]  # ddp-doctor run vs expectations
 
 Only the standard library is needed at import time; ``psutil`` is imported when
 leftovers are checked.
@@ -282,11 +283,13 @@ def _kill_group(pgid: int) -> None:
 
 
 def run_command(argv: list[str], timeout: float, env: dict[str, str] | None = None,
-                cwd: str | os.PathLike | None = None) -> CommandResult:
+                cwd: str | os.PathLike | None = None, leftover_grace_s: float = 5.0) -> CommandResult:
     """Run ``argv`` in a new process group; on timeout kill the whole group (TERM, then KILL).
 
     Never raises on failure or timeout: look at ``returncode`` / ``timed_out``.
-    ``leftovers`` lists group members still alive afterwards (always killed before returning).
+    Every descendant seen while it ran is tracked too (torch's launcher puts each rank in its
+    own session, so the group alone does not reach them).  ``leftovers`` lists the processes
+    still alive ``leftover_grace_s`` after the command ended (they are killed before returning).
     """
     import psutil
 
@@ -328,7 +331,14 @@ def run_command(argv: list[str], timeout: float, env: dict[str, str] | None = No
                 pass
             break
     duration = time.monotonic() - t0
-    leftovers = leftover_processes(pgid, seen - {proc.pid})
+    # ranks run in their own sessions (torch's launcher uses start_new_session): give the
+    # launcher's own shutdown of its workers a moment before calling anything a leftover
+    deadline = time.monotonic() + leftover_grace_s
+    while True:
+        leftovers = leftover_processes(pgid, seen - {proc.pid})
+        if not leftovers or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     if leftovers:
         _kill_group(pgid)
         for pid in seen:
@@ -375,6 +385,19 @@ def _expect_text(e: dict[str, Any]) -> str:
     return text
 
 
+def markdown_coverage() -> str:
+    """One line per finding code: the scenarios that must produce it, and the twins that must not."""
+    by_code: dict[str, list[str]] = {}
+    for n, e in _load().items():
+        for f in e["expect"].get("findings", []):
+            by_code.setdefault(f["code"], []).append(n)
+    lines = ["| code | must be reported by | clean twins |", "|---|---|---|"]
+    for code in sorted(by_code):
+        twins = sorted({t for n in by_code[code] for t in [entry(n).get("twin")] if t})
+        lines.append(f"| {code} | {', '.join(f'`{n}`' for n in by_code[code])} | {', '.join(f'`{t}`' for t in twins)} |")
+    return "\n".join(lines)
+
+
 def markdown_table() -> str:
     """The scenario table of docs/scenarios.md, generated from scenarios.json."""
     rows = ["| scenario | issue | twin | what it does | plain torchrun (observed) | ddp-doctor must report |",
@@ -386,6 +409,41 @@ def markdown_table() -> str:
                  _expect_text(e)]
         rows.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
     return "\n".join(rows)
+
+
+def doctor_run(name: str, report_path: str | os.PathLike, timeout: float = 240.0,
+               extra_options: Iterable[str] = (), env: dict[str, str] | None = None) -> CommandResult:
+    """Run ``name`` under ``python -m ddp_doctor run --report REPORT_PATH [extra_options] <torchrun argv>``."""
+    return run_command([sys.executable, "-m", "ddp_doctor", "run", "--report", str(report_path), *extra_options,
+                        *torchrun_argv(name)], timeout=timeout, env=scenario_env(name, env))
+
+
+def _doctor(todo: list[str], timeout: float, report_dir: str | None) -> int:
+    import tempfile
+
+    out_dir = Path(report_dir or tempfile.mkdtemp(prefix="ddp-doctor-scenarios-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for n in todo:
+        rep = out_dir / f"{n}.json"
+        rep.unlink(missing_ok=True)
+        res = doctor_run(n, rep, timeout=timeout)
+        try:
+            report = json.loads(rep.read_text())
+        except (OSError, ValueError) as exc:
+            failed += 1
+            print(f"FAIL {n}: no report ({exc}); {summarize(res, lines=6)}", flush=True)
+            continue
+        problems = report_problems(n, report)
+        if res.leftovers:
+            problems.append(f"leftover processes: {res.leftovers}")
+        got = [(f.get("code"), f.get("ranks"), (f.get("location") or {}).get("line")) for f in report.get("findings", [])
+               if f.get("source", "runtime") == "runtime"]
+        failed += bool(problems)
+        print(f"{'FAIL' if problems else 'ok  '} {n}: verdict={report.get('verdict')} rc={res.returncode} "
+              f"t={res.duration_s}s findings={got}" + "".join(f"\n       - {p}" for p in problems), flush=True)
+    print(f"{len(todo) - failed}/{len(todo)} scenarios as expected; reports in {out_dir}")
+    return 1 if failed else 0
 
 
 def _main(argv: list[str]) -> int:
@@ -400,9 +458,17 @@ def _main(argv: list[str]) -> int:
     ob.add_argument("--timeout", type=float, default=180)
     ob.add_argument("--save-dir", help="write each run's full stdout/stderr there")
     sub.add_parser("table", help="print the markdown table of docs/scenarios.md")
+    dr = sub.add_parser("doctor", help="run scenarios under `python -m ddp_doctor run` and compare each report "
+                                       "with its expectation (uses the ddp_doctor found on PYTHONPATH)")
+    dr.add_argument("names", nargs="*", help="default: all (or --issue)")
+    dr.add_argument("--issue", choices=["run", "perf"])
+    dr.add_argument("--timeout", type=float, default=240)
+    dr.add_argument("--report-dir", default=None, help="keep the JSON reports there")
     a = ap.parse_args(argv)
+    if a.cmd == "doctor":
+        return _doctor(a.names or names(a.issue), a.timeout, a.report_dir)
     if a.cmd == "table":
-        print(markdown_table())
+        print("## Coverage by finding code\n\n" + markdown_coverage() + "\n\n## Every scenario\n\n" + markdown_table())
         return 0
     if a.cmd == "list":
         for n in names(a.issue):

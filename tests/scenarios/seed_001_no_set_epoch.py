@@ -25,7 +25,7 @@ def main():
     y = (x[:, 0] > 0).long()
     dataset = TensorDataset(x, y)
     sampler = DistributedSampler(dataset, shuffle=True, drop_last=False)  # expect: DDP102
-    loader = DataLoader(dataset, batch_size=32, sampler=sampler)
+    loader = DataLoader(dataset, batch_size=32, sampler=sampler)  # expect: DDP102
 
     model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

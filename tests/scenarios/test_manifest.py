@@ -74,7 +74,8 @@ def test_twins_exist_and_point_back(name):
         assert e["expect"]["verdict"] == "ok" and e["plain"]["exit_code"] == 0
         assert not [f for f in e["expect"].get("findings", []) if f["code"] in e["expect"].get("forbid", [])]
     if not e.get("twin_of"):
-        assert e["expect"]["verdict"] != "ok" or e["expect"].get("findings"), "a scenario that is neither a twin nor expected to find anything"
+        assert e["expect"]["verdict"] != "ok" or e["expect"].get("findings"), \
+            "a scenario that is neither a twin nor expected to find anything"
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -120,7 +121,8 @@ def test_report_problems_catches_mistakes():
     rep = {"verdict": "ok", "findings": [{"code": "DDP201", "severity": "error", "ranks": [0], "location": None}]}
     problems = manifest.report_problems(twin, rep)
     assert any("forbidden" in p for p in problems) and any("twin" in p for p in problems)
-    lint_only = {"verdict": "ok", "findings": [{"code": "DDP201", "severity": "error", "source": "lint", "ranks": [], "location": None}]}
+    lint_only = {"verdict": "ok", "findings": [{"code": "DDP201", "severity": "error", "source": "lint",
+                                                "ranks": [], "location": None}]}
     assert manifest.report_problems(twin, lint_only) == []
 
 
@@ -150,3 +152,24 @@ def test_torchrun_argv_two_nodes_keeps_the_world_size():
     assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--node-rank") + 1] == "1"
     with pytest.raises(ValueError):
         manifest.torchrun_argv("rank0_barrier", nnodes=2)
+
+
+def test_run_command_reaches_descendants_in_other_sessions():
+    # like torch's launcher: the rank runs in its own session, out of reach of killpg
+    code = ("import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
+            "time.sleep(60)")
+    res = manifest.run_command([sys.executable, "-c", code], timeout=2.0, leftover_grace_s=1.0)
+    assert res.timed_out
+    assert len(res.pids) >= 2, "the grandchild in its own session was not tracked"
+    assert res.leftovers, "a descendant that survived the group kill must be reported"
+    manifest.assert_no_leftovers(res)  # ... and it was killed before run_command returned
+
+
+def test_docs_table_is_up_to_date():
+    doc = manifest.HERE.parents[1] / "docs" / "scenarios.md"
+    if not doc.exists():
+        pytest.skip("docs/scenarios.md not in this checkout")
+    text = doc.read_text()
+    assert manifest.markdown_table() in text and manifest.markdown_coverage() in text, \
+        "regenerate the tables: python tests/scenarios/manifest.py table"
