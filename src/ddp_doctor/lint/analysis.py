@@ -75,6 +75,14 @@ def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int
     if isinstance(expr, ast.Call):
         if model.is_dataloader_call(expr):
             return [(expr, scope)]
+        fn = model.resolve_function(expr.func, scope)  # loader = build_loader(ds)
+        if fn is not None and fn is not scope.node:
+            inner = model.scopes[fn]
+            out = []
+            for r in model.returns_of(fn):
+                if r.value is not None:
+                    out += resolve_loaders(model, r.value, inner, depth + 1)
+            return out
         return []
     d = dotted(expr)
     if d is None:
