@@ -189,16 +189,17 @@ def ddp_forward_in_fn(model: ModuleModel, fn: ast.AST, call: ast.Call, caller: S
         target = forward_target(site.call)
         if target is None:
             continue
-        quiet = in_no_grad(model, scope, site.call.lineno) or in_no_grad(model, caller, call.lineno)
+        def quiet() -> bool:
+            return in_no_grad(model, scope, site.call.lineno) or in_no_grad(model, caller, call.lineno)
         if isinstance(target, ast.Name) and target.id in scope.params:
             idx = scope.params.index(target.id) - offset
             a = arg_or_kw(call, idx, target.id) if idx >= 0 else None
             if a is not None and model.is_ddp_value(a, caller):
-                if quiet and no_buffer_broadcast(model, a, caller):
+                if no_buffer_broadcast(model, a, caller) and quiet():
                     continue
                 return site.call
         elif model.is_ddp_value(target, scope):
-            if quiet and no_buffer_broadcast(model, target, scope):
+            if no_buffer_broadcast(model, target, scope) and quiet():
                 continue
             return site.call
     return None
@@ -238,18 +239,23 @@ _NO_GRAD = ("no_grad", "inference_mode")
 
 def in_no_grad(model: ModuleModel, scope: Scope, line: int) -> bool:
     """``line`` runs under ``torch.no_grad()`` / ``inference_mode()`` (decorator or ``with``)."""
-    node = scope.node
-    if not scope.is_module:
-        for d in node.decorator_list:
-            if final_name(d.func if isinstance(d, ast.Call) else d) in _NO_GRAD:
-                return True
-    for stmt, _c, _l in scope.stmts:
-        if isinstance(stmt, (ast.With, ast.AsyncWith)) and stmt.lineno <= line <= (stmt.end_lineno or 0):
-            for item in stmt.items:
-                e = item.context_expr
-                if final_name(e.func if isinstance(e, ast.Call) else e) in _NO_GRAD:
-                    return True
-    return False
+    key = ("nograd", scope.node)
+    spans = model._cache.get(key)
+    if spans is None:
+        spans = []
+        node = scope.node
+        if not scope.is_module:
+            for d in node.decorator_list:
+                if final_name(d.func if isinstance(d, ast.Call) else d) in _NO_GRAD:
+                    spans.append((0, 1 << 30))
+        for stmt, _c, _l in scope.stmts:
+            if isinstance(stmt, (ast.With, ast.AsyncWith)):
+                for item in stmt.items:
+                    e = item.context_expr
+                    if final_name(e.func if isinstance(e, ast.Call) else e) in _NO_GRAD:
+                        spans.append((stmt.lineno, stmt.end_lineno or stmt.lineno))
+        model._cache[key] = spans
+    return any(a <= line <= b for a, b in spans)
 
 
 # ------------------------------------------------------------- balance ---

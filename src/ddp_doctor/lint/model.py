@@ -245,6 +245,12 @@ def iter_header_exprs(stmt: ast.stmt) -> Iterator[ast.AST]:
 
 
 _SKIP_EXPR = (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+# node types that hold no call: never pushed (operators, contexts, names, constants)
+_NO_CALL_TYPES = frozenset(
+    [ast.Name, ast.Constant, ast.Load, ast.Store, ast.Del, ast.Pass, ast.Break, ast.Continue, ast.alias,
+     ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom,
+     ast.Global, ast.Nonlocal]
+    + [c for base in (ast.operator, ast.cmpop, ast.unaryop, ast.boolop) for c in base.__subclasses__()])
 
 
 def calls_in(node: ast.AST) -> list[ast.Call]:
@@ -252,20 +258,24 @@ def calls_in(node: ast.AST) -> list[ast.Call]:
     out = []
     stack = [node]
     pop, push = stack.pop, stack.append
-    Call, AST = ast.Call, ast.AST
+    Call, Attribute, AST = ast.Call, ast.Attribute, ast.AST
+    skip = _NO_CALL_TYPES
     while stack:
         n = pop()
-        if type(n) is Call:
+        t = type(n)
+        if t is Attribute:
+            push(n.value)
+            continue
+        if t is Call:
             out.append(n)
         for name in n._fields:
             v = getattr(n, name, None)
-            if isinstance(v, AST):
-                if not isinstance(v, _SKIP_EXPR):
-                    push(v)
-            elif type(v) is list:
+            if type(v) is list:
                 for x in v:
-                    if isinstance(x, AST) and not isinstance(x, _SKIP_EXPR):
+                    if type(x) not in skip and isinstance(x, AST):
                         push(x)
+            elif type(v) not in skip and isinstance(v, AST):
+                push(v)
     out.reverse()
     return out
 
@@ -641,12 +651,9 @@ class ModuleModel:
                  "accelerate", "torch.utils.data.DistributedSampler", "torch.utils.data.distributed",
                  "deepspeed", "torch.multiprocessing", "horovod")
         res = any(q == r or q.startswith(r + ".") for q in self.imports.values() for r in roots)
-        if not res:
-            for node in ast.walk(self.tree):
-                if isinstance(node, ast.Attribute) and node.attr == "distributed":
-                    if self.qual(node) == "torch.distributed":
-                        res = True
-                        break
+        if not res and "torch.distributed" in self.source:  # `import torch` ... `torch.distributed.barrier()`
+            res = any((self.qual(s.call.func) or "").startswith("torch.distributed.")
+                      for sc in self.scopes.values() for s in sc.sites)
         self._cache["distributed"] = res
         return res
 
@@ -786,7 +793,7 @@ class _Eval:
         self.visiting: set = set()
 
     def atom(self, node: ast.AST) -> set:
-        key = ast.dump(node)
+        key = dotted(node) or ast.dump(node)
         if self.collect:
             if key not in self.atoms:
                 self.atoms.append(key)
