@@ -53,6 +53,8 @@ ACCEL_FUNCS = {"accelerate.utils." + n for n in ("gather", "broadcast", "reduce"
                                                   "pad_across_processes", "broadcast_object_list",
                                                   "gather_object")}
 STRATEGY_COLLECTIVES = {"barrier", "broadcast", "reduce", "all_gather"}
+# ddp_doctor.fixes helpers that run a collective inside (every rank must call them)
+FIXES_COLLECTIVES = {"agree", "skip_if_nonfinite", "gather_variable", "rank_zero_first"}
 AGREE_FUNCS = {"agree", "all_agree", "any_rank", "all_ranks", "sync_flag"}
 
 _INT_RANK_RE = re.compile(
@@ -616,6 +618,8 @@ class ModuleModel:
                 return None
             if q in ACCEL_FUNCS:
                 return "accelerate." + q.rsplit(".", 1)[1]
+            if q.startswith("ddp_doctor.fixes.") and q.rsplit(".", 1)[1] in FIXES_COLLECTIVES:
+                return "fixes." + q.rsplit(".", 1)[1]
             return None
         if isinstance(func, ast.Attribute):
             kind = self._receiver_kind(func.value, scope)

@@ -23,6 +23,19 @@ def _has_collective(m: ModuleModel, node: ast.AST, scope: Scope) -> bool:
             fn = m.resolve_function(c.func, scope)
             if fn is not None and A.fn_collectives(m, fn):
                 return True
+            if _from_fixes(m, c.func, scope):
+                return True  # ddp_doctor.fixes: agree, skip_if_nonfinite, EarlyStopping.step, ...
+    return False
+
+
+def _from_fixes(m: ModuleModel, func: ast.expr, scope: Scope) -> bool:
+    q = m.qual(func) or ""
+    if q.startswith("ddp_doctor.fixes"):
+        return True
+    if isinstance(func, ast.Attribute):  # stopper.step(val_loss) with stopper = EarlyStopping(...)
+        for v in m.values_of(func.value, scope):
+            if isinstance(v, ast.Call) and (m.qual(v.func) or "").startswith("ddp_doctor.fixes"):
+                return True
     return False
 
 
