@@ -6,6 +6,7 @@ import fnmatch
 import io
 import os
 import re
+import sys
 import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,7 +181,8 @@ def lint_source(source: str, path: str = "<string>", *, select: Sequence[str] | 
         tree = ast.parse(source, filename=path)
     except SyntaxError as e:
         where = f" (line {e.lineno}" + (f", column {e.offset})" if e.offset else ")") if e.lineno else ""
-        res.error = LintError(path, f"syntax error: {e.msg}{where}")
+        py = f"Python {sys.version_info.major}.{sys.version_info.minor}"
+        res.error = LintError(path, f"syntax error: {e.msg}{where} [parsed with {py}]")
         return res
     except (ValueError, RecursionError, MemoryError, OverflowError) as e:
         res.error = LintError(path, f"cannot parse: {type(e).__name__}: {e}")
