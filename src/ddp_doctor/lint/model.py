@@ -851,16 +851,21 @@ class _Eval:
             envkey = self._env_key(node)
             if envkey is not None:
                 return self._env(envkey)
-            base = self.ev(node.value, depth + 1)
+            before = self.hit
+            self.hit = False
             idx = self.ev(node.slice, depth + 1)
-            out = set()
-            for b in base:
-                for i in idx:
-                    try:
+            idx_rank, self.hit = self.hit, before or self.hit
+            try:
+                base = self.ev(node.value, depth + 1)
+                out = set()
+                for b in base:
+                    for i in idx:
                         out.add(b[i])
-                    except Exception:  # noqa: BLE001
-                        raise _Unknown from None
-            return out
+                return out
+            except Exception:  # noqa: BLE001
+                if idx_rank and not self.collect:
+                    raise _Unknown from None  # SHARDS[rank::world]: depends on the rank
+                return self.atom(node)  # an element of unknown data: the same on every rank
         if isinstance(node, ast.Call):
             return self._call(node, depth)
         if isinstance(node, ast.UnaryOp):
@@ -1012,6 +1017,17 @@ class _Eval:
                     out |= sub.ev(r, depth + 1)
                 self.hit = self.hit or sub.hit
                 return out
+        # an unknown function of the rank (`load_shard(rank)`, `open(f"ckpt{rank}")`): its result is data
+        # that differs by rank (mentions_rank sees it), but not a rank *condition* to evaluate
+        if self.collect and not self.hit:
+            sub = _Eval(m, self.scope, self.r, self.sigma, collect=True)
+            sub.visiting = self.visiting
+            for a in (*node.args, *(k.value for k in node.keywords)):
+                try:
+                    sub.ev(a, depth + 1)
+                except Exception:  # noqa: BLE001
+                    pass
+            self.hit = self.hit or sub.hit
         return self.atom(node)
 
 

@@ -17,8 +17,8 @@ def is_dist_script(m: ModuleModel) -> bool:
         for scope in m.scopes.values():
             for site in scope.sites:
                 q = m.qual(site.call.func) or ""
-                if q.endswith("init_process_group") or q.endswith("get_rank") or q.endswith("launch") and \
-                        q.startswith("torch.distributed") or q in ("torch.multiprocessing.spawn",):
+                if q.endswith("init_process_group") or q in ("torch.multiprocessing.spawn",
+                                                             "deepspeed.init_distributed"):
                     res = True
                     break
             if res:
