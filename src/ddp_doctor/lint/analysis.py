@@ -293,7 +293,8 @@ def balanced(model: ModuleModel, group: list[tuple[tuple[Cond, ...], Scope]]) ->
     if len(atoms) > 4:
         return False
     evaluated = False
-    for sigma in model.sigmas(atoms) if atoms else [{}]:
+    exprs = [c.test for conds, _s in group for c in conds]
+    for sigma in model.sigmas(atoms, exprs) if atoms else [{}]:
         lo = [0] * len(RANKS)
         hi = [0] * len(RANKS)
         ok = True
@@ -324,7 +325,7 @@ def never_runs(model: ModuleModel, conds: tuple[Cond, ...], scope: Scope) -> boo
                 atoms.append(a)
     if len(atoms) > 4:
         return False
-    for sigma in model.sigmas(atoms) if atoms else [{}]:
+    for sigma in model.sigmas(atoms, [c.test for c in conds]) if atoms else [{}]:
         t = site_truths(model, conds, scope, sigma)
         if t is None or any(x != "F" for x in t):
             return False

@@ -753,9 +753,17 @@ class ModuleModel:
             pass
         return ev.hit
 
-    def sigmas(self, atoms: list[str]) -> Iterator[dict[str, Any]]:
+    def sigmas(self, atoms: list[str], exprs: Iterable[ast.AST] = ()) -> Iterator[dict[str, Any]]:
+        """Values to try for the unknowns: a few small ones, plus the integers the conditions compare with
+        (so `step % 4 == 3` can be true)."""
         atoms = atoms[:_MAX_ATOMS]
-        for combo in itertools.product(_DOMAIN, repeat=len(atoms)):
+        domain = list(_DOMAIN)
+        for e in exprs:
+            for n in ast.walk(e):
+                if isinstance(n, ast.Constant) and type(n.value) is int and n.value not in domain and \
+                        len(domain) < 8:
+                    domain.append(n.value)
+        for combo in itertools.product(domain, repeat=len(atoms)):
             yield dict(zip(atoms, combo))
 
     def is_rank_condition(self, expr: ast.expr, scope: Scope) -> bool:
@@ -766,7 +774,7 @@ class ModuleModel:
         if self.mentions_rank(expr, scope):
             atoms = self.atoms(expr, scope)
             any_eval = False
-            for sigma in self.sigmas(atoms):
+            for sigma in self.sigmas(atoms, [expr]):
                 t = self.rank_truths(expr, scope, sigma)
                 if t is None:
                     continue
@@ -855,6 +863,7 @@ class _Eval:
             self.hit = False
             idx = self.ev(node.slice, depth + 1)
             idx_rank, self.hit = self.hit, before or self.hit
+            n_atoms = len(self.atoms)
             try:
                 base = self.ev(node.value, depth + 1)
                 out = set()
@@ -863,6 +872,8 @@ class _Eval:
                         out.add(b[i])
                 return out
             except Exception:  # noqa: BLE001
+                if self.collect:
+                    del self.atoms[n_atoms:]  # the element is the unknown, not its container
                 if idx_rank and not self.collect:
                     raise _Unknown from None  # SHARDS[rank::world]: depends on the rank
                 return self.atom(node)  # an element of unknown data: the same on every rank
