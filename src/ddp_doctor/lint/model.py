@@ -45,6 +45,9 @@ TORCH_COLLECTIVES = {
     "all_to_all", "all_to_all_single", "broadcast_object_list", "monitored_barrier", "new_group",
     "all_reduce_coalesced", "all_gather_coalesced",
 }
+# torch.distributed.checkpoint: every rank takes part in saving / loading
+DCP_COLLECTIVES = {f"torch.distributed.checkpoint.{n}" for n in ("save", "load", "save_state_dict",
+                                                                  "load_state_dict", "async_save")}
 # collectives that write their result into their first argument
 INPLACE_COLLECTIVES = {"all_reduce", "broadcast", "reduce", "all_reduce_coalesced"}
 FABRIC_COLLECTIVES = {"barrier", "all_reduce", "broadcast", "all_gather", "save"}
@@ -611,9 +614,13 @@ class ModuleModel:
         func = call.func
         q = self.qual(func)
         if q:
+            if q in DDP_CLASSES:
+                return "DistributedDataParallel"  # construction verifies and broadcasts parameters
             if q.startswith("torch.distributed."):
+                if q in DCP_COLLECTIVES:
+                    return "dcp." + q.rsplit(".", 1)[1]
                 op = q.rsplit(".", 1)[1]
-                if op in TORCH_COLLECTIVES and q.count(".") <= 3:
+                if op in TORCH_COLLECTIVES and q.count(".") <= 3 and not q.startswith("torch.distributed.checkpoint"):
                     return f"dist.{op}"
                 return None
             if q in ACCEL_FUNCS:
@@ -629,7 +636,23 @@ class ModuleModel:
                 return f"accelerator.{func.attr}"
             if kind == "strategy" and func.attr in STRATEGY_COLLECTIVES:
                 return f"strategy.{func.attr}"
+            if isinstance(func.value, ast.Name) and func.value.id == "self" and self._is_lightning_module(scope.cls):
+                if func.attr == "all_gather":
+                    return "self.all_gather"
+                if func.attr in ("log", "log_dict"):
+                    kw = kwarg(call, "sync_dist")
+                    if kw is not None and isinstance(kw.value, ast.Constant) and kw.value.value is True:
+                        return f"self.{func.attr}(sync_dist=True)"
         return None
+
+    def _is_lightning_module(self, cls: ast.ClassDef | None) -> bool:
+        if cls is None:
+            return False
+        for b in cls.bases:
+            name = final_name(b) or ""
+            if name in ("LightningModule", "LightningLite") or (self.qual(b) or "").endswith("LightningModule"):
+                return True
+        return False
 
     def uses_subgroup(self, call: ast.Call) -> bool:
         """A collective on an explicit process group: legitimately entered by that group's ranks only."""
