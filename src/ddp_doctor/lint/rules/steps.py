@@ -169,16 +169,17 @@ class UnevenSteps(Rule):
                             loop in s.loops and s.call.lineno > jump.stmt.lineno for s in bws):
                         continue  # a continue after the backward does not change the number of steps
                     conds = [c for c in jump.conds if c.loop_level > level and _encloses(c.node, jump.stmt)]
-                    reason = self._reason(ctx, scope, conds, tainted)
-                    if reason is None:
+                    got = self._reason(ctx, scope, conds, tainted)
+                    if got is None:
                         continue
+                    reason, kind = got
                     word = {"continue": "`continue`", "break": "`break`", "return": "`return`",
                             "exit": "exit"}[jump.kind]
                     effect = ("skips this step's backward" if jump.kind == "continue"
                               else "leaves the training loop")
                     ctx.report(
                         self.code, jump.stmt,
-                        f"{word} under `{reason}` {effect} on this rank only: {self._why(reason)} The other "
+                        f"{word} under `{reason}` {effect} on some ranks only: {self._why(reason, kind)} The other "
                         f"ranks still call DDP's gradient all-reduce and wait for it forever (a silent hang), "
                         f"or on gloo average gradients of different steps and fail later.",
                         "Make every rank take the same decision: `if ddp_doctor.fixes.agree(cond, op=\"any\"): "
@@ -193,15 +194,17 @@ class UnevenSteps(Rule):
             t = ctx.text(c.test, 50)
             text = t if c.positive else f"not ({t})"
             if m.is_rank_condition(c.test, scope):
-                return text
+                return text, "rank"
             if _has_collective(m, c.test, scope):
                 continue
             hit = _names(c.test) & tainted
             if hit and not _size_only(c.test, tainted):
-                return text
+                return text, "data"
         return None
 
     @staticmethod
-    def _why(reason: str) -> str:
-        return f"whether `{reason}` holds depends on this rank's own batch, loss or rank, not on a value " \
-               f"all ranks agree on."
+    def _why(reason: str, kind: str) -> str:
+        if kind == "rank":
+            return f"`{reason}` depends on the rank itself."
+        return f"`{reason}` is computed from each rank's own batch or loss, so ranks decide differently " \
+               f"(no collective makes them agree)."
