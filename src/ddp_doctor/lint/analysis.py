@@ -69,7 +69,7 @@ def unwrap_iter(expr: ast.expr) -> ast.expr:
 
 def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int = 0) -> list[tuple[ast.Call, Scope]]:
     """The ``DataLoader(...)`` calls ``expr`` may hold (variables, self attributes, one level of parameters)."""
-    if depth > 3:
+    if depth > 6:
         return []
     expr = unwrap_iter(expr)
     if isinstance(expr, ast.Call):
@@ -90,7 +90,7 @@ def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int
     out: list[tuple[ast.Call, Scope]] = []
     for v in model.values_of(expr, scope):
         if v is not expr:
-            out += resolve_loaders(model, v, scope, depth + 1)
+            out += resolve_loaders(model, v, model.scope_of_value(v, scope), depth + 1)
     if not out and isinstance(expr, ast.Name) and expr.id in scope.params and not scope.is_module:
         idx = scope.params.index(expr.id)
         fn = scope.node

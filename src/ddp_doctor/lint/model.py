@@ -306,6 +306,7 @@ class ModuleModel:
         self.functions: dict[str, list[ast.AST]] = {}  # module-level and nested defs by name
         self.methods: dict[ast.ClassDef, dict[str, ast.AST]] = {}
         self.self_assigns: dict[ast.ClassDef, dict[str, list[ast.expr]]] = {}
+        self.value_scope: dict[int, "Scope"] = {}  # id(value of a self.attr assignment) -> its scope
         self.classes: dict[str, ast.ClassDef] = {}
         self.has_main_guard = False
         self._cache: dict[Any, Any] = {}
@@ -481,6 +482,7 @@ class ModuleModel:
             d = dotted(target)
             if d and d.startswith("self.") and scope.cls is not None:
                 self.self_assigns.setdefault(scope.cls, {}).setdefault(d, []).append(value)
+                self.value_scope[id(value)] = scope
             if d:
                 scope.assigns.setdefault(d, []).append((value, conds))
 
@@ -518,6 +520,11 @@ class ModuleModel:
             vals = self.self_assigns.get(scope.cls, {}).get(d, [])
         return vals
 
+    def scope_of_value(self, value: ast.expr, default: Scope) -> Scope:
+        """The scope a value returned by :meth:`values_of` must be resolved in (self.attr values live in
+        the method that assigned them)."""
+        return self.value_scope.get(id(value), default)
+
     def resolve_function(self, func: ast.expr, scope: Scope) -> ast.AST | None:
         """The same-file def a call targets: ``helper(...)``, ``self.method(...)``, ``Class.method``."""
         if isinstance(func, ast.Name):
@@ -545,11 +552,17 @@ class ModuleModel:
         if key in self._cache:
             return self._cache[key]
         out = []
+        parent = self.def_parent.get(fn)
+        ctor_of = parent.name if isinstance(parent, ast.ClassDef) and getattr(fn, "name", "") == "__init__" else None
         for scope in self.scopes.values():
             for site in scope.sites:
-                if site.call.func is not None and final_name(site.call.func) == getattr(fn, "name", None):
+                name = final_name(site.call.func)
+                if name == getattr(fn, "name", None):
                     if self.resolve_function(site.call.func, scope) is fn:
                         out.append(site)
+                elif ctor_of is not None and name == ctor_of and isinstance(site.call.func, ast.Name) and \
+                        self.classes.get(ctor_of) is parent:
+                    out.append(site)  # Trainer(model, loader): a call of Trainer.__init__
         self._cache[key] = out
         return out
 
