@@ -122,7 +122,7 @@ def test_github_annotations():
     lines = [l for l in p.stdout.splitlines() if l]
     assert lines and all(l.startswith(("::error ", "::warning ", "::notice ")) for l in lines)
     first = lines[0]
-    assert f"file={BROKEN}".replace(":", "%3A") in first.replace(f"file={BROKEN}", f"file={BROKEN}".replace(":", "%3A"))
+    assert f"file={BROKEN}," in first
     assert ",line=" in first and ",col=" in first and ",title=DDP" in first and "::" in first[2:]
     assert "\n" not in first
 
@@ -286,3 +286,19 @@ def test_lint_never_imports_torch():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "[]"
+
+
+def test_output_file_and_clean_json(tmp_path):
+    out = tmp_path / "report.json"
+    p = run("lint", "--format", "json", "--output", out, FIXED)
+    assert p.returncode == 0 and p.stdout == ""
+    data = json.loads(out.read_text())
+    assert data == {"schema": "ddp-doctor/lint/v1", "findings": [], "errors": []}
+
+
+def test_github_escapes_properties_and_message(tmp_path):
+    odd = write(tmp_path, "a,b:c.py", BARRIER)
+    p = run("lint", "--format", "github", odd)
+    line = p.stdout.strip()
+    assert "file=" + str(odd).replace(":", "%3A").replace(",", "%2C") + "," in line
+    assert line.count("::") == 2
