@@ -174,11 +174,13 @@ def decode_source(data: bytes) -> tuple[str | None, str | None]:
 
 
 def lint_source(source: str, path: str = "<string>", *, select: Sequence[str] | None = None,
-                ignore: Sequence[str] | None = None, noqa: bool = True) -> FileResult:
-    """Lint one module's text.  Never raises for bad input: a problem becomes ``FileResult.error``."""
+                ignore: Sequence[str] | None = None, noqa: bool = True, tree: ast.Module | None = None) -> FileResult:
+    """Lint one module's text (``tree``: its already parsed AST, if the caller has it).
+    Never raises for bad input: a problem becomes ``FileResult.error``."""
     res = FileResult(path, source=source)
     try:
-        tree = ast.parse(source, filename=path)
+        if tree is None:
+            tree = ast.parse(source, filename=path)
     except SyntaxError as e:
         where = f" (line {e.lineno}" + (f", column {e.offset})" if e.offset else ")") if e.lineno else ""
         py = f"Python {sys.version_info.major}.{sys.version_info.minor}"
