@@ -606,11 +606,14 @@ class ModuleModel:
         if d is None:
             return None
         last = d.split(".")[-1]
-        if last in ("fabric", "_fabric", "lite"):
+        # by name only when the library is imported here (Lightning's own `self.accelerator` is not
+        # Hugging Face accelerate's Accelerator)
+        if last in ("fabric", "_fabric", "lite") and self._imports_any("lightning", "lightning_fabric",
+                                                                        "pytorch_lightning"):
             return "fabric"
-        if last in ("accelerator", "_accelerator"):
+        if last in ("accelerator", "_accelerator") and self._imports_any("accelerate"):
             return "accelerator"
-        if last == "strategy":
+        if last == "strategy" and self._imports_any("lightning", "pytorch_lightning"):
             return "strategy"
         for v in self.values_of(recv, scope):
             if isinstance(v, ast.Call):
@@ -621,6 +624,12 @@ class ModuleModel:
                     return "accelerator"
         del key
         return None
+
+    def _imports_any(self, *roots: str) -> bool:
+        key = ("imports_any", roots)
+        if key not in self._cache:
+            self._cache[key] = any(q.split(".")[0] in roots for q in self.imports.values())
+        return self._cache[key]
 
     def collective_name(self, call: ast.Call, scope: Scope) -> str | None:
         """``dist.barrier`` etc. when ``call`` is a collective every rank of the group must enter."""
