@@ -302,3 +302,13 @@ def test_github_escapes_properties_and_message(tmp_path):
     line = p.stdout.strip()
     assert "file=" + str(odd).replace(":", "%3A").replace(",", "%2C") + "," in line
     assert line.count("::") == 2
+
+
+def test_columns_count_characters_and_fix_works_after_non_ascii(tmp_path):
+    path = write(tmp_path, "u.py", "import torch\nimport torch.distributed as dist\ndist.init_process_group('gloo')\n"
+                                   "état = {'clé': torch.load('ü.pt')}\n")
+    [f] = lint_paths([path]).findings
+    assert (f.code, f.location.column) == ("DDP301", 16)
+    assert f.location.end_column == 16 + len("torch.load('ü.pt')")
+    run("lint", "--fix", path)
+    assert path.read_text().endswith("état = {'clé': torch.load('ü.pt', map_location=\"cpu\")}\n")
