@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     theirs["cpu"] -= before.children_user + before.children_system
     print(f"\nSame files, same run, one core: torch/{args.subset} ({ours['files']} files)\n")
-    print(f"| tool | wall s | CPU s | files/s (CPU) | findings |")
-    print(f"|---|---:|---:|---:|---:|")
+    print("| tool | wall s | CPU s | files/s (CPU) | findings |")
+    print("|---|---:|---:|---:|---:|")
     for name, r in (("ddp-doctor lint", ours), ("TorchFix --jobs 1 --select ALL", theirs)):
         print(f"| {name} | {r['wall']:.1f} | {r['cpu']:.1f} | {r['files'] / max(r['cpu'], 1e-9):.0f} | "
               f"{r['findings']} |")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ddp_doctor.lint.model import (
-    RANKS, Cond, FuncNode, ModuleModel, Scope, Site, arg_or_kw, calls_in, const_value, dotted, final_name,
+    RANKS, Cond, ModuleModel, Scope, Site, arg_or_kw, const_value, dotted, final_name,
     kwarg, NOTCONST,
 )
 
@@ -332,19 +332,6 @@ def never_runs(model: ModuleModel, conds: tuple[Cond, ...], scope: Scope) -> boo
     return True
 
 
-def describe_conds(ctx, conds: Iterable[Cond]) -> str:
-    parts = []
-    for c in conds:
-        t = ctx.text(c.test, 50)
-        parts.append(t if c.positive else f"not ({t})")
-    return " and ".join(parts)
-
-
-def guard_of(conds: Iterable[Cond]) -> Cond | None:
-    conds = list(conds)
-    return conds[-1] if conds else None
-
-
 def literal(node):
     v = const_value(node)
     return None if v is NOTCONST else v
@@ -352,6 +339,6 @@ def literal(node):
 
 __all__ = [
     "ModuleModel", "loader_uses", "training_loops", "resolve_loaders", "fn_collectives", "ddp_forward_in_fn",
-    "balanced", "describe_conds", "backward_sites", "forward_target", "loader_passed_to_wrapper", "kwarg",
-    "calls_in", "FuncNode", "literal",
+    "balanced", "never_runs", "backward_sites", "forward_target", "loader_passed_to_wrapper", "literal",
+    "in_no_grad", "no_buffer_broadcast",
 ]

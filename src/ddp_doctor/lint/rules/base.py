@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import ast
-from typing import Iterator
-
 from ddp_doctor.findings import Finding, Location
 from ddp_doctor.lint.model import ModuleModel
 
@@ -65,6 +63,3 @@ class Rule:
 
     def check(self, ctx: Context) -> None:  # pragma: no cover - interface
         raise NotImplementedError
-
-    def __iter__(self) -> Iterator[str]:  # pragma: no cover
-        yield self.code

@@ -414,4 +414,4 @@ class WorkersNotPersistent(Rule):
 
 
 __all__ = ["SamplerEpochNotSet", "ShuffleWithSampler", "CollateMayReturnNone", "LoaderWithoutDistributedSampler",
-           "DataBound", "LoaderWithoutPinMemory", "WorkersNotPersistent", "dotted"]
+           "DataBound", "LoaderWithoutPinMemory", "WorkersNotPersistent"]
