@@ -48,6 +48,12 @@ TORCH_COLLECTIVES = {
 # torch.distributed.checkpoint: every rank takes part in saving / loading
 DCP_COLLECTIVES = {f"torch.distributed.checkpoint.{n}" for n in ("save", "load", "save_state_dict",
                                                                   "load_state_dict", "async_save")}
+# position of the `group` argument of torch.distributed's collectives
+_GROUP_POS = {"barrier": 0, "monitored_barrier": 0, "all_reduce": 2, "broadcast": 2, "reduce": 3,
+              "all_gather": 2, "all_gather_object": 2, "all_gather_into_tensor": 2, "gather": 3,
+              "gather_object": 3, "scatter": 3, "scatter_object_list": 3, "reduce_scatter": 3,
+              "reduce_scatter_tensor": 3, "all_to_all": 2, "all_to_all_single": 4,
+              "broadcast_object_list": 2}
 # collectives that write their result into their first argument
 INPLACE_COLLECTIVES = {"all_reduce", "broadcast", "reduce", "all_reduce_coalesced"}
 FABRIC_COLLECTIVES = {"barrier", "all_reduce", "broadcast", "all_gather", "save"}
@@ -678,12 +684,15 @@ class ModuleModel:
 
     def uses_subgroup(self, call: ast.Call) -> bool:
         """A collective on an explicit process group: legitimately entered by that group's ranks only."""
-        g = kwarg(call, "group")
+        q = self.qual(call.func) or ""
+        pos = _GROUP_POS.get(q.rsplit(".", 1)[-1]) if q.startswith("torch.distributed.") else None
+        g = arg_or_kw(call, pos, "group") if pos is not None else (kwarg(call, "group").value
+                                                                    if kwarg(call, "group") else None)
         if g is None:
             return False
-        if isinstance(g.value, ast.Constant) and g.value.value is None:
+        if isinstance(g, ast.Constant) and g.value is None:
             return False
-        d = dotted(g.value) or ""
+        d = dotted(g) or ""
         return not d.endswith("WORLD")
 
     def is_backward_call(self, call: ast.Call) -> bool:
