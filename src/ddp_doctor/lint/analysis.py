@@ -72,6 +72,9 @@ def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int
     if depth > 6:
         return []
     expr = unwrap_iter(expr)
+    if isinstance(expr, ast.IfExp):  # tqdm(loader) if rank == 0 else loader
+        return resolve_loaders(model, expr.body, scope, depth + 1) + resolve_loaders(model, expr.orelse, scope,
+                                                                                      depth + 1)
     if isinstance(expr, ast.Call):
         if model.is_dataloader_call(expr):
             return [(expr, scope)]
