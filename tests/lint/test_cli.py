@@ -312,3 +312,14 @@ def test_columns_count_characters_and_fix_works_after_non_ascii(tmp_path):
     assert f.location.end_column == 16 + len("torch.load('ü.pt')")
     run("lint", "--fix", path)
     assert path.read_text().endswith("état = {'clé': torch.load('ü.pt', map_location=\"cpu\")}\n")
+
+
+def test_declared_encodings_and_bom_are_read(tmp_path):
+    latin = tmp_path / "latin.py"
+    latin.write_bytes(b"# -*- coding: latin-1 -*-\n# caf\xe9\n" + BARRIER.encode())
+    bom = tmp_path / "bom.py"
+    bom.write_bytes(b"\xef\xbb\xbf" + BARRIER.encode())
+    res = lint_paths([latin, bom])
+    assert res.errors == []
+    assert sorted((Path(f.location.path).name, f.location.line) for f in res.findings) == [("bom.py", 5),
+                                                                                           ("latin.py", 7)]
