@@ -15,8 +15,8 @@ MANIFEST = SCENARIOS / "scenarios.json"
 SAME_LINE = {"DDP101", "DDP102", "DDP103", "DDP201", "DDP401", "DDP403", "DDP405"}
 # the runtime marks the collective / forward inside a helper; lint reports the guarded call of the helper
 ANY_LINE = {"DDP201", "DDP202"}
-# uneven data that only shows at run time (per-rank shards / iterable streams of different lengths)
-RUNTIME_ONLY = {"seed_002_uneven_shards.py", "uneven_iterable.py"}
+# uneven data that only shows at run time
+RUNTIME_ONLY: set[str] = set()
 HANG_CODES = {"DDP101", "DDP201", "DDP202"}
 
 pytestmark = pytest.mark.skipif(not MANIFEST.exists(), reason="tests/scenarios not in this checkout")

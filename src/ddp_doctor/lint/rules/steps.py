@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 
 from ddp_doctor.lint import analysis as A
-from ddp_doctor.lint.model import AGREE_FUNCS, INPLACE_COLLECTIVES, ModuleModel, Scope, dotted, final_name
+from ddp_doctor.lint.model import AGREE_FUNCS, INPLACE_COLLECTIVES, ModuleModel, Scope, dotted, final_name, kwarg
 from ddp_doctor.lint.rules.base import Context, Rule
 
 _SIZE_ATTRS = {"shape", "size", "numel", "__len__"}
@@ -150,6 +150,7 @@ class UnevenSteps(Rule):
         m = ctx.model
         if not m.uses_ddp:
             return
+        self._uneven_datasets(ctx)
         for scope in m.scopes.values():
             loops = A.training_loops(m, scope)
             if not loops:
@@ -187,6 +188,71 @@ class UnevenSteps(Rule):
                         "data of different lengths wrap the loader in `ddp_doctor.fixes.EvenBatches`.",
                     )
                     break
+
+    def _uneven_datasets(self, ctx: Context) -> None:
+        """A training loader over a per-rank dataset whose size comes from a per-rank table with unequal
+        entries (``SHARD_SIZES[rank]``): the ranks run different numbers of steps."""
+        m = ctx.model
+        seen = set()
+        for use in A.loader_uses(m):
+            if not use.training or use.loader in seen:
+                continue
+            seen.add(use.loader)
+            call = use.loader
+            if kwarg(call, "sampler") is not None or kwarg(call, "batch_sampler") is not None:
+                continue
+            ds = call.args[0] if call.args else (kwarg(call, "dataset").value if kwarg(call, "dataset") else None)
+            hit = self._per_rank_table(m, ds, use.loader_scope)
+            if hit is None:
+                continue
+            table, values = hit
+            ctx.report(
+                self.code, call,
+                f"each rank builds its own dataset, sized by the per-rank table `{table}` "
+                f"({', '.join(map(str, values))}): the ranks get different numbers of batches, so one leaves the "
+                f"loop while the others still call DDP's gradient all-reduce (a hang at the end of the epoch, "
+                f"or gradients of different steps averaged on gloo).",
+                "Give every rank the same number of batches: wrap the loader in `ddp_doctor.fixes.EvenBatches`, "
+                "or split one dataset with `DistributedSampler` (it pads to equal lengths).",
+            )
+
+    @staticmethod
+    def _per_rank_table(m: ModuleModel, ds, scope: Scope):
+        if not isinstance(ds, ast.Call) or not isinstance(ds.func, ast.Name):
+            return None
+        cls = m.classes.get(ds.func.id)
+        if cls is None:
+            return None
+        init = m.methods.get(cls, {}).get("__init__")
+        params = [a.arg for a in init.args.args[1:]] if init is not None else []
+        rank_params = {p for i, p in enumerate(params)
+                       if i < len(ds.args) and m.mentions_rank(ds.args[i], scope)}
+        rank_params |= {k.arg for k in ds.keywords if k.arg and m.mentions_rank(k.value, scope)}
+        if not rank_params:
+            return None
+        attrs = set()
+        if init is not None:
+            for node in ast.walk(init):
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in rank_params:
+                    for t in node.targets:
+                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                            attrs.add(t.attr)
+        module_consts = {}
+        for stmt in m.tree.body:
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) \
+                    and isinstance(stmt.value, (ast.List, ast.Tuple)):
+                vals = [e.value for e in stmt.value.elts if isinstance(e, ast.Constant)]
+                if len(vals) == len(stmt.value.elts) and len(set(vals)) > 1:
+                    module_consts[stmt.targets[0].id] = vals
+        for node in ast.walk(cls):
+            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and \
+                    node.value.id in module_consts:
+                idx = node.slice
+                if (isinstance(idx, ast.Name) and idx.id in rank_params) or (
+                        isinstance(idx, ast.Attribute) and isinstance(idx.value, ast.Name) and
+                        idx.value.id == "self" and idx.attr in attrs):
+                    return node.value.id, module_consts[node.value.id]
+        return None
 
     def _reason(self, ctx: Context, scope: Scope, conds, tainted: set[str]) -> str | None:
         m = ctx.model
