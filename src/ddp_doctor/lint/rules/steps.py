@@ -139,6 +139,22 @@ def _size_only(test: ast.expr, tainted: set[str]) -> bool:
     return ok
 
 
+def _exhausted_iterator(m: ModuleModel, test: ast.expr, scope: Scope) -> bool:
+    """``batch is None`` with ``batch = next(it, None)``: the end of the data, like a for loop ending."""
+    name = None
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Is) and \
+            isinstance(test.left, ast.Name) and isinstance(test.comparators[0], ast.Constant) and \
+            test.comparators[0].value is None:
+        name = test.left.id
+    elif isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and isinstance(test.operand, ast.Name):
+        name = test.operand.id
+    if name is None:
+        return False
+    vals = scope.lookup(name)
+    return bool(vals) and all(isinstance(v, ast.Call) and final_name(v.func) == "next" for v in vals) and any(
+        len(v.args) == 2 and isinstance(v.args[1], ast.Constant) and v.args[1].value is None for v in vals)
+
+
 def _encloses(container: ast.AST, node: ast.AST) -> bool:
     return container.lineno <= node.lineno <= (container.end_lineno or container.lineno)
 
@@ -261,7 +277,7 @@ class UnevenSteps(Rule):
             text = t if c.positive else f"not ({t})"
             if m.is_rank_condition(c.test, scope):
                 return text, "rank"
-            if _has_collective(m, c.test, scope):
+            if _has_collective(m, c.test, scope) or _exhausted_iterator(m, c.test, scope):
                 continue
             hit = _names(c.test) & tainted
             if hit and not _size_only(c.test, tainted):
