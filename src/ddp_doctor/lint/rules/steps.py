@@ -8,6 +8,8 @@ from ddp_doctor.lint.model import AGREE_FUNCS, INPLACE_COLLECTIVES, ModuleModel,
 from ddp_doctor.lint.rules.base import Context, Rule
 
 _SIZE_ATTRS = {"shape", "size", "numel", "__len__"}
+_CLOCKS = {"time.time", "time.perf_counter", "time.monotonic", "time.time_ns", "time.perf_counter_ns",
+           "time.monotonic_ns", "datetime.datetime.now", "datetime.now"}
 
 
 def _names(node: ast.AST) -> set[str]:
@@ -97,6 +99,8 @@ def _value_tainted(m: ModuleModel, scope: Scope, value: ast.expr, tainted: set[s
         if isinstance(c, ast.Call):
             if final_name(c.func) == "next":
                 return True
+            if (m.qual(c.func) or "") in _CLOCKS:
+                return True  # each rank reads its own clock: a time budget is a rank-local decision
             tgt = A.forward_target(c)
             if tgt is not None:
                 if isinstance(tgt, ast.Attribute) and tgt.attr == "module":
@@ -288,5 +292,5 @@ class UnevenSteps(Rule):
     def _why(reason: str, kind: str) -> str:
         if kind == "rank":
             return f"`{reason}` depends on the rank itself."
-        return f"`{reason}` is computed from each rank's own batch or loss, so ranks decide differently " \
+        return f"`{reason}` is computed by each rank from its own batch, loss or clock, so ranks decide differently " \
                f"(no collective makes them agree)."
