@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ddp_doctor.lint.model import (
-    RANKS, Cond, FuncNode, ModuleModel, Scope, Site, arg_or_kw, calls_in, const_value, dotted, final_name,
+    RANKS, Cond, ModuleModel, Scope, Site, arg_or_kw, const_value, dotted, final_name,
     kwarg, NOTCONST,
 )
 
@@ -69,12 +69,23 @@ def unwrap_iter(expr: ast.expr) -> ast.expr:
 
 def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int = 0) -> list[tuple[ast.Call, Scope]]:
     """The ``DataLoader(...)`` calls ``expr`` may hold (variables, self attributes, one level of parameters)."""
-    if depth > 3:
+    if depth > 6:
         return []
     expr = unwrap_iter(expr)
+    if isinstance(expr, ast.IfExp):  # tqdm(loader) if rank == 0 else loader
+        return resolve_loaders(model, expr.body, scope, depth + 1) + resolve_loaders(model, expr.orelse, scope,
+                                                                                      depth + 1)
     if isinstance(expr, ast.Call):
         if model.is_dataloader_call(expr):
             return [(expr, scope)]
+        fn = model.resolve_function(expr.func, scope)  # loader = build_loader(ds)
+        if fn is not None and fn is not scope.node:
+            inner = model.scopes[fn]
+            out = []
+            for r in model.returns_of(fn):
+                if r.value is not None:
+                    out += resolve_loaders(model, r.value, inner, depth + 1)
+            return out
         return []
     d = dotted(expr)
     if d is None:
@@ -82,7 +93,7 @@ def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int
     out: list[tuple[ast.Call, Scope]] = []
     for v in model.values_of(expr, scope):
         if v is not expr:
-            out += resolve_loaders(model, v, scope, depth + 1)
+            out += resolve_loaders(model, v, model.scope_of_value(v, scope), depth + 1)
     if not out and isinstance(expr, ast.Name) and expr.id in scope.params and not scope.is_module:
         idx = scope.params.index(expr.id)
         fn = scope.node
@@ -181,16 +192,17 @@ def ddp_forward_in_fn(model: ModuleModel, fn: ast.AST, call: ast.Call, caller: S
         target = forward_target(site.call)
         if target is None:
             continue
-        quiet = in_no_grad(model, scope, site.call.lineno) or in_no_grad(model, caller, call.lineno)
+        def quiet() -> bool:
+            return in_no_grad(model, scope, site.call.lineno) or in_no_grad(model, caller, call.lineno)
         if isinstance(target, ast.Name) and target.id in scope.params:
             idx = scope.params.index(target.id) - offset
             a = arg_or_kw(call, idx, target.id) if idx >= 0 else None
             if a is not None and model.is_ddp_value(a, caller):
-                if quiet and no_buffer_broadcast(model, a, caller):
+                if no_buffer_broadcast(model, a, caller) and quiet():
                     continue
                 return site.call
         elif model.is_ddp_value(target, scope):
-            if quiet and no_buffer_broadcast(model, target, scope):
+            if no_buffer_broadcast(model, target, scope) and quiet():
                 continue
             return site.call
     return None
@@ -230,18 +242,23 @@ _NO_GRAD = ("no_grad", "inference_mode")
 
 def in_no_grad(model: ModuleModel, scope: Scope, line: int) -> bool:
     """``line`` runs under ``torch.no_grad()`` / ``inference_mode()`` (decorator or ``with``)."""
-    node = scope.node
-    if not scope.is_module:
-        for d in node.decorator_list:
-            if final_name(d.func if isinstance(d, ast.Call) else d) in _NO_GRAD:
-                return True
-    for stmt, _c, _l in scope.stmts:
-        if isinstance(stmt, (ast.With, ast.AsyncWith)) and stmt.lineno <= line <= (stmt.end_lineno or 0):
-            for item in stmt.items:
-                e = item.context_expr
-                if final_name(e.func if isinstance(e, ast.Call) else e) in _NO_GRAD:
-                    return True
-    return False
+    key = ("nograd", scope.node)
+    spans = model._cache.get(key)
+    if spans is None:
+        spans = []
+        node = scope.node
+        if not scope.is_module:
+            for d in node.decorator_list:
+                if final_name(d.func if isinstance(d, ast.Call) else d) in _NO_GRAD:
+                    spans.append((0, 1 << 30))
+        for stmt, _c, _l in scope.stmts:
+            if isinstance(stmt, (ast.With, ast.AsyncWith)):
+                for item in stmt.items:
+                    e = item.context_expr
+                    if final_name(e.func if isinstance(e, ast.Call) else e) in _NO_GRAD:
+                        spans.append((stmt.lineno, stmt.end_lineno or stmt.lineno))
+        model._cache[key] = spans
+    return any(a <= line <= b for a, b in spans)
 
 
 # ------------------------------------------------------------- balance ---
@@ -279,7 +296,8 @@ def balanced(model: ModuleModel, group: list[tuple[tuple[Cond, ...], Scope]]) ->
     if len(atoms) > 4:
         return False
     evaluated = False
-    for sigma in model.sigmas(atoms) if atoms else [{}]:
+    exprs = [c.test for conds, _s in group for c in conds]
+    for sigma in model.sigmas(atoms, exprs) if atoms else [{}]:
         lo = [0] * len(RANKS)
         hi = [0] * len(RANKS)
         ok = True
@@ -310,24 +328,11 @@ def never_runs(model: ModuleModel, conds: tuple[Cond, ...], scope: Scope) -> boo
                 atoms.append(a)
     if len(atoms) > 4:
         return False
-    for sigma in model.sigmas(atoms) if atoms else [{}]:
+    for sigma in model.sigmas(atoms, [c.test for c in conds]) if atoms else [{}]:
         t = site_truths(model, conds, scope, sigma)
         if t is None or any(x != "F" for x in t):
             return False
     return True
-
-
-def describe_conds(ctx, conds: Iterable[Cond]) -> str:
-    parts = []
-    for c in conds:
-        t = ctx.text(c.test, 50)
-        parts.append(t if c.positive else f"not ({t})")
-    return " and ".join(parts)
-
-
-def guard_of(conds: Iterable[Cond]) -> Cond | None:
-    conds = list(conds)
-    return conds[-1] if conds else None
 
 
 def literal(node):
@@ -337,6 +342,6 @@ def literal(node):
 
 __all__ = [
     "ModuleModel", "loader_uses", "training_loops", "resolve_loaders", "fn_collectives", "ddp_forward_in_fn",
-    "balanced", "describe_conds", "backward_sites", "forward_target", "loader_passed_to_wrapper", "kwarg",
-    "calls_in", "FuncNode", "literal",
+    "balanced", "never_runs", "backward_sites", "forward_target", "loader_passed_to_wrapper", "literal",
+    "in_no_grad", "no_buffer_broadcast",
 ]

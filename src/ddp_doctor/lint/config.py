@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -64,7 +65,13 @@ def load_config(paths: Sequence[str | os.PathLike[str]] = (), explicit: str | No
         if explicit:
             raise ConfigError(f"{explicit}: no such config file")
         return Config()
-    if _toml is None:  # pragma: no cover
+    if _toml is None:  # pragma: no cover - Python 3.10 without tomli
+        try:
+            if "[tool.ddp-doctor]" in pyproject.read_text(encoding="utf-8"):
+                print(f"ddp-doctor lint: warning: {pyproject}: [tool.ddp-doctor] ignored "
+                      f"(install tomli to read pyproject.toml on Python 3.10)", file=sys.stderr)
+        except (OSError, UnicodeDecodeError):
+            pass
         return Config()
     try:
         data = _toml.loads(pyproject.read_text(encoding="utf-8"))

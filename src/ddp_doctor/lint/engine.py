@@ -6,6 +6,7 @@ import fnmatch
 import io
 import os
 import re
+import sys
 import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".tox", ".nox", ".mypy_cache"
              ".ruff_cache", "node_modules", ".eggs", ".ipynb_checkpoints"}
 # a file that mentions none of these cannot trigger any rule: parse it (syntax errors are still
 # reported) but skip building the semantic model
-_RELEVANT = re.compile(r"distributed|DataLoader|DDP|lightning|accelerat|fabric|deepspeed|horovod")
+_RELEVANT = re.compile(r"[dD]istributed|DataLoader|lightning|accelerat|fabric|deepspeed|horovod")
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
 
 
@@ -173,14 +174,17 @@ def decode_source(data: bytes) -> tuple[str | None, str | None]:
 
 
 def lint_source(source: str, path: str = "<string>", *, select: Sequence[str] | None = None,
-                ignore: Sequence[str] | None = None, noqa: bool = True) -> FileResult:
-    """Lint one module's text.  Never raises for bad input: a problem becomes ``FileResult.error``."""
+                ignore: Sequence[str] | None = None, noqa: bool = True, tree: ast.Module | None = None) -> FileResult:
+    """Lint one module's text (``tree``: its already parsed AST, if the caller has it).
+    Never raises for bad input: a problem becomes ``FileResult.error``."""
     res = FileResult(path, source=source)
     try:
-        tree = ast.parse(source, filename=path)
+        if tree is None:
+            tree = ast.parse(source, filename=path)
     except SyntaxError as e:
         where = f" (line {e.lineno}" + (f", column {e.offset})" if e.offset else ")") if e.lineno else ""
-        res.error = LintError(path, f"syntax error: {e.msg}{where}")
+        py = f"Python {sys.version_info.major}.{sys.version_info.minor}"
+        res.error = LintError(path, f"syntax error: {e.msg}{where} [parsed with {py}]")
         return res
     except (ValueError, RecursionError, MemoryError, OverflowError) as e:
         res.error = LintError(path, f"cannot parse: {type(e).__name__}: {e}")

@@ -102,9 +102,12 @@ def _edit_add_keyword(text: str, t: _Text, call: ast.Call, src: str) -> tuple[in
     return pos, pos, f", {src}"
 
 
-def _find_call(tree: ast.AST, line: int, col: int) -> ast.Call | None:
+def _find_call(tree: ast.AST, line: int, col: int, text: str = "") -> ast.Call | None:
+    lines = text.splitlines()
+    src = lines[line - 1] if 0 < line <= len(lines) else ""
+    col_bytes = len(src[: col - 1].encode("utf-8"))  # finding columns are characters, ast's are bytes
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and node.lineno == line and node.col_offset + 1 == col:
+        if isinstance(node, ast.Call) and node.lineno == line and node.col_offset == col_bytes:
             return node
     return None
 
@@ -114,7 +117,7 @@ def _edits(text: str, tree: ast.AST, fixes) -> list[tuple[int, int, str, str]]:
     edits = []
     for finding, kind, _node in fixes:
         loc = finding.location
-        call = _find_call(tree, loc.line, loc.column)
+        call = _find_call(tree, loc.line, loc.column, text)
         if call is None:
             continue
         edit = None

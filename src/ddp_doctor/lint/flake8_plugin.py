@@ -30,7 +30,8 @@ class Flake8Plugin:
                     source = fh.read()
             except (OSError, UnicodeDecodeError):
                 return
-        res = lint_source(source, self.filename, noqa=False)
+        tree = self.tree if isinstance(self.tree, ast.Module) else None
+        res = lint_source(source, self.filename, noqa=False, tree=tree)
         for f in res.findings:
             loc = f.location
             yield loc.line, (loc.column or 1) - 1, f"{f.code} {f.message} Fix: {f.fix}", type(self)

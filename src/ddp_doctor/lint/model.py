@@ -45,6 +45,15 @@ TORCH_COLLECTIVES = {
     "all_to_all", "all_to_all_single", "broadcast_object_list", "monitored_barrier", "new_group",
     "all_reduce_coalesced", "all_gather_coalesced",
 }
+# torch.distributed.checkpoint: every rank takes part in saving / loading
+DCP_COLLECTIVES = {f"torch.distributed.checkpoint.{n}" for n in ("save", "load", "save_state_dict",
+                                                                  "load_state_dict", "async_save")}
+# position of the `group` argument of torch.distributed's collectives
+_GROUP_POS = {"barrier": 0, "monitored_barrier": 0, "all_reduce": 2, "broadcast": 2, "reduce": 3,
+              "all_gather": 2, "all_gather_object": 2, "all_gather_into_tensor": 2, "gather": 3,
+              "gather_object": 3, "scatter": 3, "scatter_object_list": 3, "reduce_scatter": 3,
+              "reduce_scatter_tensor": 3, "all_to_all": 2, "all_to_all_single": 4,
+              "broadcast_object_list": 2}
 # collectives that write their result into their first argument
 INPLACE_COLLECTIVES = {"all_reduce", "broadcast", "reduce", "all_reduce_coalesced"}
 FABRIC_COLLECTIVES = {"barrier", "all_reduce", "broadcast", "all_gather", "save"}
@@ -53,6 +62,8 @@ ACCEL_FUNCS = {"accelerate.utils." + n for n in ("gather", "broadcast", "reduce"
                                                   "pad_across_processes", "broadcast_object_list",
                                                   "gather_object")}
 STRATEGY_COLLECTIVES = {"barrier", "broadcast", "reduce", "all_gather"}
+# ddp_doctor.fixes helpers that run a collective inside (every rank must call them)
+FIXES_COLLECTIVES = {"agree", "skip_if_nonfinite", "gather_variable", "rank_zero_first"}
 AGREE_FUNCS = {"agree", "all_agree", "any_rank", "all_ranks", "sync_flag"}
 
 _INT_RANK_RE = re.compile(
@@ -245,6 +256,12 @@ def iter_header_exprs(stmt: ast.stmt) -> Iterator[ast.AST]:
 
 
 _SKIP_EXPR = (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+# node types that hold no call: never pushed (operators, contexts, names, constants)
+_NO_CALL_TYPES = frozenset(
+    [ast.Name, ast.Constant, ast.Load, ast.Store, ast.Del, ast.Pass, ast.Break, ast.Continue, ast.alias,
+     ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom,
+     ast.Global, ast.Nonlocal]
+    + [c for base in (ast.operator, ast.cmpop, ast.unaryop, ast.boolop) for c in base.__subclasses__()])
 
 
 def calls_in(node: ast.AST) -> list[ast.Call]:
@@ -252,20 +269,24 @@ def calls_in(node: ast.AST) -> list[ast.Call]:
     out = []
     stack = [node]
     pop, push = stack.pop, stack.append
-    Call, AST = ast.Call, ast.AST
+    Call, Attribute, AST = ast.Call, ast.Attribute, ast.AST
+    skip = _NO_CALL_TYPES
     while stack:
         n = pop()
-        if type(n) is Call:
+        t = type(n)
+        if t is Attribute:
+            push(n.value)
+            continue
+        if t is Call:
             out.append(n)
         for name in n._fields:
             v = getattr(n, name, None)
-            if isinstance(v, AST):
-                if not isinstance(v, _SKIP_EXPR):
-                    push(v)
-            elif type(v) is list:
+            if type(v) is list:
                 for x in v:
-                    if isinstance(x, AST) and not isinstance(x, _SKIP_EXPR):
+                    if type(x) not in skip and isinstance(x, AST):
                         push(x)
+            elif type(v) not in skip and isinstance(v, AST):
+                push(v)
     out.reverse()
     return out
 
@@ -291,6 +312,7 @@ class ModuleModel:
         self.functions: dict[str, list[ast.AST]] = {}  # module-level and nested defs by name
         self.methods: dict[ast.ClassDef, dict[str, ast.AST]] = {}
         self.self_assigns: dict[ast.ClassDef, dict[str, list[ast.expr]]] = {}
+        self.value_scope: dict[int, "Scope"] = {}  # id(value of a self.attr assignment) -> its scope
         self.classes: dict[str, ast.ClassDef] = {}
         self.has_main_guard = False
         self._cache: dict[Any, Any] = {}
@@ -466,6 +488,7 @@ class ModuleModel:
             d = dotted(target)
             if d and d.startswith("self.") and scope.cls is not None:
                 self.self_assigns.setdefault(scope.cls, {}).setdefault(d, []).append(value)
+                self.value_scope[id(value)] = scope
             if d:
                 scope.assigns.setdefault(d, []).append((value, conds))
 
@@ -503,6 +526,11 @@ class ModuleModel:
             vals = self.self_assigns.get(scope.cls, {}).get(d, [])
         return vals
 
+    def scope_of_value(self, value: ast.expr, default: Scope) -> Scope:
+        """The scope a value returned by :meth:`values_of` must be resolved in (self.attr values live in
+        the method that assigned them)."""
+        return self.value_scope.get(id(value), default)
+
     def resolve_function(self, func: ast.expr, scope: Scope) -> ast.AST | None:
         """The same-file def a call targets: ``helper(...)``, ``self.method(...)``, ``Class.method``."""
         if isinstance(func, ast.Name):
@@ -530,11 +558,17 @@ class ModuleModel:
         if key in self._cache:
             return self._cache[key]
         out = []
+        parent = self.def_parent.get(fn)
+        ctor_of = parent.name if isinstance(parent, ast.ClassDef) and getattr(fn, "name", "") == "__init__" else None
         for scope in self.scopes.values():
             for site in scope.sites:
-                if site.call.func is not None and final_name(site.call.func) == getattr(fn, "name", None):
+                name = final_name(site.call.func)
+                if name == getattr(fn, "name", None):
                     if self.resolve_function(site.call.func, scope) is fn:
                         out.append(site)
+                elif ctor_of is not None and name == ctor_of and isinstance(site.call.func, ast.Name) and \
+                        self.classes.get(ctor_of) is parent:
+                    out.append(site)  # Trainer(model, loader): a call of Trainer.__init__
         self._cache[key] = out
         return out
 
@@ -578,11 +612,14 @@ class ModuleModel:
         if d is None:
             return None
         last = d.split(".")[-1]
-        if last in ("fabric", "_fabric", "lite"):
+        # by name only when the library is imported here (Lightning's own `self.accelerator` is not
+        # Hugging Face accelerate's Accelerator)
+        if last in ("fabric", "_fabric", "lite") and self._imports_any("lightning", "lightning_fabric",
+                                                                        "pytorch_lightning"):
             return "fabric"
-        if last in ("accelerator", "_accelerator"):
+        if last in ("accelerator", "_accelerator") and self._imports_any("accelerate"):
             return "accelerator"
-        if last == "strategy":
+        if last == "strategy" and self._imports_any("lightning", "pytorch_lightning"):
             return "strategy"
         for v in self.values_of(recv, scope):
             if isinstance(v, ast.Call):
@@ -594,18 +631,30 @@ class ModuleModel:
         del key
         return None
 
+    def _imports_any(self, *roots: str) -> bool:
+        key = ("imports_any", roots)
+        if key not in self._cache:
+            self._cache[key] = any(q.split(".")[0] in roots for q in self.imports.values())
+        return self._cache[key]
+
     def collective_name(self, call: ast.Call, scope: Scope) -> str | None:
         """``dist.barrier`` etc. when ``call`` is a collective every rank of the group must enter."""
         func = call.func
         q = self.qual(func)
         if q:
+            if q in DDP_CLASSES:
+                return "DistributedDataParallel"  # construction verifies and broadcasts parameters
             if q.startswith("torch.distributed."):
+                if q in DCP_COLLECTIVES:
+                    return "dcp." + q.rsplit(".", 1)[1]
                 op = q.rsplit(".", 1)[1]
-                if op in TORCH_COLLECTIVES and q.count(".") <= 3:
+                if op in TORCH_COLLECTIVES and q.count(".") <= 3 and not q.startswith("torch.distributed.checkpoint"):
                     return f"dist.{op}"
                 return None
             if q in ACCEL_FUNCS:
                 return "accelerate." + q.rsplit(".", 1)[1]
+            if q.startswith("ddp_doctor.fixes.") and q.rsplit(".", 1)[1] in FIXES_COLLECTIVES:
+                return "fixes." + q.rsplit(".", 1)[1]
             return None
         if isinstance(func, ast.Attribute):
             kind = self._receiver_kind(func.value, scope)
@@ -615,16 +664,35 @@ class ModuleModel:
                 return f"accelerator.{func.attr}"
             if kind == "strategy" and func.attr in STRATEGY_COLLECTIVES:
                 return f"strategy.{func.attr}"
+            if isinstance(func.value, ast.Name) and func.value.id == "self" and self._is_lightning_module(scope.cls):
+                if func.attr == "all_gather":
+                    return "self.all_gather"
+                if func.attr in ("log", "log_dict"):
+                    kw = kwarg(call, "sync_dist")
+                    if kw is not None and isinstance(kw.value, ast.Constant) and kw.value.value is True:
+                        return f"self.{func.attr}(sync_dist=True)"
         return None
+
+    def _is_lightning_module(self, cls: ast.ClassDef | None) -> bool:
+        if cls is None:
+            return False
+        for b in cls.bases:
+            name = final_name(b) or ""
+            if name in ("LightningModule", "LightningLite") or (self.qual(b) or "").endswith("LightningModule"):
+                return True
+        return False
 
     def uses_subgroup(self, call: ast.Call) -> bool:
         """A collective on an explicit process group: legitimately entered by that group's ranks only."""
-        g = kwarg(call, "group")
+        q = self.qual(call.func) or ""
+        pos = _GROUP_POS.get(q.rsplit(".", 1)[-1]) if q.startswith("torch.distributed.") else None
+        g = arg_or_kw(call, pos, "group") if pos is not None else (kwarg(call, "group").value
+                                                                    if kwarg(call, "group") else None)
         if g is None:
             return False
-        if isinstance(g.value, ast.Constant) and g.value.value is None:
+        if isinstance(g, ast.Constant) and g.value is None:
             return False
-        d = dotted(g.value) or ""
+        d = dotted(g) or ""
         return not d.endswith("WORLD")
 
     def is_backward_call(self, call: ast.Call) -> bool:
@@ -641,12 +709,9 @@ class ModuleModel:
                  "accelerate", "torch.utils.data.DistributedSampler", "torch.utils.data.distributed",
                  "deepspeed", "torch.multiprocessing", "horovod")
         res = any(q == r or q.startswith(r + ".") for q in self.imports.values() for r in roots)
-        if not res:
-            for node in ast.walk(self.tree):
-                if isinstance(node, ast.Attribute) and node.attr == "distributed":
-                    if self.qual(node) == "torch.distributed":
-                        res = True
-                        break
+        if not res and "torch.distributed" in self.source:  # `import torch` ... `torch.distributed.barrier()`
+            res = any((self.qual(s.call.func) or "").startswith("torch.distributed.")
+                      for sc in self.scopes.values() for s in sc.sites)
         self._cache["distributed"] = res
         return res
 
@@ -742,9 +807,17 @@ class ModuleModel:
             pass
         return ev.hit
 
-    def sigmas(self, atoms: list[str]) -> Iterator[dict[str, Any]]:
+    def sigmas(self, atoms: list[str], exprs: Iterable[ast.AST] = ()) -> Iterator[dict[str, Any]]:
+        """Values to try for the unknowns: a few small ones, plus the integers the conditions compare with
+        (so `step % 4 == 3` can be true)."""
         atoms = atoms[:_MAX_ATOMS]
-        for combo in itertools.product(_DOMAIN, repeat=len(atoms)):
+        domain = list(_DOMAIN)
+        for e in exprs:
+            for n in ast.walk(e):
+                if isinstance(n, ast.Constant) and type(n.value) is int and n.value not in domain and \
+                        len(domain) < 8:
+                    domain.append(n.value)
+        for combo in itertools.product(domain, repeat=len(atoms)):
             yield dict(zip(atoms, combo))
 
     def is_rank_condition(self, expr: ast.expr, scope: Scope) -> bool:
@@ -755,7 +828,7 @@ class ModuleModel:
         if self.mentions_rank(expr, scope):
             atoms = self.atoms(expr, scope)
             any_eval = False
-            for sigma in self.sigmas(atoms):
+            for sigma in self.sigmas(atoms, [expr]):
                 t = self.rank_truths(expr, scope, sigma)
                 if t is None:
                     continue
@@ -786,7 +859,7 @@ class _Eval:
         self.visiting: set = set()
 
     def atom(self, node: ast.AST) -> set:
-        key = ast.dump(node)
+        key = dotted(node) or ast.dump(node)
         if self.collect:
             if key not in self.atoms:
                 self.atoms.append(key)
@@ -840,16 +913,24 @@ class _Eval:
             envkey = self._env_key(node)
             if envkey is not None:
                 return self._env(envkey)
-            base = self.ev(node.value, depth + 1)
+            before = self.hit
+            self.hit = False
             idx = self.ev(node.slice, depth + 1)
-            out = set()
-            for b in base:
-                for i in idx:
-                    try:
+            idx_rank, self.hit = self.hit, before or self.hit
+            n_atoms = len(self.atoms)
+            try:
+                base = self.ev(node.value, depth + 1)
+                out = set()
+                for b in base:
+                    for i in idx:
                         out.add(b[i])
-                    except Exception:  # noqa: BLE001
-                        raise _Unknown from None
-            return out
+                return out
+            except Exception:  # noqa: BLE001
+                if self.collect:
+                    del self.atoms[n_atoms:]  # the element is the unknown, not its container
+                if idx_rank and not self.collect:
+                    raise _Unknown from None  # SHARDS[rank::world]: depends on the rank
+                return self.atom(node)  # an element of unknown data: the same on every rank
         if isinstance(node, ast.Call):
             return self._call(node, depth)
         if isinstance(node, ast.UnaryOp):
@@ -1001,6 +1082,17 @@ class _Eval:
                     out |= sub.ev(r, depth + 1)
                 self.hit = self.hit or sub.hit
                 return out
+        # an unknown function of the rank (`load_shard(rank)`, `open(f"ckpt{rank}")`): its result is data
+        # that differs by rank (mentions_rank sees it), but not a rank *condition* to evaluate
+        if self.collect and not self.hit:
+            sub = _Eval(m, self.scope, self.r, self.sigma, collect=True)
+            sub.visiting = self.visiting
+            for a in (*node.args, *(k.value for k in node.keywords)):
+                try:
+                    sub.ev(a, depth + 1)
+                except Exception:  # noqa: BLE001
+                    pass
+            self.hit = self.hit or sub.hit
         return self.atom(node)
 
 

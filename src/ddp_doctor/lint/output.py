@@ -41,8 +41,9 @@ def format_text(result: LintResult, *, color: bool = False, show_source: bool = 
                 col = (loc.column or 1) - 1
                 if loc.end_line == loc.line and loc.end_column:
                     span = max(1, loc.end_column - (loc.column or 1))
-                else:
-                    span = max(1, len(text.rstrip()) - col)
+                else:  # the statement goes on: underline to the end of the code on this line
+                    code_part = text.split("  #", 1)[0].rstrip()
+                    span = max(1, len(code_part) - col)
                 pad = " " * width
                 out.append(f" {pad} |")
                 out.append(f" {loc.line} | {text}")

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import ast
-from typing import Iterator
-
 from ddp_doctor.findings import Finding, Location
 from ddp_doctor.lint.model import ModuleModel
 
@@ -26,19 +24,28 @@ class Context:
         s = " ".join(s.split())
         return s if len(s) <= limit else s[: limit - 3] + "..."
 
+    def _chars(self, line: int, col_bytes: int) -> int:
+        """ast columns count UTF-8 bytes; editors (and our outputs) count characters."""
+        text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+        if text.isascii():
+            return col_bytes
+        return len(text.encode("utf-8")[:col_bytes].decode("utf-8", "replace"))
+
     def function_name(self, node: ast.AST) -> str | None:
         fn = self.model.function_at(getattr(node, "lineno", 0))
         return None if fn is None else fn.name
 
     def report(self, code: str, node: ast.AST, message: str, fix: str, *, fix_kind: str | None = None,
                fix_node: ast.AST | None = None) -> Finding:
+        end_line = getattr(node, "end_lineno", None)
+        end_col = getattr(node, "end_col_offset", None)
         loc = Location(
             path=self.path,
             line=node.lineno,
             function=self.function_name(node),
-            column=node.col_offset + 1,
-            end_line=getattr(node, "end_lineno", None),
-            end_column=(node.end_col_offset + 1) if getattr(node, "end_col_offset", None) is not None else None,
+            column=self._chars(node.lineno, node.col_offset) + 1,
+            end_line=end_line,
+            end_column=self._chars(end_line, end_col) + 1 if end_line and end_col is not None else None,
         )
         f = Finding(code, message, fix, loc)
         if fix_kind:
@@ -56,6 +63,3 @@ class Rule:
 
     def check(self, ctx: Context) -> None:  # pragma: no cover - interface
         raise NotImplementedError
-
-    def __iter__(self) -> Iterator[str]:  # pragma: no cover
-        yield self.code

@@ -240,7 +240,18 @@ class CollateMayReturnNone(Rule):
                 for d in defs:
                     fns[d] = None
         for fn in fns:
-            for node in m.returns_of(fn):
+            rets = m.returns_of(fn)
+            if any(r.value is not None for r in rets) and _falls_through(fn.body):
+                last = fn.body[-1]
+                ctx.report(
+                    self.code, last,
+                    f"collate function `{fn.name}` can run past its last statement and return None (it only "
+                    f"returns a batch on some paths): the training loop then gets a None batch on this rank "
+                    f"only. Skipping it makes ranks run different numbers of steps (hang); not skipping it "
+                    f"crashes the rank.",
+                    "Return a valid batch on every path (re-sample or pad), or raise a clear error.",
+                )
+            for node in rets:
                 if (node.value is None or (isinstance(node.value, ast.Constant) and node.value.value is None)):
                     ctx.report(
                         self.code, node,
@@ -250,6 +261,28 @@ class CollateMayReturnNone(Rule):
                         "Never return None from a collate_fn: re-sample or pad to a valid batch (or return an "
                         "empty batch and skip it on every rank together with `ddp_doctor.fixes.agree`).",
                     )
+
+
+def _falls_through(body: list[ast.stmt]) -> bool:
+    """Can execution run off the end of ``body`` (an implicit ``return None``)?"""
+    if not body:
+        return True
+    last = body[-1]
+    if isinstance(last, (ast.Return, ast.Raise)):
+        return False
+    if isinstance(last, ast.If):
+        return _falls_through(last.body) or _falls_through(last.orelse)
+    if isinstance(last, (ast.With, ast.AsyncWith)):
+        return _falls_through(last.body)
+    if isinstance(last, ast.While) and isinstance(last.test, ast.Constant) and last.test.value is True:
+        return False
+    if isinstance(last, ast.Try):
+        if last.finalbody and not _falls_through(last.finalbody):
+            return False
+        return _falls_through(last.body + last.orelse) or any(_falls_through(h.body) for h in last.handlers)
+    if isinstance(last, ast.Match):
+        return True
+    return True
 
 
 def _training_loader_uses(m: ModuleModel) -> dict[ast.Call, list[A.LoaderUse]]:
@@ -414,4 +447,4 @@ class WorkersNotPersistent(Rule):
 
 
 __all__ = ["SamplerEpochNotSet", "ShuffleWithSampler", "CollateMayReturnNone", "LoaderWithoutDistributedSampler",
-           "DataBound", "LoaderWithoutPinMemory", "WorkersNotPersistent", "dotted"]
+           "DataBound", "LoaderWithoutPinMemory", "WorkersNotPersistent"]

@@ -17,8 +17,8 @@ def is_dist_script(m: ModuleModel) -> bool:
         for scope in m.scopes.values():
             for site in scope.sites:
                 q = m.qual(site.call.func) or ""
-                if q.endswith("init_process_group") or q.endswith("get_rank") or q.endswith("launch") and \
-                        q.startswith("torch.distributed") or q in ("torch.multiprocessing.spawn",):
+                if q.endswith("init_process_group") or q in ("torch.multiprocessing.spawn",
+                                                             "deepspeed.init_distributed"):
                     res = True
                     break
             if res:
@@ -211,9 +211,10 @@ class LaunchNotAtEntry(Rule):
                 where = None
                 if not scope.is_module and scope.name in self._CTORS and scope.cls is not None:
                     where = f"the constructor `{scope.cls.name}.{scope.name}`"
-                elif scope.is_module and m.has_main_guard and not any(
+                elif scope.is_module and m.has_main_guard and self._spawns(m) and not any(
                         m._is_main_guard(c.test) for c in site.conds):
-                    where = "module level of a file that is also imported (it has an `if __name__ == \"__main__\":` block)"
+                    where = ("module level of a script that spawns its workers with multiprocessing (every spawned "
+                             "process re-imports the module and runs it again)")
                 if where is None:
                     continue
                 ctx.report(
@@ -224,6 +225,17 @@ class LaunchNotAtEntry(Rule):
                     f"Call {what} once, at the program entry (`if __name__ == \"__main__\":` / `main()`), before "
                     f"building trainers, models and datasets.",
                 )
+
+    @staticmethod
+    def _spawns(m: ModuleModel) -> bool:
+        for sc in m.scopes.values():
+            for s in sc.sites:
+                q = m.qual(s.call.func) or ""
+                if q in ("torch.multiprocessing.spawn", "torch.multiprocessing.start_processes",
+                         "multiprocessing.Process", "torch.multiprocessing.Process") or \
+                        q.endswith("multiprocessing.spawn"):
+                    return True
+        return False
 
     @staticmethod
     def _launch(m: ModuleModel, call: ast.Call, scope: Scope) -> str | None:

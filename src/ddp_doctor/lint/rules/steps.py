@@ -4,10 +4,12 @@ from __future__ import annotations
 import ast
 
 from ddp_doctor.lint import analysis as A
-from ddp_doctor.lint.model import AGREE_FUNCS, INPLACE_COLLECTIVES, ModuleModel, Scope, dotted, final_name
+from ddp_doctor.lint.model import AGREE_FUNCS, INPLACE_COLLECTIVES, ModuleModel, Scope, dotted, final_name, kwarg
 from ddp_doctor.lint.rules.base import Context, Rule
 
 _SIZE_ATTRS = {"shape", "size", "numel", "__len__"}
+_CLOCKS = {"time.time", "time.perf_counter", "time.monotonic", "time.time_ns", "time.perf_counter_ns",
+           "time.monotonic_ns", "datetime.datetime.now", "datetime.now"}
 
 
 def _names(node: ast.AST) -> set[str]:
@@ -22,6 +24,19 @@ def _has_collective(m: ModuleModel, node: ast.AST, scope: Scope) -> bool:
                 return True
             fn = m.resolve_function(c.func, scope)
             if fn is not None and A.fn_collectives(m, fn):
+                return True
+            if _from_fixes(m, c.func, scope):
+                return True  # ddp_doctor.fixes: agree, skip_if_nonfinite, EarlyStopping.step, ...
+    return False
+
+
+def _from_fixes(m: ModuleModel, func: ast.expr, scope: Scope) -> bool:
+    q = m.qual(func) or ""
+    if q.startswith("ddp_doctor.fixes"):
+        return True
+    if isinstance(func, ast.Attribute):  # stopper.step(val_loss) with stopper = EarlyStopping(...)
+        for v in m.values_of(func.value, scope):
+            if isinstance(v, ast.Call) and (m.qual(v.func) or "").startswith("ddp_doctor.fixes"):
                 return True
     return False
 
@@ -84,6 +99,8 @@ def _value_tainted(m: ModuleModel, scope: Scope, value: ast.expr, tainted: set[s
         if isinstance(c, ast.Call):
             if final_name(c.func) == "next":
                 return True
+            if (m.qual(c.func) or "") in _CLOCKS:
+                return True  # each rank reads its own clock: a time budget is a rank-local decision
             tgt = A.forward_target(c)
             if tgt is not None:
                 if isinstance(tgt, ast.Attribute) and tgt.attr == "module":
@@ -126,6 +143,22 @@ def _size_only(test: ast.expr, tainted: set[str]) -> bool:
     return ok
 
 
+def _exhausted_iterator(m: ModuleModel, test: ast.expr, scope: Scope) -> bool:
+    """``batch is None`` with ``batch = next(it, None)``: the end of the data, like a for loop ending."""
+    name = None
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Is) and \
+            isinstance(test.left, ast.Name) and isinstance(test.comparators[0], ast.Constant) and \
+            test.comparators[0].value is None:
+        name = test.left.id
+    elif isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and isinstance(test.operand, ast.Name):
+        name = test.operand.id
+    if name is None:
+        return False
+    vals = scope.lookup(name)
+    return bool(vals) and all(isinstance(v, ast.Call) and final_name(v.func) == "next" for v in vals) and any(
+        len(v.args) == 2 and isinstance(v.args[1], ast.Constant) and v.args[1].value is None for v in vals)
+
+
 def _encloses(container: ast.AST, node: ast.AST) -> bool:
     return container.lineno <= node.lineno <= (container.end_lineno or container.lineno)
 
@@ -137,6 +170,7 @@ class UnevenSteps(Rule):
         m = ctx.model
         if not m.uses_ddp:
             return
+        self._uneven_datasets(ctx)
         for scope in m.scopes.values():
             loops = A.training_loops(m, scope)
             if not loops:
@@ -156,16 +190,17 @@ class UnevenSteps(Rule):
                             loop in s.loops and s.call.lineno > jump.stmt.lineno for s in bws):
                         continue  # a continue after the backward does not change the number of steps
                     conds = [c for c in jump.conds if c.loop_level > level and _encloses(c.node, jump.stmt)]
-                    reason = self._reason(ctx, scope, conds, tainted)
-                    if reason is None:
+                    got = self._reason(ctx, scope, conds, tainted)
+                    if got is None:
                         continue
+                    reason, kind = got
                     word = {"continue": "`continue`", "break": "`break`", "return": "`return`",
                             "exit": "exit"}[jump.kind]
                     effect = ("skips this step's backward" if jump.kind == "continue"
                               else "leaves the training loop")
                     ctx.report(
                         self.code, jump.stmt,
-                        f"{word} under `{reason}` {effect} on this rank only: {self._why(reason)} The other "
+                        f"{word} under `{reason}` {effect} on some ranks only: {self._why(reason, kind)} The other "
                         f"ranks still call DDP's gradient all-reduce and wait for it forever (a silent hang), "
                         f"or on gloo average gradients of different steps and fail later.",
                         "Make every rank take the same decision: `if ddp_doctor.fixes.agree(cond, op=\"any\"): "
@@ -174,21 +209,88 @@ class UnevenSteps(Rule):
                     )
                     break
 
+    def _uneven_datasets(self, ctx: Context) -> None:
+        """A training loader over a per-rank dataset whose size comes from a per-rank table with unequal
+        entries (``SHARD_SIZES[rank]``): the ranks run different numbers of steps."""
+        m = ctx.model
+        seen = set()
+        for use in A.loader_uses(m):
+            if not use.training or use.loader in seen:
+                continue
+            seen.add(use.loader)
+            call = use.loader
+            if kwarg(call, "sampler") is not None or kwarg(call, "batch_sampler") is not None:
+                continue
+            ds = call.args[0] if call.args else (kwarg(call, "dataset").value if kwarg(call, "dataset") else None)
+            hit = self._per_rank_table(m, ds, use.loader_scope)
+            if hit is None:
+                continue
+            table, values = hit
+            ctx.report(
+                self.code, call,
+                f"each rank builds its own dataset, sized by the per-rank table `{table}` "
+                f"({', '.join(map(str, values))}): the ranks get different numbers of batches, so one leaves the "
+                f"loop while the others still call DDP's gradient all-reduce (a hang at the end of the epoch, "
+                f"or gradients of different steps averaged on gloo).",
+                "Give every rank the same number of batches: wrap the loader in `ddp_doctor.fixes.EvenBatches`, "
+                "or split one dataset with `DistributedSampler` (it pads to equal lengths).",
+            )
+
+    @staticmethod
+    def _per_rank_table(m: ModuleModel, ds, scope: Scope):
+        if not isinstance(ds, ast.Call) or not isinstance(ds.func, ast.Name):
+            return None
+        cls = m.classes.get(ds.func.id)
+        if cls is None:
+            return None
+        init = m.methods.get(cls, {}).get("__init__")
+        params = [a.arg for a in init.args.args[1:]] if init is not None else []
+        rank_params = {p for i, p in enumerate(params)
+                       if i < len(ds.args) and m.mentions_rank(ds.args[i], scope)}
+        rank_params |= {k.arg for k in ds.keywords if k.arg and m.mentions_rank(k.value, scope)}
+        if not rank_params:
+            return None
+        attrs = set()
+        if init is not None:
+            for node in ast.walk(init):
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in rank_params:
+                    for t in node.targets:
+                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                            attrs.add(t.attr)
+        module_consts = {}
+        for stmt in m.tree.body:
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) \
+                    and isinstance(stmt.value, (ast.List, ast.Tuple)):
+                vals = [e.value for e in stmt.value.elts if isinstance(e, ast.Constant)]
+                if len(vals) == len(stmt.value.elts) and len(set(vals)) > 1:
+                    module_consts[stmt.targets[0].id] = vals
+        for node in ast.walk(cls):
+            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and \
+                    node.value.id in module_consts:
+                idx = node.slice
+                if (isinstance(idx, ast.Name) and idx.id in rank_params) or (
+                        isinstance(idx, ast.Attribute) and isinstance(idx.value, ast.Name) and
+                        idx.value.id == "self" and idx.attr in attrs):
+                    return node.value.id, module_consts[node.value.id]
+        return None
+
     def _reason(self, ctx: Context, scope: Scope, conds, tainted: set[str]) -> str | None:
         m = ctx.model
         for c in reversed(conds):
             t = ctx.text(c.test, 50)
             text = t if c.positive else f"not ({t})"
             if m.is_rank_condition(c.test, scope):
-                return text
-            if _has_collective(m, c.test, scope):
+                return text, "rank"
+            if _has_collective(m, c.test, scope) or _exhausted_iterator(m, c.test, scope):
                 continue
             hit = _names(c.test) & tainted
             if hit and not _size_only(c.test, tainted):
-                return text
+                return text, "data"
         return None
 
     @staticmethod
-    def _why(reason: str) -> str:
-        return f"whether `{reason}` holds depends on this rank's own batch, loss or rank, not on a value " \
-               f"all ranks agree on."
+    def _why(reason: str, kind: str) -> str:
+        if kind == "rank":
+            return f"`{reason}` depends on the rank itself."
+        return f"`{reason}` is computed by each rank from its own batch, loss or clock, so ranks decide differently " \
+               f"(no collective makes them agree)."
