@@ -150,6 +150,8 @@ class Job:
         self.watcher = None
         self.store = None
         self.stop_requested = threading.Event()
+        self.stop_lock = threading.Lock()
+        self.launching = False
         self.stop_t: float | None = None
         self.procs: list = []
         self.leftovers: list[int] = []
@@ -205,7 +207,9 @@ class Job:
         self.procs = _descendants()
         # torch's own shutdown path: the agent's SIGTERM handler raises SignalException in the main
         # thread and the agent terminates every rank's process group (ranks + loader workers).
-        os.kill(os.getpid(), signal.SIGTERM)
+        with self.stop_lock:
+            if self.launching:
+                os.kill(os.getpid(), signal.SIGTERM)
         threading.Thread(target=self._reap, daemon=True, name="ddp-doctor-stop").start()
 
     def _reap(self) -> None:
@@ -242,8 +246,16 @@ class Job:
         if not is_host:
             threading.Thread(target=self.follower_loop, daemon=True).start()
         job_error: BaseException | None = None
+        self.launching = True
         try:
-            launch.launch(a, "ddp_doctor.probe")
+            try:
+                launch.launch(a, "ddp_doctor.probe")
+            finally:
+                # a stop decided just as the job ended must not interrupt the report
+                with self.stop_lock:
+                    self.launching = False
+                if threading.current_thread() is threading.main_thread():
+                    signal.signal(signal.SIGTERM, lambda *_: None)
         except BaseException as e:  # ChildFailedError, SignalException, KeyboardInterrupt
             job_error = e
             self.failures = _failures(e)
@@ -271,9 +283,15 @@ class Job:
 
         w = self.watcher
         decision = w.decision
+        if decision is None or (decision.get("reason") == "exit" and not decision.get("finished")):
+            # ranks that failed together inside one collective: their final states may show the mismatch
+            try:
+                late = w.find_desync()
+            except Exception:
+                late = None
+            if late is not None:
+                decision = {**(decision or {}), **late}
         evidence = w.evidence()
-        if decision is None and job_error is not None and not self.failures and type(job_error).__name__ != "ChildFailedError":
-            decision = None
         verdict, findings = diagnose(evidence, decision, self.failures)
         exit_code = 0
         if verdict == "crash":

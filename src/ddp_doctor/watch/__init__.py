@@ -226,57 +226,61 @@ class Watcher(threading.Thread):
                     pending.discard(r)
             time.sleep(0.05)
         self.read_states()
-        # fall back to faulthandler for silent local ranks; and the workers' stacks
+        # fall back to faulthandler for silent local ranks; and the workers' stacks (all signalled at once)
         pid_of = {r: pid for pid, r in self.local_pids.items()}
+        wanted: list[tuple[int, str, int]] = []  # (pid, kind, rank)
         for r in pending:
-            pid = pid_of.get(r)
-            if pid:
-                frames = self._signal_dump(pid, "rank")
-                if frames:
-                    self.views[r].stack = frames
+            if pid_of.get(r):
+                wanted.append((pid_of[r], "rank", r))
         for r, v in self.views.items():
             if (v.state or {}).get("host") != _HOST:
                 continue
-            pids = sorted({p for ld in (v.state or {}).get("loaders", []) for p in ld.get("worker_pids", [])})
-            pid = pid_of.get(r)
-            if pid:
+            pids = {p for ld in (v.state or {}).get("loaders", []) for p in ld.get("worker_pids", [])}
+            if pid_of.get(r):
                 try:
-                    pids = sorted(set(pids) | {c.pid for c in psutil.Process(pid).children()})
+                    pids |= {c.pid for c in psutil.Process(pid_of[r]).children()}
                 except psutil.Error:
                     pass
-            workers = []
-            for wp in pids:
-                if not os.path.exists(os.path.join(self.run_dir, f"worker-{wp}.stack")):
-                    continue
-                frames = self._signal_dump(wp, "worker")
-                workers.append({"pid": wp, "stack": frames})
-            v.workers = workers
+            for wp in sorted(pids):
+                if os.path.exists(os.path.join(self.run_dir, f"worker-{wp}.stack")):
+                    wanted.append((wp, "worker", r))
+        dumps = self._signal_dumps([(pid, kind) for pid, kind, _ in wanted])
+        for r in self.views:
+            self.views[r].workers = []
+        for pid, kind, r in wanted:
+            frames = dumps.get(pid) or []
+            if kind == "rank":
+                if frames:
+                    self.views[r].stack = frames
+            else:
+                self.views[r].workers.append({"pid": pid, "stack": frames})
 
-    def _signal_dump(self, pid: int, kind: str) -> list[dict]:
-        path = os.path.join(self.run_dir, f"{kind}-{pid}.stack")
-        if not os.path.exists(path):
-            return []
-        try:
-            before = os.path.getsize(path)
-            os.kill(pid, signal.SIGUSR1)
-        except OSError:
-            return []
-        end = time.monotonic() + 1.0
-        while time.monotonic() < end:
-            time.sleep(0.05)
+    def _signal_dumps(self, targets: list[tuple[int, str]], wait_s: float = 2.0) -> dict[int, list[dict]]:
+        """SIGUSR1 every target (faulthandler writes DIR/<kind>-<pid>.stack), then read what they wrote."""
+        sizes: dict[int, tuple[str, int]] = {}
+        for pid, kind in targets:
+            path = os.path.join(self.run_dir, f"{kind}-{pid}.stack")
             try:
-                if os.path.getsize(path) > before:
-                    time.sleep(0.05)
-                    break
+                before = os.path.getsize(path)
+                os.kill(pid, signal.SIGUSR1)
+                sizes[pid] = (path, before)
             except OSError:
-                return []
-        try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                f.seek(before)
-                text = f.read()
-        except OSError:
-            return []
-        return parse_faulthandler(text)
+                continue
+        out: dict[int, list[dict]] = {}
+        end = time.monotonic() + wait_s
+        while sizes and time.monotonic() < end:
+            time.sleep(0.05)
+            for pid, (path, before) in list(sizes.items()):
+                try:
+                    if os.path.getsize(path) > before:
+                        time.sleep(0.05)
+                        with open(path, encoding="utf-8", errors="replace") as f:
+                            f.seek(before)
+                            out[pid] = parse_faulthandler(f.read())
+                        del sizes[pid]
+                except OSError:
+                    del sizes[pid]
+        return out
 
     # -- deciding ------------------------------------------------------------------
     def hang_limit(self) -> tuple[float, str]:
@@ -326,10 +330,15 @@ class Watcher(threading.Thread):
             return None
         busy = [v.rank for v in live if v.busy()]
         eff = limit if (self.hang_timeout or not busy) else max(limit, BUSY_S)
+        cur = {json.dumps([(v.state.get("in_collective") or {}).get(k) for k in ("group", "seq", "op")]) for v in live}
+        if not self.hang_timeout and len(live) == self.world_size and len(cur) == 1 and live[0].state.get("in_collective"):
+            # every rank is inside the very same collective: the program agrees; the transport is slow
+            eff, how = max(eff, BUSY_S), "every rank inside the same collective: waiting for the transport"
+        if busy and eff > limit and "transport" not in how:
+            how = f"busy ranks {busy} (CPU or Python line moving): extended to {eff:g}s"
         if stalled > eff:
             return {"reason": "hang", "stalled_s": round(stalled, 2), "limit_s": round(eff, 2),
-                    "limit_how": how if eff == limit else f"busy ranks {busy}: extended to {BUSY_S:g}s",
-                    "busy": busy}
+                    "limit_how": how, "busy": busy}
         return None
 
     def find_desync(self) -> dict[str, Any] | None:
