@@ -60,6 +60,16 @@ CATALOGUE: dict[str, CodeInfo] = _entries(
     ("DDP404", "straggler-rank", "warning", "One rank is consistently slower than the others"),
     ("DDP405", "find-unused-parameters", "info", "find_unused_parameters=True costs an extra graph traversal"),
     ("DDP406", "batchnorm-without-syncbn", "info", "BatchNorm in a DDP model without SyncBatchNorm"),
+    # DDP5xx: found by `ddp-doctor check` (pre-flight test of the environment and every rank's links)
+    ("DDP501", "rank-did-not-start", "error", "A rank did not start or did not join the rendezvous"),
+    ("DDP502", "link-failed", "error", "A collective or point-to-point transfer failed or missed its deadline"),
+    ("DDP503", "wrong-collective-result", "error", "A collective delivered wrong data to a rank"),
+    ("DDP504", "shm-too-small", "error", "/dev/shm is too small for the DataLoader workers"),
+    ("DDP505", "resource-limit-low", "warning", "Open-file or process limit too low for ranks and workers"),
+    ("DDP506", "cpu-oversubscribed", "warning", "More busy threads than CPUs on a node"),
+    ("DDP507", "stale-distributed-env", "warning", "Deprecated, contradictory or slow-path NCCL/torch environment variables"),
+    ("DDP508", "version-mismatch", "error", "torch / CUDA / NCCL / Python versions differ across ranks"),
+    ("DDP509", "device-assignment", "error", "Ranks on a node share a GPU or have none"),
 )
 
 

@@ -1,0 +1,75 @@
+"""The side channel between ranks and the launcher(s): torch's TCPStore, JSON values.
+
+Keys (all values JSON):
+
+- ``master``                      (node-local store only) MASTER_ADDR/PORT, WORLD_SIZE, ...
+- ``started/{rank}``              pid, local rank, group rank, host — before init_process_group
+- ``hello/{rank}``                host, device, versions — after init_process_group
+- ``at/{rank}``                   the test a rank has just started
+- ``res/{rank}/{test}``           a rank's result of one test
+- ``audit/{group_rank}``          a node's environment audit (local rank 0)
+- ``done/{rank}``                 a rank ran (or skipped) every test
+- ``stop``                        a rank saw a missing rank at a gate: everyone stops
+- ``ack`` / ``ack/{group_rank}``  the launcher has collected everything: ranks may exit
+
+Ranks write every key to the node-local store (hosted by the node's ``ddp-doctor check``
+process, alive whatever the ranks do) and to the job-wide store (the one torch's elastic
+agent hosts and exports as MASTER_ADDR/MASTER_PORT), so each launcher can judge its own
+ranks even after they are gone, and every node sees every rank.
+"""
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+PREFIX = "ddp_doctor_check"
+
+
+def connect(host: str, port: int, timeout_s: float = 30.0, prefix: str | None = None):
+    """A client TCPStore (optionally under a prefix)."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s),
+                          wait_for_workers=False)
+    return dist.PrefixStore(prefix, store) if prefix else store
+
+
+def host_store(timeout_s: float = 30.0):
+    """The node-local store, hosted in this process on an OS-chosen port of 127.0.0.1."""
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
+def job_prefix(run_id: str, restart: str | int) -> str:
+    return f"{PREFIX}/{run_id}/{restart}/"
+
+
+def get(store, key: str) -> Any | None:
+    """The JSON value of ``key``, or None when it is not (yet) set or the store is gone."""
+    try:
+        if not store.check([key]):
+            return None
+        return json.loads(store.get(key).decode("utf-8"))
+    except Exception:  # noqa: BLE001 - a store that went away reads as "nothing"
+        return None
+
+
+class Channel:
+    """Writes every key to each of its stores; a store that fails is dropped, never fatal."""
+
+    def __init__(self, *stores) -> None:
+        self.stores = [s for s in stores if s is not None]
+
+    def add(self, store) -> None:
+        self.stores.append(store)
+
+    def set(self, key: str, value: Any) -> None:
+        data = json.dumps(value)
+        for store in list(self.stores):
+            try:
+                store.set(key, data)
+            except Exception:  # noqa: BLE001
+                self.stores.remove(store)

@@ -1,0 +1,306 @@
+"""Turn what the ranks published (a :class:`~.monitor.Monitor` snapshot) into the check report.
+
+The report is a dict in the style of DESIGN.md (schema ``ddp-doctor/check/v1``): findings
+with DDP5xx codes (``"source": "check"``), ranks, and per-test results with per-rank and
+per-pair outcomes, the all_reduce bandwidth table and every node's environment audit.
+No formatting here: :mod:`ddp_doctor.report.check_view` renders it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ddp_doctor.check import CHECK_SCHEMA_ID, audit, plan
+from ddp_doctor.findings import Finding, Severity
+
+BROKEN = ("timeout", "error")
+
+
+def _ranks_str(ranks) -> str:
+    ranks = sorted(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
+
+
+def _finding(code: str, message: str, fix: str, ranks, test: str | None, severity: str | None = None,
+             **evidence) -> Finding:
+    if test is not None:
+        evidence = {"test": test, **evidence}
+    return Finding(code, message, fix, ranks=sorted(set(ranks)), evidence=evidence, severity=severity)
+
+
+def bandwidth_table(results: dict[int, dict[str, Any]], world_size: int) -> list[dict[str, Any]]:
+    """all_reduce per size: slowest rank's time per op, algbw and busbw (nccl-tests formula)."""
+    by_size: dict[int, list[dict[str, Any]]] = {}
+    for res in results.values():
+        for item in res.get("items", []):
+            by_size.setdefault(int(item["bytes"]), []).append(item)
+    rows = []
+    for nbytes in sorted(by_size):
+        items = by_size[nbytes]
+        t = max(i["time_s"] for i in items)
+        rows.append({"bytes": nbytes, "ranks": len(items), "time_s": t,
+                     "algbw_GBps": plan.algbw(nbytes, t) / 1e9,
+                     "busbw_GBps": plan.busbw("all_reduce", nbytes, t, world_size) / 1e9,
+                     "ok": all(i.get("ok") for i in items)})
+    return rows
+
+
+def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int = 1,
+                 expected_world: int | None = None) -> dict[str, Any]:
+    data = snapshot.get("data", {})
+    master = snapshot.get("master") or {}
+    world = int(master.get("world_size") or expected_world or 0)
+    nnodes = int(master.get("group_world_size") or nnodes_hint)
+    failures: dict[int, dict[str, Any]] = {int(k): v for k, v in (snapshot.get("failures") or {}).items()}
+    stuck: dict[int, str] = {int(k): v for k, v in (snapshot.get("stuck") or {}).items()}
+    killed_pids = {k["pid"] for k in snapshot.get("killed", [])}
+    findings: list[Finding] = []
+
+    def res(r: int, test: str) -> dict[str, Any] | None:
+        return data.get(f"res/{r}/{test}")
+
+    def at(r: int) -> str | None:
+        value = data.get(f"at/{r}")
+        return value["test"] if value else None
+
+    # ranks that exited on their own (not stopped by the agent or by us) and where
+    exited: dict[int, dict[str, Any]] = {}
+    for r, f in failures.items():
+        pid = f.get("pid")
+        sig = f.get("signal")
+        if pid in killed_pids:
+            continue
+        if (f.get("exitcode") or 0) > 0 or (sig and sig not in ("SIGTERM",)):
+            exited[r] = {**f, "test": at(r) or "rendezvous"}
+    if not exited and failures and not stuck:
+        # everyone was stopped by the agent: the first failure is the root cause
+        first = min(failures.items(), key=lambda kv: kv[1].get("timestamp", 0))
+        exited[first[0]] = {**first[1], "test": at(first[0]) or "rendezvous"}
+
+    # ---------------------------------------------------------------- rendezvous
+    if world == 0:
+        findings.append(_finding(
+            "DDP501", "No rank joined: the rendezvous did not complete"
+            + (f" ({snapshot.get('job_error')})" if snapshot.get("job_error") else ""),
+            "Check that every node runs the same command with the same --nnodes and a --rdzv-endpoint "
+            "every node can reach (no localhost on multi-node), and that the port is free.",
+            [], "rendezvous", error=snapshot.get("job_error")))
+    culprits: set[int] = set()
+    rdzv_bad = []
+    for r in range(world):
+        rr = res(r, "rendezvous")
+        if rr and rr.get("status") == "pass":
+            continue
+        if r in exited and exited[r]["test"] == "rendezvous":
+            continue  # reported as an exit below
+        rdzv_bad.append(r)
+        culprits.add(r)
+        started = data.get(f"started/{r}")
+        what = (f"init_process_group failed: {rr['detail']}" if rr else
+                f"no answer within the deadline ({stuck.get(r, 'rendezvous')})" if started else "never started")
+        findings.append(_finding(
+            "DDP501", f"Rank {r} did not join the process group: {what}",
+            "Check the rank's host can reach MASTER_ADDR:MASTER_PORT (firewall, GLOO_SOCKET_IFNAME / "
+            "NCCL_SOCKET_IFNAME), and that its environment imports torch.",
+            [r], "rendezvous", host=(started or {}).get("host"), detail=(rr or {}).get("detail")))
+
+    # ---------------------------------------------------------------- exits
+    for r, f in sorted(exited.items()):
+        culprits.add(r)
+        how = f"was killed by {f['signal']}" if f.get("signal") and (f.get("exitcode") or 0) <= 0 else \
+            f"exited with code {f.get('exitcode')}"
+        code = "DDP501" if f["test"] == "rendezvous" else "DDP204"
+        findings.append(_finding(
+            code, f"Rank {r} {how} during '{f['test']}'; the launcher stopped the job",
+            "Read the rank's log below; SIGKILL usually means the OOM killer (dmesg | grep -i oom).",
+            [r], f["test"], exit_code=f.get("exitcode"), signal=f.get("signal"), log_tail=f.get("log_tail")))
+
+    # ---------------------------------------------------------------- per test
+    tests_out = []
+    for test in plan.ALL_TESTS:
+        per_rank = []
+        for r in range(world):
+            rr = res(r, test)
+            if rr is not None:
+                entry = {"rank": r, **{k: rr.get(k) for k in ("status", "duration_s", "detail", "waiting_for")}}
+            elif stuck.get(r) == test:
+                entry = {"rank": r, "status": "hung", "duration_s": None,
+                         "detail": f"no result within {deadline:g} s (+ grace); stopped by ddp-doctor"}
+            elif r in exited and exited[r]["test"] == test:
+                entry = {"rank": r, "status": "exited", "duration_s": None,
+                         "detail": f"exit code {exited[r].get('exitcode')}" + (f" ({exited[r]['signal']})" if exited[r].get("signal") else "")}
+            else:
+                entry = {"rank": r, "status": "not-run", "duration_s": None, "detail": ""}
+            per_rank.append(entry)
+        statuses = {e["status"] for e in per_rank}
+        if statuses <= {"pass", "skip"}:
+            status = "skip" if statuses == {"skip"} else "pass"
+        elif statuses == {"not-run"}:
+            status = "not-run"
+        else:
+            status = "fail"
+        entry: dict[str, Any] = {"name": test, "status": status, "ranks": per_rank,
+                                 "duration_s": max((e["duration_s"] or 0 for e in per_rank), default=0)}
+        if test in plan.P2P_TESTS:
+            entry["pairs"] = _pairs(world, test, data)
+        if test == "all_reduce":
+            results = {r: res(r, test) for r in range(world) if res(r, test) and res(r, test).get("items")}
+            entry["bandwidth"] = bandwidth_table(results, world)
+        if test == "broadcast":
+            entry["sources"] = _sources(world, data)
+        tests_out.append(entry)
+        if test != "rendezvous":
+            findings.extend(_test_findings(test, per_rank, entry.get("pairs"), stuck, culprits, deadline))
+
+    # ---------------------------------------------------------------- environment and versions
+    audits = [data[k] for k in sorted(data) if k.startswith("audit/")]
+    by_key: dict[tuple[str, str], dict[str, Any]] = {}
+    for node in audits:
+        for check in node.get("checks", []):
+            if not check.get("code"):
+                continue
+            key = (check["code"], check["check"])
+            merged = by_key.setdefault(key, {**check, "nodes": []})
+            merged["nodes"].append({"node": node["node"], "host": node.get("host"), "value": check["value"]})
+    for (code, name), check in by_key.items():
+        node_ranks = [r for r in range(world) if data.get(f"started/{r}", {}).get("group_rank") in
+                      {n["node"] for n in check["nodes"]}]
+        where = ", ".join(f"node {n['node']} ({n['host']})" for n in check["nodes"])
+        findings.append(_finding(code, f"{name} = {check['value']} on {where}: {check['detail']}", check.get("fix", ""),
+                                 node_ranks, None, check.get("severity"), check=name, nodes=check["nodes"]))
+    hellos = [data[f"hello/{r}"] for r in range(world) if f"hello/{r}" in data]
+    for key, groups in audit.version_groups(hellos).items():
+        desc = "; ".join(f"{key} {value} on {_ranks_str(ranks)}" for value, ranks in groups.items())
+        findings.append(_finding("DDP508", f"{key} versions differ across ranks: {desc}",
+                                 "Run every node from the same image / lock file (same torch, CUDA, NCCL, Python).",
+                                 [r for ranks in groups.values() for r in ranks], None, key=key, groups=groups))
+
+    # ---------------------------------------------------------------- ranks
+    ranks_out = []
+    for r in range(world):
+        hello = data.get(f"hello/{r}") or {}
+        started = data.get(f"started/{r}") or {}
+        f = failures.get(r, {})
+        state = ("exited" if r in exited else "hung" if r in stuck else "not-started" if not started
+                 else "failed" if r in culprits else "ok")
+        ranks_out.append({
+            "rank": r, "state": state, "epoch": None, "step": None, "last_collective": None, "stack": [],
+            "exit_code": f.get("exitcode"), "signal": f.get("signal"),
+            "host": hello.get("host") or started.get("host"), "pid": hello.get("pid") or started.get("pid"),
+            "local_rank": started.get("local_rank"), "node": started.get("group_rank"),
+            "device": hello.get("device"), "device_name": hello.get("device_name"), "backend": hello.get("backend"),
+            "versions": {k: hello.get(k) for k in ("python", "torch", "cuda", "nccl")} if hello else {},
+            "last_test": at(r), "log_tail": f.get("log_tail"),
+        })
+
+    findings.sort(key=lambda f: (-f.severity.rank, f.code, f.ranks))
+    failed_tests = [t["name"] for t in tests_out if t["status"] == "fail"]
+    errors = [f for f in findings if f.severity is Severity.ERROR]
+    verdict = "fail" if (errors or failed_tests or world == 0) else "ok"
+    out_findings = []
+    for f in findings:
+        d = f.to_report_dict()
+        d["source"] = "check"
+        out_findings.append(d)
+    return {
+        "schema": CHECK_SCHEMA_ID, "verdict": verdict, "exit_code": 1 if verdict == "fail" else 0,
+        "world_size": world, "nnodes": nnodes, "deadline_s": deadline,
+        "findings": out_findings, "ranks": ranks_out, "tests": tests_out,
+        "bandwidth": next((t.get("bandwidth", []) for t in tests_out if t["name"] == "all_reduce"), []),
+        "audit": audits, "job_error": snapshot.get("job_error"),
+    }
+
+
+def _pairs(world: int, test: str, data: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per pair tested (from both ends): pass only when both ends passed."""
+    pairs: dict[tuple[int, int], dict[str, Any]] = {}
+    for r in range(world):
+        rr = data.get(f"res/{r}/{test}") or {}
+        for item in rr.get("items", []):
+            a, b = item["pair"]
+            row = pairs.setdefault((a, b), {"pair": [a, b], "ok": True, "time_s": 0.0, "details": [], "seen_by": []})
+            row["seen_by"].append(r)
+            row["time_s"] = max(row["time_s"], item.get("time_s") or 0.0)
+            if not item.get("ok"):
+                row["ok"] = False
+                wrong = item.get("wrong")
+                what = item.get("error") or (f"element {wrong['index']} is {wrong['got']:g}, expected {wrong['expected']:g}"
+                                             if wrong else "")
+                row["details"].append(f"rank {r}: {item.get('op')}: {what}")
+                row.setdefault("statuses", set()).add(item.get("status"))
+    rows = []
+    for (a, b), row in sorted(pairs.items()):
+        statuses = row.pop("statuses", set())
+        row["status"] = ("pass" if row["ok"] else "timeout" if "timeout" in statuses
+                         else "error" if "error" in statuses else "fail")
+        rows.append(row)
+    return rows
+
+
+def _sources(world: int, data: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for src in range(world):
+        bad = []
+        for r in range(world):
+            for item in (data.get(f"res/{r}/broadcast") or {}).get("items", []):
+                if item["src"] == src and not item["ok"]:
+                    bad.append(r)
+        rows.append({"src": src, "ok": not bad, "wrong_on": bad})
+    return rows
+
+
+def _test_findings(test: str, per_rank: list[dict[str, Any]], pairs, stuck: dict[int, str],
+                   culprits: set[int], deadline: float) -> list[Finding]:
+    out: list[Finding] = []
+    hung = [e["rank"] for e in per_rank if e["status"] == "hung"]
+    broken = [e for e in per_rank if e["status"] in BROKEN]
+    wrong = [e for e in per_rank if e["status"] == "fail"]
+    waiting_on = {e["rank"]: e.get("waiting_for") or [] for e in broken}
+    for r in hung:
+        culprits.add(r)
+        waiters = sorted(w for w, peers in waiting_on.items() if r in peers)
+        msg = f"Rank {r} stopped answering in '{test}': no result within {deadline:g} s"
+        if waiters:
+            msg += f" ({_ranks_str(waiters)} timed out waiting for it)"
+        out.append(_finding("DDP502", msg,
+                            "Look at that rank's host and device first (its log, nvidia-smi, dmesg); "
+                            "run NCCL_DEBUG=INFO ddp-doctor check for the backend's view.",
+                            [r], test, waiting=waiters, kind="hung"))
+    explained = set(culprits)
+    if pairs is not None:
+        for row in pairs:
+            if row["ok"] or explained & set(row["pair"]):
+                continue
+            a, b = row["pair"]
+            if row["status"] == "fail":   # data arrived, but wrong
+                out.append(_finding("DDP503", f"Link {a} <-> {b} delivered wrong data in '{test}': "
+                                    + "; ".join(row["details"]),
+                                    "Re-run with NCCL_P2P_DISABLE=1: if the data becomes right, the peer-to-peer path "
+                                    "between these two devices is at fault (ACS/IOMMU, driver).",
+                                    [a, b], test, pair=[a, b]))
+                explained |= {a, b}
+                continue
+            out.append(_finding("DDP502", f"Link {a} <-> {b} failed in '{test}': " + "; ".join(row["details"]),
+                                "One pair failing while the others pass points to that path: try NCCL_P2P_DISABLE=1 "
+                                "once to confirm, then check `nvidia-smi topo -m`, ACS/IOMMU and the NICs.",
+                                [a, b], test, pair=[a, b], kind="pair"))
+            explained |= {a, b}
+        others = [e for e in broken if e["rank"] not in explained and not set(e.get("waiting_for") or []) & explained]
+    else:
+        others = [e for e in broken if e["rank"] not in explained and not set(e.get("waiting_for") or []) & explained]
+        if broken and culprits:
+            others = []  # a collective breaks everywhere once one rank is gone: the culprit finding says it
+    if others:
+        ranks = [e["rank"] for e in others]
+        detail = "; ".join(f"rank {e['rank']}: {e['detail']}" for e in others[:4])
+        out.append(_finding("DDP502", f"'{test}' failed on {_ranks_str(ranks)}: {detail}",
+                            "If every rank fails, suspect the backend/network configuration (interface, firewall); "
+                            "if a few, their hosts or devices. Re-run with a larger --deadline to rule out slowness.",
+                            ranks, test, kind="collective"))
+    if wrong and pairs is None:
+        ranks = [e["rank"] for e in wrong]
+        detail = "; ".join(f"rank {e['rank']}: {e['detail']}" for e in wrong[:4])
+        out.append(_finding("DDP503", f"'{test}' delivered wrong data to {_ranks_str(ranks)}: {detail}",
+                            "Test the named rank's device alone (memory test, nvidia-smi -q ECC), then re-run with "
+                            "NCCL_P2P_DISABLE=1: if that fixes it, the peer-to-peer path is at fault.",
+                            ranks, test))
+    return out
