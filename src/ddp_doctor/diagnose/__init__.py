@@ -44,6 +44,8 @@ def diagnose(evidence: dict[str, Any], decision: dict[str, Any] | None,
         if uneven:
             verdict = "desync"
             findings += uneven
+    if verdict != "ok" and not any(f.code == "DDP202" for f in findings):
+        findings = runtime.diagnose_ddp_subset(evidence) + findings
     findings += runtime.diagnose_sampler(evidence)
     if verdict == "ok":
         findings += _perf(evidence)

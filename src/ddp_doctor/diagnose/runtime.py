@@ -100,6 +100,49 @@ FIX_101 = ("Make every rank run the same number of steps: agree on skips/early s
 
 
 # -- DDP201 / DDP202 / DDP203 ------------------------------------------------------------
+def ddp_forward_sites(st: dict[str, Any]) -> dict[tuple, tuple[dict, int]]:
+    """{(file name, line, function): (site, calls)} of the DDP model's forward calls on one rank."""
+    sites = st.get("sites") or []
+    out = {}
+    for op, si, n in st.get("site_counts") or []:
+        if op == "ddp.forward" and si is not None and si < len(sites) and sites[si]:
+            p, line, fn = sites[si]
+            out[(os.path.basename(p), line, fn)] = ({"path": p, "line": line, "function": fn}, n)
+    return out
+
+
+def ddp_subset_forwards(ranks: dict[int, dict]) -> tuple[list[int], dict | None]:
+    """Ranks that called the DDP model at a line no other rank ever called it at (and that line)."""
+    per = {r: ddp_forward_sites(st) for r, st in ranks.items() if not st.get("missing")}
+    if len(per) < 2:
+        return [], None
+    only: dict[tuple, list[int]] = {}
+    for r, sites in per.items():
+        for k in sites:
+            if sum(1 for o in per if k in per[o]) < len(per):
+                only.setdefault(k, []).append(r)
+    if not only:
+        return [], None
+    # the line run by the fewest ranks, most calls
+    k = min(only, key=lambda k: (len(only[k]), -sum(per[r][k][1] for r in only[k])))
+    return sorted(only[k]), per[only[k][0]][k][0]
+
+
+def diagnose_ddp_subset(ev: dict[str, Any]) -> list[Finding]:
+    """DDP202 from forward sites alone (for a failed job: a rank ran the DDP model where others never did)."""
+    ranks = _ranks(ev)
+    subset, site = ddp_subset_forwards(ranks)
+    if not subset:
+        return []
+    fwd = {str(r): st.get("forwards") for r, st in ranks.items()}
+    msg = (f"Rank {', '.join(map(str, subset))} called the DDP model at {where(site)}, where the other ranks never "
+           f"did (DDP forward calls per rank: {fwd}). Each DDP forward may broadcast buffers (BatchNorm running "
+           "stats) and prepares a gradient all-reduce, so these calls pair with the other ranks' unrelated "
+           "collectives: a hang or silently mixed training follows.")
+    return [Finding("DDP202", msg, FIX_202, location=loc(site), ranks=subset,
+                    evidence={"forwards": fwd, **_step_evidence(ranks)})]
+
+
 def classify_calls(calls: dict[int, dict], ranks: dict[int, dict]) -> tuple[str, list[int], dict | None]:
     """(code, ranks at fault, their site) for ranks that disagree at one collective position."""
     seen = {r: {(op, tuple(s) if s else None) for op, s in (ranks.get(r, {}).get("sites_seen") or [])}
@@ -115,6 +158,9 @@ def classify_calls(calls: dict[int, dict], ranks: dict[int, dict]) -> tuple[str,
     subset = [r for r, c in calls.items() if c and c["op"].startswith("ddp.forward") and unseen_by_others(r, c)]
     if subset:
         return "DDP202", subset, calls[subset[0]].get("site")
+    subset, site = ddp_subset_forwards({r: ranks.get(r, {}) for r in ranks})
+    if subset and any(c and c["op"].startswith("ddp.") for c in calls.values()):
+        return "DDP202", subset, site
     subset = [r for r, c in calls.items() if c and c["op"].startswith("ddp.") and c["op"] != "ddp.init(broadcast_params)"
               and unseen_by_others(r, c)]
     if subset and len(subset) < len(calls):

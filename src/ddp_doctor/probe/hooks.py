@@ -166,11 +166,12 @@ def _patch_ddp() -> None:
         try:
             REC.forwards += 1
             REC.progress += 1
+            site = user_site(sys._getframe(1))
+            key = ("ddp.forward", REC.site_index(site))
+            REC.site_counts[key] = REC.site_counts.get(key, 0) + 1
             if self._check_sync_bufs_pre_fwd():
                 entry = REC.coll_enter(_group_key(self.process_group), "ddp.forward(broadcast_buffers)", (), (),
-                                       user_site(sys._getframe(1)), "ddp")
-            else:
-                REC.site_index(user_site(sys._getframe(1)))
+                                       site, "ddp")
         except Exception:
             entry = None
         try:
@@ -381,6 +382,14 @@ def _patch_optimizer() -> None:
     register_optimizer_step_post_hook(_post)
 
 
+def _patch_perf() -> None:
+    try:
+        from ddp_doctor.probe import perf as _perf
+    except ImportError:
+        return
+    _perf.install(REC)
+
+
 def install(rec: Recorder) -> None:
     """Install every hook once; a hook that cannot be installed is skipped (training unaffected)."""
     global REC, _installed
@@ -395,7 +404,7 @@ def install(rec: Recorder) -> None:
     except Exception:
         return
     _register_stack_dump("rank")
-    for patch in (_patch_collectives, _patch_ddp, _patch_data, _patch_optimizer):
+    for patch in (_patch_collectives, _patch_ddp, _patch_data, _patch_optimizer, _patch_perf):
         try:
             patch()
         except Exception as e:  # pragma: no cover - depends on torch version

@@ -77,9 +77,10 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> dict[str, Any]:
         "sites": [None if s is None else [s[0], s[1], s[2]] for s in rec.sites],
         "site_counts": [[op, si, n] for (op, si), n in list(rec.site_counts.items())],
         "timing": {
-            "steps": rec.steps, "step_time_s": round(steps_time, 4), "data_wait_s": round(rec.data_wait_s, 4),
+            "steps": rec.steps, "step_time_s": round(rec.step_time_total, 4),
+            "step_time_last200_s": round(steps_time, 4), "data_wait_s": round(rec.data_wait_s, 4),
             "collective_s": round(rec.coll_time, 4),
-            "compute_s": round(max(0.0, steps_time - rec.data_wait_s - rec.coll_time), 4),
+            "compute_s": round(max(0.0, rec.step_time_total - rec.data_wait_s - rec.coll_time), 4),
         },
         "collectives": {"count": rec.coll_count, "time_s": round(rec.coll_time, 4)},
         "loaders": [{
@@ -94,6 +95,12 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> dict[str, Any]:
         "exc": rec.exc, "done": rec.done, "exit_code": rec.exit_code,
     }
     _ddp_unused(rec, state)
+    try:
+        from ddp_doctor.probe import perf as _perf
+
+        state.update(_perf.state(rec))
+    except Exception:
+        pass
     if with_stack:
         state["timeline"] = [{"t": round(t, 4), "kind": k, "dur": round(d, 5), "label": lab} for (t, k, d, lab) in list(rec.timeline)]
     return state

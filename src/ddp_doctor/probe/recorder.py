@@ -37,15 +37,28 @@ def _is_library(filename: str) -> bool:
         ("runpy.py", "threading.py", "contextlib.py", "functools.py"))
 
 
+_STDLIB = os.path.dirname(os.__file__) + os.sep
+
+
+def _is_third_party(filename: str) -> bool:
+    return "site-packages" in filename or "dist-packages" in filename or filename.startswith(_STDLIB)
+
+
 def user_site(frame) -> tuple[str, int, str] | None:
-    """(path, line, function) of the innermost frame outside torch, ddp_doctor and runpy."""
+    """(path, line, function) of the innermost user frame: outside torch, ddp_doctor, the stdlib and
+    site-packages (Lightning, accelerate...); failing that, the innermost frame outside torch/ddp_doctor."""
     f = frame
+    fallback = None
     while f is not None:
         code = f.f_code
-        if not _is_library(code.co_filename):
-            return (code.co_filename, f.f_lineno, code.co_name)
+        fn = code.co_filename
+        if not _is_library(fn):
+            if not _is_third_party(fn):
+                return (fn, f.f_lineno, code.co_name)
+            if fallback is None:
+                fallback = (fn, f.f_lineno, code.co_name)
         f = f.f_back
-    return None
+    return fallback
 
 
 def frames_of(frame, *, keep_library: bool = True) -> list[dict[str, Any]]:
@@ -120,6 +133,7 @@ class Recorder:
         self.backwards = 0
         self.steps = 0
         self.step_times: deque[float] = deque(maxlen=200)
+        self.step_time_total = 0.0
         self.last_step_t: float | None = None
         self.first_step_t: float | None = None
         self.loaders: list[LoaderRec] = []
@@ -186,6 +200,7 @@ class Recorder:
         if self.last_step_t is not None:
             dt = t - self.last_step_t
             self.step_times.append(dt)
+            self.step_time_total += dt
             self.timeline.append((self.now() - dt, "step", dt, f"step {self.steps}"))
         else:
             self.first_step_t = t

@@ -80,6 +80,8 @@ class RankView:
         self.workers: list[dict] = []
 
     def update(self, state: dict[str, Any], now: float) -> None:
+        if "timeline" not in state and self.state and "timeline" in self.state:
+            state["timeline"] = self.state["timeline"]  # periodic states omit it; keep the last full one
         self.state = state
         if state.get("progress", 0) != self.progress:
             self.progress = state.get("progress", 0)
@@ -100,6 +102,11 @@ class RankView:
                 del self.fps[k]
         for op, si, _n in state.get("site_counts") or []:
             self.sites_seen.add((op, sk(si)))
+
+    def started(self) -> bool:
+        """Has this rank begun distributed work (a collective, DDP, a batch)?  Imports don't count."""
+        st = self.state or {}
+        return bool(st.get("progress") or st.get("seq") or st.get("in_collective"))
 
     def busy(self) -> bool:
         """Working outside collectives: CPU time grows, or its Python line changes."""
@@ -143,6 +150,7 @@ class Watcher(threading.Thread):
         self.exit_posted: set[int] = set()
         self.acked: set[int] = set()
         self.last_limit = 0.0
+        self.not_started_since: float | None = None
 
     # -- reading -------------------------------------------------------------------
     def _get(self, key: str) -> str | None:
@@ -317,6 +325,13 @@ class Watcher(threading.Thread):
         finished = [v for v in seen if (v.state.get("done") or (v.exit and v.exit.get("exit_code") == 0))]
         last_progress = max(v.progress_t for v in seen)
         stalled = now - last_progress
+        if not all(v.started() for v in seen):
+            # a rank still importing / before its first collective: the clock starts when all have started
+            self.not_started_since = self.not_started_since or now
+            last_progress = max(last_progress, now if now - self.not_started_since < BUSY_S else 0)
+            stalled = now - last_progress
+        else:
+            self.not_started_since = None
         limit, how = self.hang_limit()
         self.last_limit = limit
         # 3. a rank finished while the others stall
