@@ -292,6 +292,8 @@ class Job:
             if late is not None:
                 decision = {**(decision or {}), **late}
         evidence = w.evidence()
+        evidence["lint"] = [{"code": f.code, "path": f.location.path, "line": f.location.line}
+                            for f in lint_findings if f.location]
         verdict, findings = diagnose(evidence, decision, self.failures)
         exit_code = 0
         if verdict == "crash":

@@ -65,11 +65,15 @@ class Probe:
         except Exception:
             pass
 
-    def finish(self, exit_code: int, exc: BaseException | None = None) -> None:
+    def finish(self, exit_code: int, exc: BaseException | None = None, exit_exc: BaseException | None = None) -> None:
         """Publish the end of the rank; a failing rank waits (<= 3 s) for the watcher to snapshot the others."""
         try:
             if exc is not None:
                 self.record_exception(exc)
+            elif isinstance(exit_exc, SystemExit):
+                self.record_exception(exit_exc)
+                self.rec.exit_site = (self.rec.exc or {}).get("location")
+                self.rec.exc = None
             self.rec.done = exc is None
             self.rec.exit_code = exit_code
             if self.publisher is not None:

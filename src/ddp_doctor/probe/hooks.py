@@ -270,6 +270,9 @@ def _patch_data() -> None:
             if rec is not None:
                 rec.epochs += 1
                 rec.steps_by_epoch.append(0)
+                rec.batches_by_epoch.append(0)
+                rec.skips_by_epoch.append(0)
+                rec.steps_at_batch = -1
                 s = rec.sampler
                 rec.sampler_epochs.append(getattr(s, "epoch", None))
                 if rec.length is None:
@@ -304,6 +307,11 @@ def _patch_data() -> None:
         try:
             dt = time.monotonic() - t
             rec.batches += 1
+            if rec.batches_by_epoch:
+                rec.batches_by_epoch[-1] += 1
+                if rec is REC.train_loader and rec.steps_at_batch == REC.steps:
+                    rec.skips_by_epoch[-1] += 1  # the previous batch led to no optimizer step
+            rec.steps_at_batch = REC.steps
             rec.data_wait_s += dt
             rec.batch_wait.append(dt)
             if REC.first_step_t is not None:
@@ -358,7 +366,8 @@ _dump_files: list = []
 
 
 def _register_stack_dump(kind: str) -> None:
-    """faulthandler on SIGUSR1 -> DIR/<kind>-<pid>.stack: stacks on request, even inside a blocked C call."""
+    """faulthandler on SIGUSR1 -> DIR/<kind>-<pid>.stack: stacks on request, even inside a blocked C call;
+    and on a fatal signal (SIGABRT from gloo's EnforceNotMet, SIGSEGV) unless the user enabled faulthandler."""
     try:
         d = os.environ.get("DDP_DOCTOR_DIR")
         if not d or not hasattr(signal, "SIGUSR1"):
@@ -366,6 +375,8 @@ def _register_stack_dump(kind: str) -> None:
         f = open(os.path.join(d, f"{kind}-{os.getpid()}.stack"), "w")
         _dump_files.append(f)
         faulthandler.register(signal.SIGUSR1, file=f, all_threads=True, chain=False)
+        if kind == "rank" and not faulthandler.is_enabled():
+            faulthandler.enable(file=f, all_threads=True)
     except Exception:
         pass
 

@@ -89,10 +89,12 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> dict[str, Any]:
             "epoch_start_s": [round(x, 4) for x in lr.epoch_start_s],
             "batch_wait_s": [round(x, 5) for x in lr.batch_wait],
             "steps_by_epoch": list(lr.steps_by_epoch[-100:]),
+            "batches_by_epoch": list(lr.batches_by_epoch[-100:]),
+            "skips_by_epoch": list(lr.skips_by_epoch[-100:]),
             "sampler": _sampler_state(lr), "worker_pids": list(lr.worker_pids),
         } for lr in list(rec.loaders)],
         "ddp": [dict(d) for d in rec.ddps],
-        "exc": rec.exc, "done": rec.done, "exit_code": rec.exit_code,
+        "exc": rec.exc, "done": rec.done, "exit_code": rec.exit_code, "exit_site": rec.exit_site,
     }
     _ddp_unused(rec, state)
     try:

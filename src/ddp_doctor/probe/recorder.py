@@ -81,7 +81,7 @@ class LoaderRec:
 
     __slots__ = ("site", "settings", "length", "epochs", "batches", "data_wait_s", "epoch_start_s",
                  "batch_wait", "steps_by_epoch", "sampler", "sampler_epochs", "worker_pids",
-                 "iter_t", "first_batch_pending", "idx")
+                 "iter_t", "first_batch_pending", "idx", "batches_by_epoch", "skips_by_epoch", "steps_at_batch")
 
     def __init__(self, idx: int, site, settings: dict[str, Any], sampler) -> None:
         self.idx = idx
@@ -94,6 +94,9 @@ class LoaderRec:
         self.epoch_start_s: deque[float] = deque(maxlen=100)
         self.batch_wait: deque[float] = deque(maxlen=200)
         self.steps_by_epoch: list[int] = []
+        self.batches_by_epoch: list[int] = []
+        self.skips_by_epoch: list[int] = []  # batches followed by no optimizer step before the next batch
+        self.steps_at_batch = -1
         self.sampler = sampler
         self.sampler_epochs: list[int | None] = []
         self.worker_pids: list[int] = []
@@ -146,6 +149,7 @@ class Recorder:
         self.pending_grad_sync: Any = None
         self.timeline: deque[tuple] = deque(maxlen=_TIMELINE)
         self.exc: dict[str, Any] | None = None
+        self.exit_site: dict[str, Any] | None = None  # where sys.exit() was called
         self.done = False
         self.exit_code: int | None = None
         self.version = 0  # bumped on notable changes (the publisher posts early)

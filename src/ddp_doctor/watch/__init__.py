@@ -26,6 +26,7 @@ from typing import Any, Callable
 import psutil
 
 POLL = 0.2
+FATAL = ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL")
 FLOOR_S = 5.0            # adaptive hang limit never below this
 FIRST_STEP_S = 10.0      # idle limit before the job's step time is known
 BUSY_S = 300.0           # allowance while a rank is busy outside collectives (checkpoint, eval)
@@ -212,6 +213,8 @@ class Watcher(threading.Thread):
             except Exception:
                 pass
             self.views[rank].exit = info
+            if info.get("signal") in FATAL:
+                self.views[rank].stack = self.fatal_stack(child.pid)
 
     # -- stacks --------------------------------------------------------------------
     def collect_stacks(self, wait_s: float = 1.5) -> None:
@@ -289,6 +292,16 @@ class Watcher(threading.Thread):
                 except OSError:
                     del sizes[pid]
         return out
+
+    def fatal_stack(self, pid: int) -> list[dict]:
+        """The stack faulthandler wrote when the rank died of SIGABRT/SIGSEGV (gloo EnforceNotMet, ...)."""
+        try:
+            with open(os.path.join(self.run_dir, f"rank-{pid}.stack"), encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            return []
+        i = text.rfind("Fatal Python error")
+        return parse_faulthandler(text[i:]) if i >= 0 else []
 
     # -- deciding ------------------------------------------------------------------
     def hang_limit(self) -> tuple[float, str]:
@@ -431,6 +444,9 @@ class Watcher(threading.Thread):
         ranks: dict[int, dict[str, Any]] = {}
         for r, v in self.views.items():
             st = dict(v.state or {"rank": r, "missing": True})
+            if not v.stack and (v.exit or {}).get("signal") in FATAL and st.get("pid"):
+                v.stack = self.fatal_stack(st["pid"])
+                st["fatal_stack"] = bool(v.stack)
             st["stack"] = v.stack
             st["threads"] = v.threads
             st["workers"] = v.workers
