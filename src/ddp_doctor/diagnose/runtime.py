@@ -36,6 +36,8 @@ def user_frame(stack: list[dict] | None) -> dict | None:
 
 def rank_site(st: dict[str, Any]) -> dict | None:
     """Best user line for where a rank is: its collective, its stack, its last sampled line."""
+    if (st.get("exit") or {}).get("signal") not in (None, "SIGTERM") and user_frame(st.get("stack")):
+        return user_frame(st.get("stack"))  # killed: its published state may be stale, its dump is not
     c = st.get("in_collective") or (st.get("exc") or {}).get("collective")
     if c and c.get("site"):
         return c["site"]
@@ -122,7 +124,7 @@ def ddp_subset_forwards(ranks: dict[int, dict]) -> tuple[list[int], dict | None]
         for k, (_s, n) in sites.items():
             others = [o for o in per if k not in per[o]]
             # the others must have done at least the forwards this rank did elsewhere (not merely be behind)
-            if others and all(fwd[o] >= fwd[r] - n for o in others):
+            if others and all(fwd[o] > 0 and fwd[o] >= fwd[r] - n for o in others):
                 only.setdefault(k, []).append(r)
     if not only:
         return [], None
@@ -154,9 +156,13 @@ def classify_calls(calls: dict[int, dict], ranks: dict[int, dict]) -> tuple[str,
     def key(site):
         return (os.path.basename(site["path"]), site["line"], site.get("function")) if site else None
 
+    # a rank killed by a signal published its last state up to 0.25 s before: what it "never ran" is unknown
+    reliable = {o for o in calls if (ranks.get(o, {}).get("exit") or {}).get("signal") in (None, "SIGTERM")}
+
     def unseen_by_others(r, c):
         k = (c["op"], key(c.get("site")))
-        return all(k not in seen[o] for o in calls if o != r and calls[o] is not None) if len(calls) > 1 else False
+        others = [o for o in calls if o != r and calls[o] is not None and o in reliable]
+        return bool(others) and all(k not in seen[o] for o in others)
 
     subset = [r for r, c in calls.items() if c and c["op"].startswith("ddp.forward") and unseen_by_others(r, c)]
     if subset:
@@ -545,7 +551,18 @@ def diagnose_exit(ev: dict[str, Any], d: dict[str, Any]) -> list[Finding]:
                            evidence={"finished": done, "waiting": {str(r): doing(st) for r, st in waiting.items()},
                                      **_step_evidence(ranks)}))
         return out
-    for r in _root_ranks(ranks)[:4]:
+    roots = _root_ranks(ranks)
+    same_exc = [r for r in roots if ranks[r].get("exc")]
+    if len(same_exc) > 1:  # every such rank raised the same exception at the same line: one finding
+        e = ranks[same_exc[0]]["exc"]
+        others = _others_text(ranks, set(same_exc))
+        msg = (f"Ranks {', '.join(map(str, same_exc))} raised {e['type']}: {e['message']} at "
+               f"{where(e.get('location'))}." + (f" Meanwhile: {others}." if others else ""))
+        out.append(Finding("DDP204", msg, "Fix the exception on that line (full traceback in the report's rank "
+                           "entries).", location=loc(e.get("location")), ranks=same_exc,
+                           evidence={"exception": e, **_step_evidence(ranks)}))
+        roots = [r for r in roots if r not in same_exc]
+    for r in roots[:4]:
         st = ranks[r]
         ex = st.get("exit") or {}
         others = _others_text(ranks, {r})
