@@ -156,6 +156,7 @@ class Job:
         self.procs: list = []
         self.leftovers: list[int] = []
         self.failures: dict[int, dict[str, Any]] = {}
+        self.nnodes = 1
 
     # -- side channel ----------------------------------------------------------------
     def open_store(self) -> bool:
@@ -170,6 +171,7 @@ class Job:
             nnodes_max = torchrun.parse_min_max_nnodes(a.nnodes)[1]
         except Exception:
             pass
+        self.nnodes = nnodes_max
         if nnodes_max <= 1 or a.standalone:
             self.store, port = host_store(0)
             self.store_addr = f"127.0.0.1:{port}"
@@ -385,14 +387,24 @@ class Job:
         from ddp_doctor.report import write_json
 
         if not is_host:
-            try:
-                if self.store.check(["ddpd/report"]):
-                    report = json.loads(self.store.get("ddpd/report"))
-            except Exception:
-                pass
+            # one job, one diagnosis: take the hosting node's report (it names global ranks)
+            end = time.monotonic() + 20
+            while time.monotonic() < end:
+                try:
+                    if self.store.check(["ddpd/report"]):
+                        report = json.loads(self.store.get("ddpd/report"))
+                        self.store.add("ddpd/report_read", 1)
+                        break
+                except Exception:
+                    break
+                time.sleep(0.2)
         else:
             try:
                 self.store.set("ddpd/report", json.dumps(report))
+                followers = self.nnodes - 1
+                end = time.monotonic() + (10 if followers > 0 else 0)
+                while followers > 0 and time.monotonic() < end and self.store.add("ddpd/report_read", 0) < followers:
+                    time.sleep(0.2)
             except Exception:
                 pass
         try:
