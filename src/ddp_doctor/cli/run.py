@@ -158,6 +158,14 @@ class Job:
         self.failures: dict[int, dict[str, Any]] = {}
         self.nnodes = 1
 
+    @classmethod
+    def for_report(cls, watcher, *, argv: list[str], script: str, t0: float, nnodes: str = "1") -> "Job":
+        """A Job that only assembles a report from ``watcher`` (the embedded watcher of watch.embedded)."""
+        job = cls({}, argparse.Namespace(nnodes=nnodes, training_script=script, max_restarts=0), argv)
+        job.watcher = watcher
+        job.t0 = t0
+        return job
+
     # -- side channel ----------------------------------------------------------------
     def open_store(self) -> bool:
         """Host the store (single node, or the first node of a multi-node job); else join it."""
@@ -386,7 +394,7 @@ class Job:
     def emit(self, report: dict[str, Any], is_host: bool) -> int:
         from ddp_doctor.report import write_json
 
-        if not is_host:
+        if not is_host and self.store is not None:
             # one job, one diagnosis: take the hosting node's report (it names global ranks)
             end = time.monotonic() + 20
             while time.monotonic() < end:
@@ -398,7 +406,7 @@ class Job:
                 except Exception:
                     break
                 time.sleep(0.2)
-        else:
+        elif self.store is not None and self.own:
             try:
                 self.store.set("ddpd/report", json.dumps(report))
                 followers = self.nnodes - 1

@@ -31,11 +31,28 @@ class Probe:
         hooks.install(self.rec)
         self.publisher = None
         addr = os.environ.get("DDP_DOCTOR_STORE")
+        if not addr and int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("DDP_DOCTOR_EMBEDDED", "1") != "0":
+            addr = self._embedded()
         if addr:
             from ddp_doctor.probe.publisher import Publisher
 
             self.publisher = Publisher(self.rec, addr)
             self.publisher.start()
+
+    def _embedded(self) -> str | None:
+        """No ddp-doctor launcher around us: rank 0 hosts the side channel and the watcher (watch.embedded)."""
+        try:
+            from ddp_doctor.watch import embedded
+
+            addr = embedded.side_channel_address()
+            if addr and self.rec.rank == 0:
+                embedded.start_in_rank0(addr)
+            if addr:
+                os.environ["DDP_DOCTOR_STORE_EMBEDDED"] = "1"
+            return addr
+        except Exception as e:
+            print(f"ddp-doctor probe: no side channel ({e!r}); recording only", file=sys.stderr)
+            return None
 
     def record_exception(self, exc: BaseException) -> None:
         """Note the exception that ends the rank: type, message, innermost user frame, traceback."""

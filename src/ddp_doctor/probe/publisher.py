@@ -175,12 +175,31 @@ class Publisher(threading.Thread):
                 self.store.set(f"ddpd/rank/{self.rec.rank}", data)
                 self.store.set(f"ddpd/stack/{self.rec.rank}/{req}", json.dumps(stacks))
 
+    def _check_stop(self) -> None:
+        """Embedded mode: the watcher in rank 0 decided; end this rank (and its loader workers)."""
+        if os.environ.get("DDP_DOCTOR_STORE_EMBEDDED") != "1":
+            return
+        with self.lock:
+            stop = self.store.check(["ddpd/stop"])
+        if stop:
+            import signal
+
+            try:
+                import psutil
+
+                for c in psutil.Process().children(recursive=True):
+                    c.terminate()
+            except Exception:
+                pass
+            os.kill(os.getpid(), signal.SIGTERM)
+
     def run(self) -> None:
         failures = 0
         while not self.stopped.is_set():
             try:
                 self.publish()
                 self._answer_requests()
+                self._check_stop()
                 failures = 0
             except Exception:
                 failures += 1
