@@ -33,7 +33,7 @@ CASES = {
     #  a barrier mid-training, an explicit --hang-timeout with loader-worker stacks, DDP102 + timing, SIGKILL)
     "barrier_rank0": ("hang", None, {"DDP201": ([0], True)}, []),
     "sigkill_rank1": ("crash", 137, {"DDP204": ([1], False)}, []),  # killed anywhere: no line to check
-    "loader_stall": ("hang", None, {"DDP205": ([0, 1], True)}, ["--hang-timeout", "4"]),
+    "loader_stall": ("hang", None, {"DDP205": ([0, 1], True)}, ["--hang-timeout", "8"]),
     "no_set_epoch": ("ok", 0, {"DDP102": ([0, 1], True)}, []),
 }
 
