@@ -301,6 +301,14 @@ class Job:
                 late = None
             if late is not None:
                 decision = {**(decision or {}), **late}
+        from ddp_doctor.watch import FATAL
+
+        for r, info in self.failures.items():  # exits the agent reaped before the watcher saw them
+            v = w.views.get(r)
+            if v is not None and v.state and not v.exit:
+                v.exit = info
+                if info.get("signal") in FATAL and not v.stack and v.state.get("pid"):
+                    v.stack = w.fatal_stack(v.state["pid"])
         evidence = w.evidence()
         evidence["lint"] = [{"code": f.code, "path": f.location.path, "line": f.location.line}
                             for f in lint_findings if f.location]

@@ -30,7 +30,8 @@ def diagnose(evidence: dict[str, Any], decision: dict[str, Any] | None,
     findings: list[Finding] = []
     verdict = "ok"
     if reason == "desync":
-        verdict = "crash" if _failed(ranks) else ("hang" if decision.get("blocked") else "desync")
+        failed = decision["failed"] if "failed" in decision else _failed(ranks)
+        verdict = "crash" if failed else ("hang" if decision.get("blocked") else "desync")
         findings += runtime.diagnose_desync(evidence, decision)
     elif reason == "hang":
         verdict = "hang"

@@ -479,11 +479,14 @@ def diagnose_fatal_collective(ev: dict[str, Any]) -> list[Finding]:
     """A rank aborted inside a collective (gloo EnforceNotMet on a mismatch): compare with where the others were."""
     ranks = _ranks(ev)
     calls = {}
+    fatal_ops = {c["op"] for c in (_fatal_call(st) for st in ranks.values()) if c}
     for r, st in ranks.items():
         c = _fatal_call(st) or st.get("in_collective") or (st.get("exc") or {}).get("collective")
+        if not c and (st.get("last_collective") or {}).get("op") in fatal_ops:
+            c = st["last_collective"]  # it got through the same call (gloo paired it), then failed on the result
         if c:
             calls[r] = c
-    if not any(_fatal_call(st) for st in ranks.values()) or len(calls) < 2:
+    if not fatal_ops or len(calls) < 2:
         return []
     code, fault, site = classify_calls(calls, ranks)
     f = _finding_for_calls(code, fault, site, calls, ranks, "world", "?",

@@ -415,6 +415,9 @@ class Watcher(threading.Thread):
                 print(f"ddp-doctor: watcher error: {e!r}")
             if decision is not None and self.decision is None:
                 decision["t_detect"] = time.monotonic()
+                # failures after this moment are consequences of the stop, not the verdict
+                decision["failed"] = any((v.state or {}).get("exc") or (v.exit or {}).get("signal")
+                                         or (v.exit or {}).get("exit_code") not in (None, 0) for v in self.views.values())
                 with self.lock:
                     self.collect_stacks()
                     self.ack_all()
