@@ -20,7 +20,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 from ddp_doctor.report import REPORT_JSON_SCHEMA  # noqa: E402
 
-pytestmark = pytest.mark.scenario
+pytestmark = [pytest.mark.scenario, pytest.mark.timeout(900)]
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = HERE / "scripts"

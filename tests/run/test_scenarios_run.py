@@ -20,7 +20,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 from ddp_doctor.report import REPORT_JSON_SCHEMA  # noqa: E402
 
-pytestmark = pytest.mark.scenario
+pytestmark = [pytest.mark.scenario, pytest.mark.timeout(1800)]  # one fixture runs every job
 NAMES = manifest.names(issue="run")
 PARALLEL = int(os.environ.get("DDP_DOCTOR_TEST_PARALLEL", "4"))
 
