@@ -256,6 +256,9 @@ class Job:
         if not is_host:
             threading.Thread(target=self.follower_loop, daemon=True).start()
         job_error: BaseException | None = None
+        live_stop = threading.Event()
+        if not self.own.get("--quiet"):
+            threading.Thread(target=self._live, args=(live_stop,), daemon=True, name="ddp-doctor-live").start()
         self.launching = True
         try:
             try:
@@ -273,6 +276,7 @@ class Job:
                 self.procs = _descendants()
                 self.leftovers = _kill_all(self.procs, self.grace)
         t_end = time.monotonic()
+        live_stop.set()
         self.watcher.stopping.set()
         self.watcher.join(timeout=5)
         if self.stop_requested.is_set():
@@ -287,6 +291,19 @@ class Job:
             pass
         report = self.build_report(job_error, lint_findings, t_end)
         return self.emit(report, is_host)
+
+    def _live(self, stop: threading.Event) -> None:
+        """Feed the report's LiveView (one row per rank) from the watcher's states, once a second."""
+        try:
+            from ddp_doctor.report.terminal import LiveView
+        except ImportError:
+            return
+        try:
+            with LiveView(self.watcher.world_size, file=sys.stderr) as view:
+                while not stop.wait(1.0) and not self.stop_requested.is_set():
+                    view.update(live_rows(self.watcher))
+        except Exception:
+            pass
 
     def build_report(self, job_error, lint_findings, t_end) -> dict[str, Any]:
         from ddp_doctor.diagnose import diagnose
@@ -441,6 +458,27 @@ class Job:
         if not self.own.get("--quiet"):
             _print(report)
         return int(report["exit_code"])
+
+
+def live_rows(watcher) -> list[dict[str, Any]]:
+    """LiveView rows from the watcher's latest states (plain data; the view formats)."""
+    rows = []
+    for r, v in sorted(watcher.views.items()):
+        st = v.state or {}
+        times = st.get("step_times") or []
+        tm = st.get("timing") or {}
+        c = st.get("in_collective")
+        w = (c or {}).get("site") or st.get("where") or {}
+        rows.append({
+            "rank": r,
+            "state": ("finished" if st.get("done") else "in " + c["op"] if c else
+                      "data wait" if st.get("in_data_wait") else "running" if st else "starting"),
+            "epoch": st.get("epoch"), "step": st.get("step"),
+            "steps_per_s": round(len(times[-20:]) / sum(times[-20:]), 2) if times and sum(times[-20:]) > 0 else None,
+            "data_wait_pct": round(100 * tm["data_wait_s"] / tm["step_time_s"], 1) if tm.get("step_time_s") else None,
+            "where": f"{os.path.basename(w['path'])}:{w['line']}" if w.get("path") else "",
+        })
+    return rows
 
 
 def _print(report: dict[str, Any]) -> None:
