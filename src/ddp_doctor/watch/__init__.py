@@ -459,7 +459,7 @@ class Watcher(threading.Thread):
             st["sites_seen"] = sorted([op, list(s) if s else None] for op, s in v.sites_seen)
             ranks[r] = st
         return {"world_size": self.world_size, "wall_s": round(time.monotonic() - self.started, 3),
-                "ranks": ranks, "hang_limit_s": self.last_limit or self.hang_limit()[0],
+                "ranks": ranks, "hang_limit_s": self.hang_limit()[0],
                 "hang_limit_how": self.hang_limit()[1]}
 
 
