@@ -358,6 +358,10 @@ class Watcher(threading.Thread):
             return None
         busy = [v.rank for v in live if v.busy()]
         eff = limit if (self.hang_timeout or not busy) else max(limit, BUSY_S)
+        if busy and not any((v.state or {}).get("step") for v in seen):
+            # start-up (imports, DDP construction importing dynamo, first compile): even an explicit
+            # --hang-timeout does not count while a rank visibly works before the first step
+            eff = max(eff, BUSY_S)
         cur = {json.dumps([(v.state.get("in_collective") or {}).get(k) for k in ("group", "seq", "op")]) for v in live}
         if not self.hang_timeout and len(live) == self.world_size and len(cur) == 1 and live[0].state.get("in_collective"):
             # every rank is inside the very same collective: the program agrees; the transport is slow
