@@ -150,10 +150,21 @@ class Job:
         self.watcher = None
         self.store = None
         self.stop_requested = threading.Event()
+        self.stop_lock = threading.Lock()
+        self.launching = False
         self.stop_t: float | None = None
         self.procs: list = []
         self.leftovers: list[int] = []
         self.failures: dict[int, dict[str, Any]] = {}
+        self.nnodes = 1
+
+    @classmethod
+    def for_report(cls, watcher, *, argv: list[str], script: str, t0: float, nnodes: str = "1") -> "Job":
+        """A Job that only assembles a report from ``watcher`` (the embedded watcher of watch.embedded)."""
+        job = cls({}, argparse.Namespace(nnodes=nnodes, training_script=script, max_restarts=0), argv)
+        job.watcher = watcher
+        job.t0 = t0
+        return job
 
     # -- side channel ----------------------------------------------------------------
     def open_store(self) -> bool:
@@ -168,6 +179,7 @@ class Job:
             nnodes_max = torchrun.parse_min_max_nnodes(a.nnodes)[1]
         except Exception:
             pass
+        self.nnodes = nnodes_max
         if nnodes_max <= 1 or a.standalone:
             self.store, port = host_store(0)
             self.store_addr = f"127.0.0.1:{port}"
@@ -205,7 +217,9 @@ class Job:
         self.procs = _descendants()
         # torch's own shutdown path: the agent's SIGTERM handler raises SignalException in the main
         # thread and the agent terminates every rank's process group (ranks + loader workers).
-        os.kill(os.getpid(), signal.SIGTERM)
+        with self.stop_lock:
+            if self.launching:
+                os.kill(os.getpid(), signal.SIGTERM)
         threading.Thread(target=self._reap, daemon=True, name="ddp-doctor-stop").start()
 
     def _reap(self) -> None:
@@ -242,8 +256,19 @@ class Job:
         if not is_host:
             threading.Thread(target=self.follower_loop, daemon=True).start()
         job_error: BaseException | None = None
+        live_stop = threading.Event()
+        if not self.own.get("--quiet"):
+            threading.Thread(target=self._live, args=(live_stop,), daemon=True, name="ddp-doctor-live").start()
+        self.launching = True
         try:
-            launch.launch(a, "ddp_doctor.probe")
+            try:
+                launch.launch(a, "ddp_doctor.probe")
+            finally:
+                # a stop decided just as the job ended must not interrupt the report
+                with self.stop_lock:
+                    self.launching = False
+                if threading.current_thread() is threading.main_thread():
+                    signal.signal(signal.SIGTERM, lambda *_: None)
         except BaseException as e:  # ChildFailedError, SignalException, KeyboardInterrupt
             job_error = e
             self.failures = _failures(e)
@@ -251,6 +276,7 @@ class Job:
                 self.procs = _descendants()
                 self.leftovers = _kill_all(self.procs, self.grace)
         t_end = time.monotonic()
+        live_stop.set()
         self.watcher.stopping.set()
         self.watcher.join(timeout=5)
         if self.stop_requested.is_set():
@@ -266,14 +292,43 @@ class Job:
         report = self.build_report(job_error, lint_findings, t_end)
         return self.emit(report, is_host)
 
+    def _live(self, stop: threading.Event) -> None:
+        """Feed the report's LiveView (one row per rank) from the watcher's states, once a second."""
+        try:
+            from ddp_doctor.report.terminal import LiveView
+        except ImportError:
+            return
+        try:
+            with LiveView(self.watcher.world_size, file=sys.stderr) as view:
+                while not stop.wait(1.0) and not self.stop_requested.is_set():
+                    view.update(live_rows(self.watcher))
+        except Exception:
+            pass
+
     def build_report(self, job_error, lint_findings, t_end) -> dict[str, Any]:
         from ddp_doctor.diagnose import diagnose
 
         w = self.watcher
         decision = w.decision
+        if decision is None or (decision.get("reason") == "exit" and not decision.get("finished")):
+            # ranks that failed together inside one collective: their final states may show the mismatch
+            try:
+                late = w.find_desync()
+            except Exception:
+                late = None
+            if late is not None:
+                decision = {**(decision or {}), **late}
+        from ddp_doctor.watch import FATAL
+
+        for r, info in self.failures.items():  # exits the agent reaped before the watcher saw them
+            v = w.views.get(r)
+            if v is not None and v.state and not v.exit:
+                v.exit = info
+                if info.get("signal") in FATAL and not v.stack and v.state.get("pid"):
+                    v.stack = w.fatal_stack(v.state["pid"])
         evidence = w.evidence()
-        if decision is None and job_error is not None and not self.failures and type(job_error).__name__ != "ChildFailedError":
-            decision = None
+        evidence["lint"] = [{"code": f.code, "path": f.location.path, "line": f.location.line}
+                            for f in lint_findings if f.location]
         verdict, findings = diagnose(evidence, decision, self.failures)
         exit_code = 0
         if verdict == "crash":
@@ -364,15 +419,25 @@ class Job:
     def emit(self, report: dict[str, Any], is_host: bool) -> int:
         from ddp_doctor.report import write_json
 
-        if not is_host:
-            try:
-                if self.store.check(["ddpd/report"]):
-                    report = json.loads(self.store.get("ddpd/report"))
-            except Exception:
-                pass
-        else:
+        if not is_host and self.store is not None:
+            # one job, one diagnosis: take the hosting node's report (it names global ranks)
+            end = time.monotonic() + 20
+            while time.monotonic() < end:
+                try:
+                    if self.store.check(["ddpd/report"]):
+                        report = json.loads(self.store.get("ddpd/report"))
+                        self.store.add("ddpd/report_read", 1)
+                        break
+                except Exception:
+                    break
+                time.sleep(0.2)
+        elif self.store is not None and self.own:
             try:
                 self.store.set("ddpd/report", json.dumps(report))
+                followers = self.nnodes - 1
+                end = time.monotonic() + (10 if followers > 0 else 0)
+                while followers > 0 and time.monotonic() < end and self.store.add("ddpd/report_read", 0) < followers:
+                    time.sleep(0.2)
             except Exception:
                 pass
         try:
@@ -393,6 +458,27 @@ class Job:
         if not self.own.get("--quiet"):
             _print(report)
         return int(report["exit_code"])
+
+
+def live_rows(watcher) -> list[dict[str, Any]]:
+    """LiveView rows from the watcher's latest states (plain data; the view formats)."""
+    rows = []
+    for r, v in sorted(watcher.views.items()):
+        st = v.state or {}
+        times = st.get("step_times") or []
+        tm = st.get("timing") or {}
+        c = st.get("in_collective")
+        w = (c or {}).get("site") or st.get("where") or {}
+        rows.append({
+            "rank": r,
+            "state": ("finished" if st.get("done") else "in " + c["op"] if c else
+                      "data wait" if st.get("in_data_wait") else "running" if st else "starting"),
+            "epoch": st.get("epoch"), "step": st.get("step"),
+            "steps_per_s": round(len(times[-20:]) / sum(times[-20:]), 2) if times and sum(times[-20:]) > 0 else None,
+            "data_wait_pct": round(100 * tm["data_wait_s"] / tm["step_time_s"], 1) if tm.get("step_time_s") else None,
+            "where": f"{os.path.basename(w['path'])}:{w['line']}" if w.get("path") else "",
+        })
+    return rows
 
 
 def _print(report: dict[str, Any]) -> None:

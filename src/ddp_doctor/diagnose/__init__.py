@@ -30,20 +30,28 @@ def diagnose(evidence: dict[str, Any], decision: dict[str, Any] | None,
     findings: list[Finding] = []
     verdict = "ok"
     if reason == "desync":
-        verdict = "crash" if _failed(ranks) else ("hang" if decision.get("blocked") else "desync")
+        failed = decision["failed"] if "failed" in decision else _failed(ranks)
+        verdict = "crash" if failed else ("hang" if decision.get("blocked") else "desync")
         findings += runtime.diagnose_desync(evidence, decision)
     elif reason == "hang":
         verdict = "hang"
         findings += runtime.diagnose_hang(evidence, decision)
-    elif reason == "exit" or _failed(ranks):
-        finished = bool((decision or {}).get("finished"))
-        verdict = "hang" if finished else "crash"
+    elif reason == "exit" or _failed(ranks) or runtime.finished_case(ranks, decision):
+        verdict = "crash"
+        if runtime.finished_case(ranks, decision):
+            # a rank left early: sys.exit() is an exit (crash); a loop left early is uneven steps (desync)
+            done_exit = [st for st in ranks.values() if st.get("done") and st.get("exit_site")]
+            verdict = "crash" if done_exit else "desync"
+        else:
+            findings += runtime.diagnose_fatal_collective(evidence)
         findings += runtime.diagnose_exit(evidence, decision or {"reason": "exit"})
     if reason is None and not _failed(ranks):
         uneven = runtime.diagnose_steps(evidence)  # uneven steps the job survived: silently wrong model
         if uneven:
             verdict = "desync"
             findings += uneven
+    if verdict != "ok" and not any(f.code == "DDP202" for f in findings):
+        findings = runtime.diagnose_ddp_subset(evidence) + findings
     findings += runtime.diagnose_sampler(evidence)
     if verdict == "ok":
         findings += _perf(evidence)

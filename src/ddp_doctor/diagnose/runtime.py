@@ -36,6 +36,8 @@ def user_frame(stack: list[dict] | None) -> dict | None:
 
 def rank_site(st: dict[str, Any]) -> dict | None:
     """Best user line for where a rank is: its collective, its stack, its last sampled line."""
+    if (st.get("exit") or {}).get("signal") not in (None, "SIGTERM") and user_frame(st.get("stack")):
+        return user_frame(st.get("stack"))  # killed: its published state may be stale, its dump is not
     c = st.get("in_collective") or (st.get("exc") or {}).get("collective")
     if c and c.get("site"):
         return c["site"]
@@ -100,6 +102,52 @@ FIX_101 = ("Make every rank run the same number of steps: agree on skips/early s
 
 
 # -- DDP201 / DDP202 / DDP203 ------------------------------------------------------------
+def ddp_forward_sites(st: dict[str, Any]) -> dict[tuple, tuple[dict, int]]:
+    """{(file name, line, function): (site, calls)} of the DDP model's forward calls on one rank."""
+    sites = st.get("sites") or []
+    out = {}
+    for op, si, n in st.get("site_counts") or []:
+        if op == "ddp.forward" and si is not None and si < len(sites) and sites[si]:
+            p, line, fn = sites[si]
+            out[(os.path.basename(p), line, fn)] = ({"path": p, "line": line, "function": fn}, n)
+    return out
+
+
+def ddp_subset_forwards(ranks: dict[int, dict]) -> tuple[list[int], dict | None]:
+    """Ranks that called the DDP model at a line no other rank ever called it at (and that line)."""
+    per = {r: ddp_forward_sites(st) for r, st in ranks.items() if not st.get("missing")}
+    if len(per) < 2:
+        return [], None
+    only: dict[tuple, list[int]] = {}
+    fwd = {r: ranks[r].get("forwards") or 0 for r in per}
+    for r, sites in per.items():
+        for k, (_s, n) in sites.items():
+            others = [o for o in per if k not in per[o]]
+            # the others must have done at least the forwards this rank did elsewhere (not merely be behind)
+            if others and all(fwd[o] > 0 and fwd[o] >= fwd[r] - n for o in others):
+                only.setdefault(k, []).append(r)
+    if not only:
+        return [], None
+    # the line run by the fewest ranks, most calls
+    k = min(only, key=lambda k: (len(only[k]), -sum(per[r][k][1] for r in only[k])))
+    return sorted(only[k]), per[only[k][0]][k][0]
+
+
+def diagnose_ddp_subset(ev: dict[str, Any]) -> list[Finding]:
+    """DDP202 from forward sites alone (for a failed job: a rank ran the DDP model where others never did)."""
+    ranks = _ranks(ev)
+    subset, site = ddp_subset_forwards(ranks)
+    if not subset:
+        return []
+    fwd = {str(r): st.get("forwards") for r, st in ranks.items()}
+    msg = (f"Rank {', '.join(map(str, subset))} called the DDP model at {where(site)}, where the other ranks never "
+           f"did (DDP forward calls per rank: {fwd}). Each DDP forward may broadcast buffers (BatchNorm running "
+           "stats) and prepares a gradient all-reduce, so these calls pair with the other ranks' unrelated "
+           "collectives: a hang or silently mixed training follows.")
+    return [Finding("DDP202", msg, FIX_202, location=loc(site), ranks=subset,
+                    evidence={"forwards": fwd, **_step_evidence(ranks)})]
+
+
 def classify_calls(calls: dict[int, dict], ranks: dict[int, dict]) -> tuple[str, list[int], dict | None]:
     """(code, ranks at fault, their site) for ranks that disagree at one collective position."""
     seen = {r: {(op, tuple(s) if s else None) for op, s in (ranks.get(r, {}).get("sites_seen") or [])}
@@ -108,26 +156,38 @@ def classify_calls(calls: dict[int, dict], ranks: dict[int, dict]) -> tuple[str,
     def key(site):
         return (os.path.basename(site["path"]), site["line"], site.get("function")) if site else None
 
+    # a rank killed by a signal published its last state up to 0.25 s before: what it "never ran" is unknown
+    reliable = {o for o in calls if (ranks.get(o, {}).get("exit") or {}).get("signal") in (None, "SIGTERM")}
+
     def unseen_by_others(r, c):
         k = (c["op"], key(c.get("site")))
-        return all(k not in seen[o] for o in calls if o != r and calls[o] is not None) if len(calls) > 1 else False
+        others = [o for o in calls if o != r and calls[o] is not None and o in reliable]
+        return bool(others) and all(k not in seen[o] for o in others)
 
     subset = [r for r, c in calls.items() if c and c["op"].startswith("ddp.forward") and unseen_by_others(r, c)]
     if subset:
         return "DDP202", subset, calls[subset[0]].get("site")
+    subset, site = ddp_subset_forwards({r: ranks.get(r, {}) for r in ranks})
+    if subset and any(c and c["op"].startswith("ddp.") for c in calls.values()):
+        return "DDP202", subset, site
     subset = [r for r, c in calls.items() if c and c["op"].startswith("ddp.") and c["op"] != "ddp.init(broadcast_params)"
               and unseen_by_others(r, c)]
     if subset and len(subset) < len(calls):
         return "DDP202", subset, calls[subset[0]].get("site")
     subset = [r for r, c in calls.items() if c and not c["op"].startswith("ddp.") and unseen_by_others(r, c)]
-    if subset and len(subset) < len(calls):
+    if subset and len(subset) < len(calls) and all(not c or c["op"].startswith("ddp.") or r in subset
+                                                   for r, c in calls.items()):
         return "DDP201", subset, calls[subset[0]].get("site")
     # same op/site, disagreeing shapes or dtypes; or different ops both sides know
     groups: dict[tuple, list[int]] = {}
     for r, c in calls.items():
         if c:
             groups.setdefault((c["op"], tuple(c.get("shapes") or ()), tuple(c.get("dtypes") or ())), []).append(r)
-    minority = min(groups.values(), key=len) if groups else []
+    sizes = {len(v) for v in groups.values()}
+    if len(sizes) == 1:  # no majority to blame: every rank is part of the mismatch
+        minority = sorted(r for v in groups.values() for r in v)
+    else:
+        minority = min(groups.values(), key=len) if groups else []
     site = calls[minority[0]].get("site") if minority else None
     return "DDP203", minority, site
 
@@ -159,46 +219,84 @@ def _finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group
 def diagnose_desync(ev: dict[str, Any], d: dict[str, Any]) -> list[Finding]:
     ranks = _ranks(ev)
     kind = d.get("kind")
+    lint = ev.get("lint") or []
     if kind == "steps" and "steps" in d and "calls" not in d:
-        return [_uneven_steps(ranks, d["epoch"], {int(k): v for k, v in d["steps"].items()}, "detected as it happened")]
+        return [_uneven_steps(ranks, d["epoch"], {int(k): v for k, v in d["steps"].items()}, "detected as it happened",
+                              lint=lint)]
     calls = {int(r): c for r, c in d.get("calls", {}).items()}
     if kind == "steps":
         eps = {r: (c.get("epoch"), c.get("step_in_epoch")) for r, c in calls.items()}
         behind = sorted(calls, key=lambda r: eps[r])
         site = calls[behind[0]].get("site")
         txt = "; ".join(f"rank {r} in epoch {e} after {s} steps" for r, (e, s) in sorted(eps.items()))
-        msg = (f"The ranks' collective #{d['seq']} on {d['group']} ({calls[behind[0]]['op']} at {where(site)}) "
-               f"pairs different training steps: {txt}. One rank ran more steps than another in an epoch, and the "
-               "gradient all-reduces now average different iterations (gloo pairs them silently); the job hangs or "
-               "crashes later. Detected as it happened.")
+        how = (f"collective #{d['seq']} on {d['group']} ({calls[behind[0]]['op']} at {where(site)}) pairs different "
+               f"training steps: {txt}; detected as it happened")
         ahead = max(eps.values())  # the rank(s) already in a later epoch ran fewer steps in the earlier one
         fewer = sorted(r for r, e in eps.items() if e == ahead) if len(set(eps.values())) > 1 else sorted(calls)
-        return [Finding("DDP101", msg, FIX_101, location=loc(site), ranks=fewer,
-                        evidence={"group": d["group"], "seq": d["seq"], "calls": {str(r): c for r, c in calls.items()},
-                                  **_step_evidence(ranks)})]
+        epoch = min(e for e, _ in eps.values())
+        steps = {r: (st.get("steps_by_epoch") or [0] * (epoch + 1))[epoch] if len(st.get("steps_by_epoch") or []) > epoch
+                 else 0 for r, st in ranks.items()}
+        f = _uneven_steps(ranks, epoch, steps, how, lint=lint, fallback=fewer, near=site)
+        f.evidence.update({"group": d["group"], "seq": d["seq"], "calls": {str(r): c for r, c in calls.items()}})
+        return [f]
     code, fault, site = classify_calls(calls, ranks)
     return [_finding_for_calls(code, fault, site, calls, ranks, d["group"], d["seq"],
                                "Detected as it happened, before any timeout")]
 
 
-def _uneven_steps(ranks, epoch, steps: dict[int, int], how: str) -> Finding:
+def _train_loader(st: dict[str, Any]) -> dict[str, Any]:
+    lds = st.get("loaders") or []
+    tl = st.get("train_loader")
+    return lds[tl] if tl is not None and tl < len(lds) else {}
+
+
+def _lint_line(lint: list[dict], code: str, near: dict | None, path_hint: str | None) -> dict | None:
+    """The lint finding of ``code`` in the user's script nearest to ``near`` (the statically located cause)."""
+    base = os.path.basename((near or {}).get("path") or path_hint or "")
+    cands = [f for f in lint if f.get("code") == code and (not base or os.path.basename(f["path"]) == base)]
+    if not cands:
+        return None
+    line = (near or {}).get("line") or 0
+    best = min(cands, key=lambda f: abs(f["line"] - line))
+    return {"path": best["path"], "line": best["line"], "function": None}
+
+
+def _uneven_steps(ranks, epoch, steps: dict[int, int], how: str, *, lint=None, fallback=None, near=None) -> Finding:
+    """DDP101: which ranks are the cause (skipped batches / uneven data / fewer steps) and where."""
     hi = max(steps.values())
     fewer = sorted(r for r, n in steps.items() if n != hi)
-    site = None
-    for st in ranks.values():
-        tl = st.get("train_loader")
-        if tl is not None and st.get("loaders"):
-            site = st["loaders"][tl].get("site")
-            break
-    lens = {str(r): (st.get("loaders") or [{}])[st.get("train_loader") or 0].get("len") if st.get("loaders") else None
-            for r, st in ranks.items()}
+    tls = {r: _train_loader(st) for r, st in ranks.items()}
+    site = next((t.get("site") for t in tls.values() if t.get("site")), None)
+    skips = {r: sum(t.get("skips_by_epoch") or []) for r, t in tls.items()}
+    lens = {r: t.get("len") for r, t in tls.items()}
+    known = {n for n in lens.values() if isinstance(n, int) and n >= 0}
+    first_batches = {r: (t.get("batches_by_epoch") or [None])[0] for r, t in tls.items()
+                     if len(t.get("batches_by_epoch") or []) > 1}
+    if skips and max(skips.values()) > min(skips.values()):
+        cause, culprits = "skip", sorted(r for r, n in skips.items() if n > min(skips.values()))
+    elif len(known) > 1 or (len(first_batches) == len(ranks) and len(set(first_batches.values())) > 1):
+        cause, culprits = "data", sorted(ranks)
+    else:
+        cause, culprits = "steps", (fallback or fewer or sorted(steps))
+    location = site
+    if cause != "data":
+        location = _lint_line(lint or [], "DDP101", near or (site and {"path": site["path"], "line": 0}),
+                              (site or {}).get("path")) or near or site
     txt = ", ".join(f"rank {r}: {n}" for r, n in sorted(steps.items()))
-    msg = (f"In epoch {epoch} the ranks ran different numbers of optimizer steps ({txt}); len(loader) per rank: "
-           f"{lens}. DDP all-reduces gradients once per step, so the extra steps pair with the next epoch's "
-           f"(gradients of different iterations averaged) until the job hangs or crashes; {how}.")
-    return Finding("DDP101", msg, FIX_101, location=loc(site), ranks=fewer or sorted(steps),
+    why = {"skip": f"rank {', '.join(map(str, culprits))} skipped batches without an optimizer step "
+                   f"(skipped per rank: {dict(sorted(skips.items()))})",
+           "data": f"the ranks' loaders yield different numbers of batches (len(loader) per rank: "
+                   f"{dict(sorted(lens.items()))})",
+           "steps": f"rank {', '.join(map(str, culprits))} left the epoch early"}[cause]
+    msg = (f"In epoch {epoch} the ranks ran different numbers of optimizer steps ({txt}): {why}. DDP all-reduces "
+           "gradients once per step, so the extra steps pair with the other ranks' next ones (gradients of "
+           f"different iterations averaged) until the job hangs or crashes; {how}.")
+    if cause != "data" and location is not None and location is not site and location is not near:
+        msg += " The line shown is where ddp-doctor lint located the rank-local skip."
+    return Finding("DDP101", msg, FIX_101, location=loc(location), ranks=culprits,
                    evidence={"epoch": epoch, "steps_in_epoch": {str(r): n for r, n in steps.items()},
-                             "loader_len": lens, **_step_evidence(ranks)})
+                             "cause": cause, "skipped_batches": {str(r): n for r, n in skips.items()},
+                             "loader_len": {str(r): n for r, n in lens.items()}, **_step_evidence(ranks)})
 
 
 def diagnose_steps(ev: dict[str, Any]) -> list[Finding]:
@@ -211,10 +309,10 @@ def diagnose_steps(ev: dict[str, Any]) -> list[Finding]:
     for e in range(n):
         vals = {r: c[e] for r, c in counts.items()}
         if len(set(vals.values())) > 1:
-            return [_uneven_steps(ranks, e, vals, "the job ran on: its model is silently wrong")]
+            return [_uneven_steps(ranks, e, vals, "the job ran on: its model is silently wrong", lint=ev.get("lint"))]
     totals = {r: st.get("step") or 0 for r, st in ranks.items()}
     if len(set(totals.values())) > 1:
-        return [_uneven_steps(ranks, "(all)", totals, "the job ran on: its model is silently wrong")]
+        return [_uneven_steps(ranks, "(all)", totals, "the job ran on: its model is silently wrong", lint=ev.get("lint"))]
     return []
 
 
@@ -281,7 +379,7 @@ def diagnose_hang(ev: dict[str, Any], d: dict[str, Any]) -> list[Finding]:
             if len({c["op"] for c in calls.values()}) == 1 and len(seqs) > 1:
                 steps = {r: st.get("step") or 0 for r, st in live.items()}
                 if len(set(steps.values())) > 1:
-                    return [_uneven_steps(ranks, "(all)", steps, how.lower())]
+                    return [_uneven_steps(ranks, "(all)", steps, how.lower(), lint=ev.get("lint"))]
             code, fault, site = classify_calls(calls, ranks)
             seq = min(c["seq"] for c in calls.values())
             group = next(iter(calls.values()))["group"]
@@ -340,7 +438,9 @@ def _root_ranks(ranks: dict[int, dict]) -> list[int]:
     exc = [r for r, st in ranks.items() if st.get("exc")]
     own = sorted((r for r in exc if not ranks[r]["exc"].get("collective")), key=lambda r: ranks[r]["exc"].get("t") or 0)
     if own:
-        return own[:1]
+        first = ranks[own[0]]["exc"]
+        key = (first.get("type"), (first.get("location") or {}).get("line"))
+        return [r for r in own if (ranks[r]["exc"].get("type"), (ranks[r]["exc"].get("location") or {}).get("line")) == key]
     sig = [r for r, st in ranks.items() if (st.get("exit") or {}).get("signal") not in (None, "SIGTERM")]
     if sig:
         return sorted(sig)
@@ -360,11 +460,60 @@ def _finished_early(ranks: dict[int, dict]) -> list[int]:
     return sorted(done) if done and stuck else []
 
 
+C10D_MARKERS = (os.sep + "distributed" + os.sep + "distributed_c10d.py", os.sep + "distributed" + os.sep + "c10d_logger.py")
+
+
+def _fatal_call(st: dict[str, Any]) -> dict | None:
+    """{op, site} of the collective a rank was inside when a fatal signal (gloo abort) killed it."""
+    if (st.get("exit") or {}).get("signal") not in ("SIGABRT", "SIGSEGV", "SIGBUS"):
+        return None
+    stack = st.get("stack") or []
+    c10d = [f for f in stack if f["path"].endswith(C10D_MARKERS[0])]
+    if not c10d:
+        return None
+    return {"op": c10d[-1]["function"], "shapes": [], "dtypes": [], "site": user_frame(stack), "group": "world",
+            "seq": None}
+
+
+def diagnose_fatal_collective(ev: dict[str, Any]) -> list[Finding]:
+    """A rank aborted inside a collective (gloo EnforceNotMet on a mismatch): compare with where the others were."""
+    ranks = _ranks(ev)
+    calls = {}
+    fatal_ops = {c["op"] for c in (_fatal_call(st) for st in ranks.values()) if c}
+    for r, st in ranks.items():
+        c = _fatal_call(st) or st.get("in_collective") or (st.get("exc") or {}).get("collective")
+        if not c and (st.get("last_collective") or {}).get("op") in fatal_ops:
+            c = st["last_collective"]  # it got through the same call (gloo paired it), then failed on the result
+        if c:
+            calls[r] = c
+    if not fatal_ops or len(calls) < 2:
+        return []
+    code, fault, site = classify_calls(calls, ranks)
+    f = _finding_for_calls(code, fault, site, calls, ranks, "world", "?",
+                           "gloo aborted the process (SIGABRT) on the mismatch")
+    return [f]
+
+
+def finished_case(ranks: dict[int, dict], d: dict[str, Any] | None) -> bool:
+    """A rank ended (normally or by sys.exit) while others waited for it, and nothing else failed first."""
+    if (d or {}).get("finished"):
+        return True
+    if not _finished_early(ranks):
+        return False
+    for st in ranks.values():
+        exc = st.get("exc")
+        if exc and not exc.get("collective"):
+            return False  # a rank raised on its own: that is the story
+        if (st.get("exit") or {}).get("signal") not in (None, "SIGTERM"):
+            return False  # a rank was killed
+    return True
+
+
 def diagnose_exit(ev: dict[str, Any], d: dict[str, Any]) -> list[Finding]:
     ranks = _ranks(ev)
+    lint = ev.get("lint") or []
     out: list[Finding] = []
-    if d.get("finished") or (_finished_early(ranks) and not [
-            r for r in _root_ranks(ranks) if not (ranks[r].get("exc") or {}).get("collective")]):
+    if finished_case(ranks, d):
         done = sorted(r for r, st in ranks.items() if st.get("done") or (st.get("exit") or {}).get("exit_code") == 0)
         waiting = {r: st for r, st in ranks.items() if r not in done}
         steps = {r: st.get("step") or 0 for r, st in ranks.items()}
@@ -373,6 +522,7 @@ def diagnose_exit(ev: dict[str, Any], d: dict[str, Any]) -> list[Finding]:
                    f"{steps[done[0]]} steps while the others still train: {_others_text(ranks, set(done))}. "
                    "Their next collective has no partner.")
             site = next((rank_site(st) for st in waiting.values() if rank_site(st)), None)
+            site = _lint_line(lint, "DDP101", site, None) or site
             out.append(Finding("DDP101", msg, FIX_101, location=loc(site), ranks=done,
                                evidence={"finished": done, **_step_evidence(ranks)}))
         if len(set(steps.values())) > 1:
@@ -382,17 +532,21 @@ def diagnose_exit(ev: dict[str, Any], d: dict[str, Any]) -> list[Finding]:
                 vals = {r: c[e] for r, c in counts.items()}
                 if len(set(vals.values())) > 1:
                     out.append(_uneven_steps(ranks, e, vals, "the rank that ran out of steps finished and the "
-                                                              "others wait for it forever"))
+                                                              "others wait for it forever", lint=lint))
                     break
             else:
                 out.append(_uneven_steps(ranks, "(all)", steps, "the rank with fewer steps finished and the others "
-                                                              "wait for it forever"))
+                                                              "wait for it forever", lint=lint))
         site = None
         for st in waiting.values():
             site = rank_site(st)
             if site:
                 break
-        msg = (f"Rank {', '.join(map(str, done))} finished while the others still wait: {_others_text(ranks, set(done))}.")
+        exit_site = next((ranks[r].get("exit_site") for r in done if ranks[r].get("exit_site")), None)
+        if exit_site:
+            site = exit_site
+        msg = (f"Rank {', '.join(map(str, done))} " + (f"called sys.exit() at {where(exit_site)}" if exit_site else
+               "finished") + f" while the others still wait: {_others_text(ranks, set(done))}.")
         out.append(Finding("DDP204", msg, FIX_101 if len(set(steps.values())) > 1 else
                            "Make every rank leave the training loop at the same step (agree on early stops with "
                            "`ddp_doctor.fixes.agree(...)`).",
@@ -400,7 +554,18 @@ def diagnose_exit(ev: dict[str, Any], d: dict[str, Any]) -> list[Finding]:
                            evidence={"finished": done, "waiting": {str(r): doing(st) for r, st in waiting.items()},
                                      **_step_evidence(ranks)}))
         return out
-    for r in _root_ranks(ranks)[:4]:
+    roots = _root_ranks(ranks)
+    same_exc = [r for r in roots if ranks[r].get("exc")]
+    if len(same_exc) > 1:  # every such rank raised the same exception at the same line: one finding
+        e = ranks[same_exc[0]]["exc"]
+        others = _others_text(ranks, set(same_exc))
+        msg = (f"Ranks {', '.join(map(str, same_exc))} raised {e['type']}: {e['message']} at "
+               f"{where(e.get('location'))}." + (f" Meanwhile: {others}." if others else ""))
+        out.append(Finding("DDP204", msg, "Fix the exception on that line (full traceback in the report's rank "
+                           "entries).", location=loc(e.get("location")), ranks=same_exc,
+                           evidence={"exception": e, **_step_evidence(ranks)}))
+        roots = [r for r in roots if r not in same_exc]
+    for r in roots[:4]:
         st = ranks[r]
         ex = st.get("exit") or {}
         others = _others_text(ranks, {r})

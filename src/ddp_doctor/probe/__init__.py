@@ -31,11 +31,28 @@ class Probe:
         hooks.install(self.rec)
         self.publisher = None
         addr = os.environ.get("DDP_DOCTOR_STORE")
+        if not addr and int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("DDP_DOCTOR_EMBEDDED", "1") != "0":
+            addr = self._embedded()
         if addr:
             from ddp_doctor.probe.publisher import Publisher
 
             self.publisher = Publisher(self.rec, addr)
             self.publisher.start()
+
+    def _embedded(self) -> str | None:
+        """No ddp-doctor launcher around us: rank 0 hosts the side channel and the watcher (watch.embedded)."""
+        try:
+            from ddp_doctor.watch import embedded
+
+            addr = embedded.side_channel_address()
+            if addr and self.rec.rank == 0:
+                embedded.start_in_rank0(addr)
+            if addr:
+                os.environ["DDP_DOCTOR_STORE_EMBEDDED"] = "1"
+            return addr
+        except Exception as e:
+            print(f"ddp-doctor probe: no side channel ({e!r}); recording only", file=sys.stderr)
+            return None
 
     def record_exception(self, exc: BaseException) -> None:
         """Note the exception that ends the rank: type, message, innermost user frame, traceback."""
@@ -65,11 +82,15 @@ class Probe:
         except Exception:
             pass
 
-    def finish(self, exit_code: int, exc: BaseException | None = None) -> None:
+    def finish(self, exit_code: int, exc: BaseException | None = None, exit_exc: BaseException | None = None) -> None:
         """Publish the end of the rank; a failing rank waits (<= 3 s) for the watcher to snapshot the others."""
         try:
             if exc is not None:
                 self.record_exception(exc)
+            elif isinstance(exit_exc, SystemExit):
+                self.record_exception(exit_exc)
+                self.rec.exit_site = (self.rec.exc or {}).get("location")
+                self.rec.exc = None
             self.rec.done = exc is None
             self.rec.exit_code = exit_code
             if self.publisher is not None:

@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
             runpy.run_path(os.path.abspath(target), run_name="__main__")
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        probe.finish(code, e if code else None)
+        probe.finish(code, e if code else None, exit_exc=e)
         raise
     except BaseException as e:
         probe.finish(1, e)

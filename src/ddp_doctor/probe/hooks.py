@@ -166,11 +166,12 @@ def _patch_ddp() -> None:
         try:
             REC.forwards += 1
             REC.progress += 1
+            site = user_site(sys._getframe(1))
+            key = ("ddp.forward", REC.site_index(site))
+            REC.site_counts[key] = REC.site_counts.get(key, 0) + 1
             if self._check_sync_bufs_pre_fwd():
                 entry = REC.coll_enter(_group_key(self.process_group), "ddp.forward(broadcast_buffers)", (), (),
-                                       user_site(sys._getframe(1)), "ddp")
-            else:
-                REC.site_index(user_site(sys._getframe(1)))
+                                       site, "ddp")
         except Exception:
             entry = None
         try:
@@ -269,6 +270,9 @@ def _patch_data() -> None:
             if rec is not None:
                 rec.epochs += 1
                 rec.steps_by_epoch.append(0)
+                rec.batches_by_epoch.append(0)
+                rec.skips_by_epoch.append(0)
+                rec.steps_at_batch = -1
                 s = rec.sampler
                 rec.sampler_epochs.append(getattr(s, "epoch", None))
                 if rec.length is None:
@@ -303,6 +307,11 @@ def _patch_data() -> None:
         try:
             dt = time.monotonic() - t
             rec.batches += 1
+            if rec.batches_by_epoch:
+                rec.batches_by_epoch[-1] += 1
+                if rec is REC.train_loader and rec.steps_at_batch == REC.steps:
+                    rec.skips_by_epoch[-1] += 1  # the previous batch led to no optimizer step
+            rec.steps_at_batch = REC.steps
             rec.data_wait_s += dt
             rec.batch_wait.append(dt)
             if REC.first_step_t is not None:
@@ -357,7 +366,8 @@ _dump_files: list = []
 
 
 def _register_stack_dump(kind: str) -> None:
-    """faulthandler on SIGUSR1 -> DIR/<kind>-<pid>.stack: stacks on request, even inside a blocked C call."""
+    """faulthandler on SIGUSR1 -> DIR/<kind>-<pid>.stack: stacks on request, even inside a blocked C call;
+    and on a fatal signal (SIGABRT from gloo's EnforceNotMet, SIGSEGV) unless the user enabled faulthandler."""
     try:
         d = os.environ.get("DDP_DOCTOR_DIR")
         if not d or not hasattr(signal, "SIGUSR1"):
@@ -365,6 +375,8 @@ def _register_stack_dump(kind: str) -> None:
         f = open(os.path.join(d, f"{kind}-{os.getpid()}.stack"), "w")
         _dump_files.append(f)
         faulthandler.register(signal.SIGUSR1, file=f, all_threads=True, chain=False)
+        if kind == "rank" and not faulthandler.is_enabled():
+            faulthandler.enable(file=f, all_threads=True)
     except Exception:
         pass
 
@@ -381,6 +393,14 @@ def _patch_optimizer() -> None:
     register_optimizer_step_post_hook(_post)
 
 
+def _patch_perf() -> None:
+    try:
+        from ddp_doctor.probe import perf as _perf
+    except ImportError:
+        return
+    _perf.install(REC)
+
+
 def install(rec: Recorder) -> None:
     """Install every hook once; a hook that cannot be installed is skipped (training unaffected)."""
     global REC, _installed
@@ -395,7 +415,7 @@ def install(rec: Recorder) -> None:
     except Exception:
         return
     _register_stack_dump("rank")
-    for patch in (_patch_collectives, _patch_ddp, _patch_data, _patch_optimizer):
+    for patch in (_patch_collectives, _patch_ddp, _patch_data, _patch_optimizer, _patch_perf):
         try:
             patch()
         except Exception as e:  # pragma: no cover - depends on torch version

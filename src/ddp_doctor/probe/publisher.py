@@ -77,9 +77,10 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> dict[str, Any]:
         "sites": [None if s is None else [s[0], s[1], s[2]] for s in rec.sites],
         "site_counts": [[op, si, n] for (op, si), n in list(rec.site_counts.items())],
         "timing": {
-            "steps": rec.steps, "step_time_s": round(steps_time, 4), "data_wait_s": round(rec.data_wait_s, 4),
+            "steps": rec.steps, "step_time_s": round(rec.step_time_total, 4),
+            "step_time_last200_s": round(steps_time, 4), "data_wait_s": round(rec.data_wait_s, 4),
             "collective_s": round(rec.coll_time, 4),
-            "compute_s": round(max(0.0, steps_time - rec.data_wait_s - rec.coll_time), 4),
+            "compute_s": round(max(0.0, rec.step_time_total - rec.data_wait_s - rec.coll_time), 4),
         },
         "collectives": {"count": rec.coll_count, "time_s": round(rec.coll_time, 4)},
         "loaders": [{
@@ -88,12 +89,20 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> dict[str, Any]:
             "epoch_start_s": [round(x, 4) for x in lr.epoch_start_s],
             "batch_wait_s": [round(x, 5) for x in lr.batch_wait],
             "steps_by_epoch": list(lr.steps_by_epoch[-100:]),
+            "batches_by_epoch": list(lr.batches_by_epoch[-100:]),
+            "skips_by_epoch": list(lr.skips_by_epoch[-100:]),
             "sampler": _sampler_state(lr), "worker_pids": list(lr.worker_pids),
         } for lr in list(rec.loaders)],
         "ddp": [dict(d) for d in rec.ddps],
-        "exc": rec.exc, "done": rec.done, "exit_code": rec.exit_code,
+        "exc": rec.exc, "done": rec.done, "exit_code": rec.exit_code, "exit_site": rec.exit_site,
     }
     _ddp_unused(rec, state)
+    try:
+        from ddp_doctor.probe import perf as _perf
+
+        state.update(_perf.state(rec))
+    except Exception:
+        pass
     if with_stack:
         state["timeline"] = [{"t": round(t, 4), "kind": k, "dur": round(d, 5), "label": lab} for (t, k, d, lab) in list(rec.timeline)]
     return state
@@ -166,12 +175,31 @@ class Publisher(threading.Thread):
                 self.store.set(f"ddpd/rank/{self.rec.rank}", data)
                 self.store.set(f"ddpd/stack/{self.rec.rank}/{req}", json.dumps(stacks))
 
+    def _check_stop(self) -> None:
+        """Embedded mode: the watcher in rank 0 decided; end this rank (and its loader workers)."""
+        if os.environ.get("DDP_DOCTOR_STORE_EMBEDDED") != "1":
+            return
+        with self.lock:
+            stop = self.store.check(["ddpd/stop"])
+        if stop:
+            import signal
+
+            try:
+                import psutil
+
+                for c in psutil.Process().children(recursive=True):
+                    c.terminate()
+            except Exception:
+                pass
+            os.kill(os.getpid(), signal.SIGTERM)
+
     def run(self) -> None:
         failures = 0
         while not self.stopped.is_set():
             try:
                 self.publish()
                 self._answer_requests()
+                self._check_stop()
                 failures = 0
             except Exception:
                 failures += 1

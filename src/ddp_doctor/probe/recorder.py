@@ -37,15 +37,28 @@ def _is_library(filename: str) -> bool:
         ("runpy.py", "threading.py", "contextlib.py", "functools.py"))
 
 
+_STDLIB = os.path.dirname(os.__file__) + os.sep
+
+
+def _is_third_party(filename: str) -> bool:
+    return "site-packages" in filename or "dist-packages" in filename or filename.startswith(_STDLIB)
+
+
 def user_site(frame) -> tuple[str, int, str] | None:
-    """(path, line, function) of the innermost frame outside torch, ddp_doctor and runpy."""
+    """(path, line, function) of the innermost user frame: outside torch, ddp_doctor, the stdlib and
+    site-packages (Lightning, accelerate...); failing that, the innermost frame outside torch/ddp_doctor."""
     f = frame
+    fallback = None
     while f is not None:
         code = f.f_code
-        if not _is_library(code.co_filename):
-            return (code.co_filename, f.f_lineno, code.co_name)
+        fn = code.co_filename
+        if not _is_library(fn):
+            if not _is_third_party(fn):
+                return (fn, f.f_lineno, code.co_name)
+            if fallback is None:
+                fallback = (fn, f.f_lineno, code.co_name)
         f = f.f_back
-    return None
+    return fallback
 
 
 def frames_of(frame, *, keep_library: bool = True) -> list[dict[str, Any]]:
@@ -68,7 +81,7 @@ class LoaderRec:
 
     __slots__ = ("site", "settings", "length", "epochs", "batches", "data_wait_s", "epoch_start_s",
                  "batch_wait", "steps_by_epoch", "sampler", "sampler_epochs", "worker_pids",
-                 "iter_t", "first_batch_pending", "idx")
+                 "iter_t", "first_batch_pending", "idx", "batches_by_epoch", "skips_by_epoch", "steps_at_batch")
 
     def __init__(self, idx: int, site, settings: dict[str, Any], sampler) -> None:
         self.idx = idx
@@ -81,6 +94,9 @@ class LoaderRec:
         self.epoch_start_s: deque[float] = deque(maxlen=100)
         self.batch_wait: deque[float] = deque(maxlen=200)
         self.steps_by_epoch: list[int] = []
+        self.batches_by_epoch: list[int] = []
+        self.skips_by_epoch: list[int] = []  # batches followed by no optimizer step before the next batch
+        self.steps_at_batch = -1
         self.sampler = sampler
         self.sampler_epochs: list[int | None] = []
         self.worker_pids: list[int] = []
@@ -120,6 +136,7 @@ class Recorder:
         self.backwards = 0
         self.steps = 0
         self.step_times: deque[float] = deque(maxlen=200)
+        self.step_time_total = 0.0
         self.last_step_t: float | None = None
         self.first_step_t: float | None = None
         self.loaders: list[LoaderRec] = []
@@ -132,6 +149,7 @@ class Recorder:
         self.pending_grad_sync: Any = None
         self.timeline: deque[tuple] = deque(maxlen=_TIMELINE)
         self.exc: dict[str, Any] | None = None
+        self.exit_site: dict[str, Any] | None = None  # where sys.exit() was called
         self.done = False
         self.exit_code: int | None = None
         self.version = 0  # bumped on notable changes (the publisher posts early)
@@ -186,6 +204,7 @@ class Recorder:
         if self.last_step_t is not None:
             dt = t - self.last_step_t
             self.step_times.append(dt)
+            self.step_time_total += dt
             self.timeline.append((self.now() - dt, "step", dt, f"step {self.steps}"))
         else:
             self.first_step_t = t

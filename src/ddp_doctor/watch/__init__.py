@@ -26,6 +26,7 @@ from typing import Any, Callable
 import psutil
 
 POLL = 0.2
+FATAL = ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL")
 FLOOR_S = 5.0            # adaptive hang limit never below this
 FIRST_STEP_S = 10.0      # idle limit before the job's step time is known
 BUSY_S = 300.0           # allowance while a rank is busy outside collectives (checkpoint, eval)
@@ -80,6 +81,8 @@ class RankView:
         self.workers: list[dict] = []
 
     def update(self, state: dict[str, Any], now: float) -> None:
+        if "timeline" not in state and self.state and "timeline" in self.state:
+            state["timeline"] = self.state["timeline"]  # periodic states omit it; keep the last full one
         self.state = state
         if state.get("progress", 0) != self.progress:
             self.progress = state.get("progress", 0)
@@ -100,6 +103,11 @@ class RankView:
                 del self.fps[k]
         for op, si, _n in state.get("site_counts") or []:
             self.sites_seen.add((op, sk(si)))
+
+    def started(self) -> bool:
+        """Has this rank begun distributed work (a collective, DDP, a batch)?  Imports don't count."""
+        st = self.state or {}
+        return bool(st.get("progress") or st.get("seq") or st.get("in_collective"))
 
     def busy(self) -> bool:
         """Working outside collectives: CPU time grows, or its Python line changes."""
@@ -143,6 +151,7 @@ class Watcher(threading.Thread):
         self.exit_posted: set[int] = set()
         self.acked: set[int] = set()
         self.last_limit = 0.0
+        self.not_started_since: float | None = None
 
     # -- reading -------------------------------------------------------------------
     def _get(self, key: str) -> str | None:
@@ -204,6 +213,8 @@ class Watcher(threading.Thread):
             except Exception:
                 pass
             self.views[rank].exit = info
+            if info.get("signal") in FATAL:
+                self.views[rank].stack = self.fatal_stack(child.pid)
 
     # -- stacks --------------------------------------------------------------------
     def collect_stacks(self, wait_s: float = 1.5) -> None:
@@ -226,57 +237,71 @@ class Watcher(threading.Thread):
                     pending.discard(r)
             time.sleep(0.05)
         self.read_states()
-        # fall back to faulthandler for silent local ranks; and the workers' stacks
+        # fall back to faulthandler for silent local ranks; and the workers' stacks (all signalled at once)
         pid_of = {r: pid for pid, r in self.local_pids.items()}
+        wanted: list[tuple[int, str, int]] = []  # (pid, kind, rank)
         for r in pending:
-            pid = pid_of.get(r)
-            if pid:
-                frames = self._signal_dump(pid, "rank")
-                if frames:
-                    self.views[r].stack = frames
+            if pid_of.get(r):
+                wanted.append((pid_of[r], "rank", r))
         for r, v in self.views.items():
             if (v.state or {}).get("host") != _HOST:
                 continue
-            pids = sorted({p for ld in (v.state or {}).get("loaders", []) for p in ld.get("worker_pids", [])})
-            pid = pid_of.get(r)
-            if pid:
+            pids = {p for ld in (v.state or {}).get("loaders", []) for p in ld.get("worker_pids", [])}
+            if pid_of.get(r):
                 try:
-                    pids = sorted(set(pids) | {c.pid for c in psutil.Process(pid).children()})
+                    pids |= {c.pid for c in psutil.Process(pid_of[r]).children()}
                 except psutil.Error:
                     pass
-            workers = []
-            for wp in pids:
-                if not os.path.exists(os.path.join(self.run_dir, f"worker-{wp}.stack")):
-                    continue
-                frames = self._signal_dump(wp, "worker")
-                workers.append({"pid": wp, "stack": frames})
-            v.workers = workers
+            for wp in sorted(pids):
+                if os.path.exists(os.path.join(self.run_dir, f"worker-{wp}.stack")):
+                    wanted.append((wp, "worker", r))
+        dumps = self._signal_dumps([(pid, kind) for pid, kind, _ in wanted])
+        for r in self.views:
+            self.views[r].workers = []
+        for pid, kind, r in wanted:
+            frames = dumps.get(pid) or []
+            if kind == "rank":
+                if frames:
+                    self.views[r].stack = frames
+            else:
+                self.views[r].workers.append({"pid": pid, "stack": frames})
 
-    def _signal_dump(self, pid: int, kind: str) -> list[dict]:
-        path = os.path.join(self.run_dir, f"{kind}-{pid}.stack")
-        if not os.path.exists(path):
-            return []
-        try:
-            before = os.path.getsize(path)
-            os.kill(pid, signal.SIGUSR1)
-        except OSError:
-            return []
-        end = time.monotonic() + 1.0
-        while time.monotonic() < end:
-            time.sleep(0.05)
+    def _signal_dumps(self, targets: list[tuple[int, str]], wait_s: float = 2.0) -> dict[int, list[dict]]:
+        """SIGUSR1 every target (faulthandler writes DIR/<kind>-<pid>.stack), then read what they wrote."""
+        sizes: dict[int, tuple[str, int]] = {}
+        for pid, kind in targets:
+            path = os.path.join(self.run_dir, f"{kind}-{pid}.stack")
             try:
-                if os.path.getsize(path) > before:
-                    time.sleep(0.05)
-                    break
+                before = os.path.getsize(path)
+                os.kill(pid, signal.SIGUSR1)
+                sizes[pid] = (path, before)
             except OSError:
-                return []
+                continue
+        out: dict[int, list[dict]] = {}
+        end = time.monotonic() + wait_s
+        while sizes and time.monotonic() < end:
+            time.sleep(0.05)
+            for pid, (path, before) in list(sizes.items()):
+                try:
+                    if os.path.getsize(path) > before:
+                        time.sleep(0.05)
+                        with open(path, encoding="utf-8", errors="replace") as f:
+                            f.seek(before)
+                            out[pid] = parse_faulthandler(f.read())
+                        del sizes[pid]
+                except OSError:
+                    del sizes[pid]
+        return out
+
+    def fatal_stack(self, pid: int) -> list[dict]:
+        """The stack faulthandler wrote when the rank died of SIGABRT/SIGSEGV (gloo EnforceNotMet, ...)."""
         try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                f.seek(before)
+            with open(os.path.join(self.run_dir, f"rank-{pid}.stack"), encoding="utf-8", errors="replace") as f:
                 text = f.read()
         except OSError:
             return []
-        return parse_faulthandler(text)
+        i = text.rfind("Fatal Python error")
+        return parse_faulthandler(text[i:]) if i >= 0 else []
 
     # -- deciding ------------------------------------------------------------------
     def hang_limit(self) -> tuple[float, str]:
@@ -313,6 +338,13 @@ class Watcher(threading.Thread):
         finished = [v for v in seen if (v.state.get("done") or (v.exit and v.exit.get("exit_code") == 0))]
         last_progress = max(v.progress_t for v in seen)
         stalled = now - last_progress
+        if not all(v.started() for v in seen):
+            # a rank still importing / before its first collective: the clock starts when all have started
+            self.not_started_since = self.not_started_since or now
+            last_progress = max(last_progress, now if now - self.not_started_since < BUSY_S else 0)
+            stalled = now - last_progress
+        else:
+            self.not_started_since = None
         limit, how = self.hang_limit()
         self.last_limit = limit
         # 3. a rank finished while the others stall
@@ -326,10 +358,19 @@ class Watcher(threading.Thread):
             return None
         busy = [v.rank for v in live if v.busy()]
         eff = limit if (self.hang_timeout or not busy) else max(limit, BUSY_S)
+        if busy and not any((v.state or {}).get("step") for v in seen):
+            # start-up (imports, DDP construction importing dynamo, first compile): even an explicit
+            # --hang-timeout does not count while a rank visibly works before the first step
+            eff = max(eff, BUSY_S)
+        cur = {json.dumps([(v.state.get("in_collective") or {}).get(k) for k in ("group", "seq", "op")]) for v in live}
+        if not self.hang_timeout and len(live) == self.world_size and len(cur) == 1 and live[0].state.get("in_collective"):
+            # every rank is inside the very same collective: the program agrees; the transport is slow
+            eff, how = max(eff, BUSY_S), "every rank inside the same collective: waiting for the transport"
+        if busy and eff > limit and "transport" not in how:
+            how = f"busy ranks {busy} (CPU or Python line moving): extended to {eff:g}s"
         if stalled > eff:
             return {"reason": "hang", "stalled_s": round(stalled, 2), "limit_s": round(eff, 2),
-                    "limit_how": how if eff == limit else f"busy ranks {busy}: extended to {BUSY_S:g}s",
-                    "busy": busy}
+                    "limit_how": how, "busy": busy}
         return None
 
     def find_desync(self) -> dict[str, Any] | None:
@@ -378,6 +419,9 @@ class Watcher(threading.Thread):
                 print(f"ddp-doctor: watcher error: {e!r}")
             if decision is not None and self.decision is None:
                 decision["t_detect"] = time.monotonic()
+                # failures after this moment are consequences of the stop, not the verdict
+                decision["failed"] = any((v.state or {}).get("exc") or (v.exit or {}).get("signal")
+                                         or (v.exit or {}).get("exit_code") not in (None, 0) for v in self.views.values())
                 with self.lock:
                     self.collect_stacks()
                     self.ack_all()
@@ -407,6 +451,9 @@ class Watcher(threading.Thread):
         ranks: dict[int, dict[str, Any]] = {}
         for r, v in self.views.items():
             st = dict(v.state or {"rank": r, "missing": True})
+            if not v.stack and (v.exit or {}).get("signal") in FATAL and st.get("pid"):
+                v.stack = self.fatal_stack(st["pid"])
+                st["fatal_stack"] = bool(v.stack)
             st["stack"] = v.stack
             st["threads"] = v.threads
             st["workers"] = v.workers
@@ -416,7 +463,7 @@ class Watcher(threading.Thread):
             st["sites_seen"] = sorted([op, list(s) if s else None] for op, s in v.sites_seen)
             ranks[r] = st
         return {"world_size": self.world_size, "wall_s": round(time.monotonic() - self.started, 3),
-                "ranks": ranks, "hang_limit_s": self.last_limit or self.hang_limit()[0],
+                "ranks": ranks, "hang_limit_s": self.hang_limit()[0],
                 "hang_limit_how": self.hang_limit()[1]}
 
 

@@ -1,0 +1,63 @@
+"""The watcher inside rank 0, for jobs started by another launcher (plain torchrun, mpirun, SLURM srun...).
+
+Activation: put ``-m ddp_doctor.probe`` in front of the script (``torchrun --nproc-per-node 2 -m
+ddp_doctor.probe train.py``).  Without ``ddp-doctor run`` around it, there is no launcher-side watcher,
+so rank 0 hosts the side-channel TCPStore on ``MASTER_ADDR:(MASTER_PORT+1)`` (``DDP_DOCTOR_PORT``
+overrides) and runs the same :class:`~ddp_doctor.watch.Watcher` in a thread; the other ranks publish to
+it.  On a diagnosis rank 0 writes the report (``DDP_DOCTOR_REPORT``, default ``ddp-doctor-report.json``;
+``DDP_DOCTOR_HTML`` optional), prints it, and sets ``ddpd/stop``: every probe then terminates its own rank
+and DataLoader workers, so the launcher sees the job fail instead of hanging until a timeout.
+``DDP_DOCTOR_HANG_TIMEOUT`` sets the hang limit (default adaptive).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+
+def side_channel_address() -> str | None:
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        return None
+    return f"{addr}:{int(os.environ.get('DDP_DOCTOR_PORT') or int(port) + 1)}"
+
+
+def start_in_rank0(address: str) -> None:
+    """Host the store and start the watcher thread (called by the probe on global rank 0)."""
+    from ddp_doctor.watch import Watcher, host_store
+
+    store, _ = host_store(int(address.rpartition(":")[2]))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    ht = os.environ.get("DDP_DOCTOR_HANG_TIMEOUT")
+    run_dir = os.environ.get("DDP_DOCTOR_DIR") or tempfile.mkdtemp(prefix="ddp-doctor-")
+    t0 = time.time()
+    w = Watcher(store, world_size=world, hang_timeout=float(ht) if ht else None, run_dir=run_dir, is_host=True)
+    w.on_decision = lambda decision: _report_and_stop(w, store, decision, t0)
+    w.start()
+    _keep.append((store, w))
+
+
+_keep: list[Any] = []
+
+
+def _report_and_stop(w, store, decision: dict[str, Any], t0: float) -> None:
+    try:
+        from ddp_doctor.cli.run import Job
+
+        time.sleep(0.5)  # let failing ranks post their final state
+        w.read_states()
+        job = Job.for_report(w, argv=list(sys.argv), script=sys.argv[0] if sys.argv else "", t0=t0)
+        report = job.build_report(None, [], time.monotonic())
+        report["command"] = [sys.executable, "-m", "ddp_doctor.probe", *sys.argv]
+        job.own = {"--report": os.environ.get("DDP_DOCTOR_REPORT", "ddp-doctor-report.json"),
+                   "--html": os.environ.get("DDP_DOCTOR_HTML")}
+        job.emit(report, True)
+    except Exception as e:  # never let the watcher take the job down silently
+        print(f"ddp-doctor: embedded watcher could not write the report: {e!r}", file=sys.stderr)
+    try:
+        store.set("ddpd/stop", "1")
+    except Exception:
+        pass

@@ -1,0 +1,102 @@
+"""diagnose/ on synthetic evidence: fast, no processes."""
+from __future__ import annotations
+
+from ddp_doctor.diagnose import diagnose
+from ddp_doctor.watch import parse_faulthandler
+
+S = "/u/train.py"
+
+
+def site(line, fn="main"):
+    return {"path": S, "line": line, "function": fn}
+
+
+def rank(r, **kw):
+    st = {"rank": r, "progress": 10, "step": 5, "steps_by_epoch": [5], "forwards": 5, "sites": [], "site_counts": [],
+          "loaders": [], "stack": [], "workers": [], "exit": None}
+    st.update(kw)
+    return st
+
+
+def test_rank_conditional_barrier_is_ddp201():
+    ev = {"ranks": {
+        0: rank(0, in_collective={"group": "world", "seq": 12, "op": "barrier", "site": site(20)},
+                sites=[[S, 20, "main"], [S, 17, "main"]],
+                site_counts=[["barrier", 0, 1], ["ddp.backward(allreduce_grads)", 1, 11]]),
+        1: rank(1, in_collective={"group": "world", "seq": 12, "op": "ddp.backward(allreduce_grads)", "site": site(17)},
+                sites=[[S, 17, "main"]], site_counts=[["ddp.backward(allreduce_grads)", 0, 12]])}}
+    for r in ev["ranks"].values():
+        r["sites_seen"] = [[op, ["train.py", r["sites"][i][1], "main"]] for op, i, _ in r["site_counts"]]
+    calls = {r: st["in_collective"] for r, st in ev["ranks"].items()}
+    verdict, fs = diagnose(ev, {"reason": "desync", "kind": "op", "group": "world", "seq": 12, "calls": calls,
+                                "blocked": True})
+    assert verdict == "hang"
+    assert fs[0].code == "DDP201" and fs[0].ranks == [0] and fs[0].location.line == 20
+
+
+def test_shape_mismatch_same_line_is_ddp203_all_ranks():
+    calls = {0: {"op": "all_gather", "shapes": ["10"], "dtypes": ["float32"], "site": site(43)},
+             1: {"op": "all_gather", "shapes": ["11"], "dtypes": ["float32"], "site": site(43)}}
+    ev = {"ranks": {r: rank(r, sites_seen=[["all_gather", ["train.py", 43, "main"]]]) for r in (0, 1)}}
+    verdict, fs = diagnose(ev, {"reason": "desync", "kind": "shape", "group": "world", "seq": 3, "calls": calls})
+    assert verdict == "desync"
+    assert fs[0].code == "DDP203" and fs[0].ranks == [0, 1]
+
+
+def test_uneven_steps_after_the_fact():
+    ev = {"ranks": {0: rank(0, steps_by_epoch=[32, 32], step=64), 1: rank(1, steps_by_epoch=[31, 32], step=63)}}
+    verdict, fs = diagnose(ev, None)
+    assert verdict == "desync" and fs[0].code == "DDP101" and fs[0].ranks == [1]
+
+
+def test_exception_root_cause_beats_consequence():
+    ev = {"ranks": {
+        0: rank(0, exc={"type": "RuntimeError", "message": "Connection closed by peer", "location": site(22),
+                        "collective": {"op": "ddp.backward(allreduce_grads)", "site": site(22)}, "t": 5.0},
+                exit={"exit_code": 1, "signal": None}),
+        1: rank(1, exc={"type": "ValueError", "message": "bad sample", "location": site(10, "check"),
+                        "collective": None, "t": 4.9}, exit={"exit_code": 1, "signal": None})}}
+    verdict, fs = diagnose(ev, {"reason": "exit", "rank": 0})
+    assert verdict == "crash"
+    assert fs[0].code == "DDP204" and fs[0].ranks == [1] and fs[0].location.line == 10
+    assert "ValueError" in fs[0].message
+
+
+def test_sigkill_named_with_oom_hint():
+    ev = {"ranks": {0: rank(0, in_collective={"group": "world", "seq": 9, "op": "all_reduce", "site": site(30)}),
+                    1: rank(1, where=site(18))}}
+    verdict, fs = diagnose(ev, {"reason": "exit"}, failures={1: {"exit_code": -9, "signal": "SIGKILL"}})
+    assert verdict == "crash" and fs[0].code == "DDP204" and fs[0].ranks == [1]
+    assert "SIGKILL" in fs[0].message and "out-of-memory" in fs[0].message
+
+
+def test_loader_stall_points_at_worker_line():
+    w = [{"pid": 7, "stack": [site(40, "<module>"), {"path": S, "line": 17, "function": "__getitem__"},
+                              {"path": "/x/site-packages/torch/utils/data/_utils/fetch.py", "line": 1, "function": "f"}]}]
+    ev = {"ranks": {r: rank(r, in_data_wait={"loader": 0, "waiting_s": 6.0}, where=site(27), workers=w) for r in (0, 1)}}
+    verdict, fs = diagnose(ev, {"reason": "hang", "stalled_s": 6.0, "limit_s": 5.0})
+    assert verdict == "hang" and fs[0].code == "DDP205" and fs[0].ranks == [0, 1]
+    assert fs[0].location.line == 17
+
+
+def test_sampler_without_set_epoch_is_a_warning_on_an_ok_run():
+    ld = {"site": site(13), "sampler": {"type": "DistributedSampler", "shuffle": True, "set_epoch_calls": 0,
+                                        "epochs_seen": [0, 0, 0]}}
+    ev = {"ranks": {r: rank(r, loaders=[ld]) for r in (0, 1)}}
+    verdict, fs = diagnose(ev, None)
+    assert verdict == "ok" and [f.code for f in fs if f.code == "DDP102"] == ["DDP102"]
+    assert fs[0].severity.value == "warning"
+
+
+def test_parse_faulthandler_main_thread():
+    text = """Thread 0x00007f (most recent call first):
+  File "/x/threading.py", line 320 in wait
+  File "/x/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007e (most recent call first):
+  File "/x/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
+  File "/u/train.py", line 41 in main
+  File "/u/train.py", line 50 in <module>
+"""
+    st = parse_faulthandler(text)
+    assert st[0]["function"] == "<module>" and st[-1]["function"] == "all_reduce" and st[1]["line"] == 41

@@ -1,0 +1,56 @@
+"""Every ``issue: run`` scenario of tests/scenarios under ``ddp-doctor run``: verdict, codes, ranks, marker
+lines, clean twins without error findings, no process left behind (scenarios.json is the single truth).
+
+Jobs run a few at a time (DDP_DOCTOR_TEST_PARALLEL, default 4) in one module fixture.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "scenarios"))
+manifest = pytest.importorskip("manifest")
+jsonschema = pytest.importorskip("jsonschema")
+
+from ddp_doctor.report import REPORT_JSON_SCHEMA  # noqa: E402
+
+pytestmark = [pytest.mark.scenario, pytest.mark.timeout(1800)]  # one fixture runs every job
+NAMES = manifest.names(issue="run")
+PARALLEL = int(os.environ.get("DDP_DOCTOR_TEST_PARALLEL", "4"))
+
+
+def _one(name: str, tmp: Path) -> dict:
+    out = tmp / f"{name}.json"
+    env = manifest.scenario_env(name, dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    res = manifest.run_command([sys.executable, "-m", "ddp_doctor", "run", "--report", str(out),
+                                *manifest.torchrun_argv(name)], timeout=240, env=env)
+    return {"res": res, "report": json.loads(out.read_text()) if out.exists() else None}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("scen")
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        futs = {n: pool.submit(_one, n, tmp) for n in NAMES}
+        return {n: f.result() for n, f in futs.items()}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_scenario(results, name):
+    res, rep = results[name]["res"], results[name]["report"]
+    assert rep is not None, (res.stdout + res.stderr)[-3000:]
+    jsonschema.validate(rep, REPORT_JSON_SCHEMA)
+    problems = manifest.report_problems(name, rep)
+    assert not problems, (problems, [(f["code"], f["ranks"], f["message"][:300]) for f in rep["findings"]])
+    assert not res.leftovers, res.leftovers
+    assert rep["exit_code"] == res.returncode
+    if rep["verdict"] == "ok":
+        assert res.returncode == 0
+    else:
+        assert res.returncode != 0
