@@ -154,6 +154,9 @@ def main(argv: list[str]) -> int:
         for p in (scripts[which], rep, html):
             if p:
                 con.print(f"  {p}")
+    b_html = results["buggy"][3]
+    if b_html:
+        con.print(f"open in a browser:   {b_html.resolve().as_uri()}")
     con.print(f"re-render a report:  ddp-doctor report {out / 'buggy-report.json'} --html buggy.html")
     con.print(f"(demo took {time.monotonic() - t0:.0f} s)")
     diagnosed = bool(b_data) and b_data.get("verdict") != "ok" and b_rc != 0
