@@ -47,3 +47,19 @@ def test_bad_files_exit_2(tmp_path, capsys):
     assert "not a ddp-doctor report" in err and "verdict" in err and "stack" in err
     bad.write_text("[1, 2]")
     assert main(["report", str(bad)]) == 2
+
+
+def test_check_report(tmp_path, capsys):
+    """A saved `ddp-doctor check --report` (check/v1) renders as text and HTML."""
+    from pathlib import Path
+    src = Path(__file__).parent / "data" / "check_ok.json"
+    html = tmp_path / "check.html"
+    assert main(["report", str(src), "--html", str(html), "--color", "never"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "DDP506" in out
+    page = html.read_text()
+    assert 'data-code="DDP506"' in page and 'id="timeline"' not in page and 'id="rank-1"' in page
+    assert 'data-test="all_reduce"' in page and "pre-flight check passed" in page
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema": "ddp-doctor/check/v1", "verdict": "meh"}))
+    assert main(["report", str(bad)]) == 2

@@ -67,7 +67,7 @@ def test_demo_end_to_end(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1", COLUMNS="120")
     env.pop("NO_COLOR", None)
-    proc = subprocess.Popen([sys.executable, "-m", "ddp_doctor", "demo", "--out", str(out), "--hang-timeout", "8"],
+    proc = subprocess.Popen([sys.executable, "-m", "ddp_doctor", "demo", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     try:
         text, _ = proc.communicate(timeout=240)

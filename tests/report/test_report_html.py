@@ -140,3 +140,19 @@ def test_browser_real_run_report(tmp_path):
     assert re.search(r'<g class="lane bad" data-rank="0"', dom) and re.search(r'<g class="lane" data-rank="1"', dom)
     assert "stopped: train_buggy.py:26 in validate" in dom
     assert "also seen by lint: line 51" in dom and 'data-code="DDP406"' in dom
+
+
+@needs_browser
+def test_browser_crash_without_timeline(tmp_path):
+    """A crash report whose ranks carry no timeline/timing still renders, with notes instead of charts."""
+    r = S.get("desync")
+    r["verdict"] = "crash"
+    for rk in r["ranks"]:
+        rk.pop("timeline", None)
+        rk.pop("timing", None)
+    path = tmp_path / "crash.html"
+    write_html(r, path)
+    dom = dump_dom(tmp_path, path)
+    assert 'data-rendered="1"' in dom and 'data-code="DDP203"' in dom
+    assert "No timeline was recorded" in dom and "No step timing was recorded" in dom
+    assert 'id="rank-0"' in dom and 'id="rank-1"' in dom

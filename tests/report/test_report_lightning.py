@@ -1,4 +1,4 @@
-"""`ddp-doctor run` on a small Lightning (2.x) job: no change to the script, DDP on 2 CPU ranks.
+"""`ddp-doctor run` on small Lightning (2.x) Trainer and Fabric jobs: no change to the script, DDP on 2 CPU ranks.
 
 Skipped (visibly) when lightning is not installed (it is the optional `lightning` extra).
 """
@@ -19,13 +19,14 @@ except ImportError:  # pragma: no cover
 
 REPO = Path(__file__).resolve().parents[2]
 APP = Path(__file__).with_name("lightning_app.py")
+FABRIC_APP = Path(__file__).with_name("fabric_app.py")
 
 
-def ddp_doctor_run(tmp_path, *extra_env, timeout=240):
+def ddp_doctor_run(tmp_path, *extra_env, app=APP, timeout=240):
     report = tmp_path / "r.json"
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS="1", **dict(extra_env))
     cmd = [sys.executable, "-m", "ddp_doctor", "run", "--report", str(report), "--nproc-per-node", "2",
-           "--standalone", str(APP)]
+           "--standalone", str(app)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True, cwd=tmp_path)
     try:
@@ -49,8 +50,11 @@ def test_lightning_clean_run(tmp_path):
 
 
 @pytest.mark.scenario
-def test_lightning_rank0_barrier_is_diagnosed(tmp_path):
-    rc, r, out = ddp_doctor_run(tmp_path, ("LIT_BUG", "1"))
+def test_fabric_rank0_barrier_is_diagnosed(tmp_path):
+    """Fabric: `fabric.barrier()` on rank 0 only is caught at the mismatched collective."""
+    rc, r, out = ddp_doctor_run(tmp_path, ("LIT_BUG", "1"), app=FABRIC_APP)
     assert rc != 0 and r["verdict"] in ("hang", "desync"), out[-4000:]
     runtime = [f for f in r["findings"] if f.get("source") != "lint"]
-    assert any(f["code"] in ("DDP201", "DDP203") for f in runtime), runtime
+    assert any(f["code"] in ("DDP201", "DDP203") and 0 in f["ranks"] for f in runtime), runtime
+    # the probe counted Fabric's training steps on both ranks before the mismatch
+    assert all((rk["step"] or 0) >= 4 for rk in r["ranks"]), r["ranks"]

@@ -23,8 +23,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ddp-doctor demo", description="Run the seed-000 bug (validation through the "
                                 "DDP model on rank 0 only) on 2 CPU ranks, diagnose it, then run the fixed script.")
     p.add_argument("--out", metavar="DIR", help="where to put the scripts and reports (default: a new temp dir)")
-    p.add_argument("--hang-timeout", type=float, default=10.0, metavar="S",
-                   help="seconds without progress before a hang is declared (default: 10)")
+    p.add_argument("--hang-timeout", type=float, default=None, metavar="S",
+                   help="seconds without progress before a hang is declared (default: ddp-doctor run's adaptive "
+                        "limit, learned from the job's step times)")
     p.add_argument("--no-html", action="store_true", help="do not write the HTML reports")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     return p
@@ -51,11 +52,11 @@ def _lint(con, script: Path) -> list[dict[str, Any]]:
     return findings
 
 
-def _run(con, script: Path, report: Path, hang_timeout: float) -> tuple[int, dict[str, Any] | None]:
+def _run(con, script: Path, report: Path, hang_timeout: float | None) -> tuple[int, dict[str, Any] | None]:
     from ddp_doctor.cli import run as run_cli
 
-    argv = ["--hang-timeout", f"{hang_timeout:g}", "--report", str(report),
-            "--nproc-per-node", "2", "--standalone", str(script)]
+    argv = (["--hang-timeout", f"{hang_timeout:g}"] if hang_timeout else []) + [
+        "--report", str(report), "--nproc-per-node", "2", "--standalone", str(script)]
     con.print(f"$ ddp-doctor run {' '.join(argv)}", style="bold")
     try:
         rc = int(run_cli.main(argv) or 0)
@@ -153,6 +154,9 @@ def main(argv: list[str]) -> int:
         for p in (scripts[which], rep, html):
             if p:
                 con.print(f"  {p}")
+    b_html = results["buggy"][3]
+    if b_html:
+        con.print(f"open in a browser:   {b_html.resolve().as_uri()}")
     con.print(f"re-render a report:  ddp-doctor report {out / 'buggy-report.json'} --html buggy.html")
     con.print(f"(demo took {time.monotonic() - t0:.0f} s)")
     diagnosed = bool(b_data) and b_data.get("verdict") != "ok" and b_rc != 0

@@ -5,12 +5,34 @@ import argparse
 import json
 import sys
 
-from ddp_doctor.report import LINT_JSON_SCHEMA, LINT_SCHEMA_ID, REPORT_JSON_SCHEMA
+from ddp_doctor.report import LINT_JSON_SCHEMA, LINT_SCHEMA_ID, REPORT_JSON_SCHEMA, REPORT_SCHEMA_ID
+
+CHECK_SCHEMA_ID = "ddp-doctor/check/v1"
+# used when ddp_doctor.check does not publish its own schema: the keys every renderer needs
+_CHECK_MIN_SCHEMA = {
+    "type": "object",
+    "required": ["schema", "verdict", "exit_code", "world_size", "findings", "ranks"],
+    "properties": {
+        "schema": {"const": CHECK_SCHEMA_ID}, "verdict": {"enum": ["ok", "fail"]}, "exit_code": {"type": "integer"},
+        "world_size": {"type": "integer"},
+        "findings": {"type": "array", "items": {"type": "object", "required": ["code", "severity", "message"]}},
+        "ranks": {"type": "array", "items": {"type": "object", "required": ["rank"]}},
+    },
+}
+
+
+def _check_schema() -> dict:
+    try:
+        from ddp_doctor.check import CHECK_JSON_SCHEMA  # type: ignore[attr-defined]
+        return CHECK_JSON_SCHEMA
+    except ImportError:
+        return _CHECK_MIN_SCHEMA
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ddp-doctor report", description="Re-render a saved ddp-doctor JSON report "
-                                "(from `ddp-doctor run --report` or `ddp-doctor lint --format json`).")
+                                "(from `ddp-doctor run --report`, `ddp-doctor check --report` or "
+                                "`ddp-doctor lint --format json`).")
     p.add_argument("report", metavar="REPORT.json")
     p.add_argument("--html", metavar="PATH", help="also write a self-contained HTML page")
     p.add_argument("--format", choices=("text", "json"), default="text", help="terminal output (default: text)")
@@ -23,12 +45,14 @@ def validate(data: object) -> list[str]:
     """Problems that make ``data`` not a report (empty when it is one)."""
     if not isinstance(data, dict):
         return ["the top level is not a JSON object"]
-    schema = LINT_JSON_SCHEMA if data.get("schema") == LINT_SCHEMA_ID else REPORT_JSON_SCHEMA
+    kind = data.get("schema")
+    schema = (LINT_JSON_SCHEMA if kind == LINT_SCHEMA_ID else _check_schema() if kind == CHECK_SCHEMA_ID
+              else REPORT_JSON_SCHEMA)
     try:
         import jsonschema
     except ImportError:  # jsonschema is a test extra; check the contract's required keys by hand
         return [f"missing key {k!r}" for k in schema["required"] if k not in data] or \
-            ([f"schema is {data.get('schema')!r}"] if data.get("schema") not in (LINT_SCHEMA_ID, "ddp-doctor/report/v1") else [])
+            ([f"schema is {kind!r}"] if kind not in (LINT_SCHEMA_ID, REPORT_SCHEMA_ID, CHECK_SCHEMA_ID) else [])
     validator = jsonschema.Draft7Validator(schema)
     errs = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
     return [f"{'/'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message}" for e in errs[:10]]
@@ -55,11 +79,21 @@ def main(argv: list[str]) -> int:
         from ddp_doctor.report.snippets import attach_snippets
         attach_snippets(data)
     if args.format == "json":
-        json.dump(data, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        try:
+            json.dump(data, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        except BrokenPipeError:  # `... | head`
+            return 0
     else:
-        from ddp_doctor.report.terminal import print_report
-        print_report(data, color={"auto": None, "always": True, "never": False}[args.color])
+        color = {"auto": None, "always": True, "never": False}[args.color]
+        if data.get("schema") == CHECK_SCHEMA_ID:
+            from ddp_doctor.report.check_view import print_check
+            from ddp_doctor.report.terminal import make_console
+            print_check(data, console=make_console(sys.stdout, color))
+        else:
+            from ddp_doctor.report.terminal import print_report
+            print_report(data, color=color)
     if args.html:
         from ddp_doctor.report.html import write_html
         try:

@@ -237,6 +237,8 @@ def fmt_duration(s: Any) -> str:
         s = float(s)
     except (TypeError, ValueError):
         return ""
+    if s < 1:
+        return f"{s * 1000:.3g} ms"
     if s < 60:
         return f"{s:.1f} s"
     m, sec = divmod(int(round(s)), 60)

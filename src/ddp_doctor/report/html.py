@@ -23,6 +23,7 @@ VERDICT_TEXT = {
     "hang": ("HANG", "the job stopped making progress"),
     "crash": ("CRASH", "a rank failed"),
     "desync": ("DESYNC", "ranks disagreed on what to run"),
+    "fail": ("FAIL", "the pre-flight check found problems"),
     None: ("LINT", "static findings"),
 }
 
@@ -75,6 +76,9 @@ def render_html(report: dict[str, Any]) -> str:
     runtime, lint = _view.split_findings(report)
     verdict = report.get("verdict")
     word, sub = VERDICT_TEXT.get(verdict, (str(verdict).upper(), ""))
+    is_check = report.get("schema") == "ddp-doctor/check/v1"
+    if is_check and verdict == "ok":
+        sub = "the pre-flight check passed"
     ws = report.get("world_size")
     facts = []
     if verdict is not None:
@@ -108,13 +112,17 @@ def render_html(report: dict[str, Any]) -> str:
         out.append(f'<code class="cmd">$ {_e(" ".join(map(str, cmd)))}</code>')
     out.append("</header>")
     has_ranks = bool(report.get("ranks"))
-    toc = ([("timeline", "Timeline"), ("breakdown", "Step time")] if has_ranks else []) + [("findings", "Findings")]
+    # a check report (or any report whose ranks carry no timing at all, from a producer that never records
+    # them) gets no charts; a run report always shows them, with "not recorded" notes where data is missing
+    charts = has_ranks and (report.get("schema") != "ddp-doctor/check/v1"
+                            or any(r.get("timeline") or r.get("timing") for r in report.get("ranks") or []))
+    toc = ([("timeline", "Timeline"), ("breakdown", "Step time")] if charts else []) + [("findings", "Findings")]
     if lint and runtime:
         toc.append(("lint", "Seen in the source"))
     if has_ranks:
         toc.append(("ranks", "Ranks"))
     out.append('<nav class="toc">' + "".join(f'<a href="#{a}">{t}</a>' for a, t in toc) + "</nav><main>")
-    if has_ranks:
+    if charts:
         out.append('<section id="timeline"><h2>Timeline</h2><p class="hint">One lane per rank: steps, collectives and '
                    "data-loader waits over time; a red, hatched lane is a rank that stopped, with the line it stopped on.</p>"
                    '<div id="timeline-range" class="range"></div>'
@@ -127,6 +135,8 @@ def render_html(report: dict[str, Any]) -> str:
                    '<div class="legend"><span style="--c:var(--wait)">data wait</span><span style="--c:var(--compute)">'
                    'compute</span><span style="--c:var(--coll)">collective</span><span style="--c:var(--other)">other</span>'
                    "</div></section>")
+    if is_check and isinstance(report.get("tests"), list):
+        out.append(_check_tests_html(report))
     if runtime or not lint:
         out.append(f'<section id="findings"><h2>Findings ({len(runtime)})</h2>')
         if not runtime:
@@ -155,6 +165,34 @@ def render_html(report: dict[str, Any]) -> str:
     out.append(f'<script type="application/json" id="ddp-view">{json_for_script(_view_data(report))}</script>')
     out.append(f"<script>{_asset('report.js')}</script></body></html>")
     return "\n".join(out) + "\n"
+
+
+def _check_tests_html(report: dict[str, Any]) -> str:
+    rows = ['<section id="tests"><h2>Tests</h2><table class="ranks"><thead><tr><th>test</th><th>status</th>'
+            "<th>time</th></tr></thead><tbody>"]
+    for t in report.get("tests") or []:
+        if not isinstance(t, dict):
+            continue
+        st = str(t.get("status") or "")
+        dur = t.get("duration_s")
+        rows.append(f'<tr class="{"good" if st in ("pass", "ok") else "bad"}" data-test="{_e(t.get("name"))}">'
+                    f'<td>{_e(t.get("name"))}</td><td class="state">{_e(st)}</td>'
+                    f'<td>{_e(_view.fmt_duration(dur) if isinstance(dur, (int, float)) else "")}</td></tr>')
+    bw = [b for b in report.get("bandwidth") or [] if isinstance(b, dict)]
+    rows.append("</tbody></table>")
+    if bw:
+        rows.append('<h3>all_reduce bandwidth</h3><table class="ranks"><thead><tr><th>size</th><th>time</th>'
+                    "<th>algbw GB/s</th><th>busbw GB/s</th></tr></thead><tbody>")
+        for b in bw:
+            rows.append(f"<tr><td>{_e(b.get('bytes'))} B</td><td>{_e(_view.fmt_duration(b.get('time_s')))}</td>"
+                        f"<td>{_e(_num(b.get('algbw_GBps')))}</td><td>{_e(_num(b.get('busbw_GBps')))}</td></tr>")
+        rows.append("</tbody></table>")
+    rows.append("</section>")
+    return "".join(rows)
+
+
+def _num(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, (int, float)) else ""
 
 
 def _finding_html(f: dict[str, Any], idx: int, also_lint: list[int] | None = None) -> str:

@@ -20,12 +20,13 @@ from rich.text import Text
 
 from ddp_doctor.report import _view
 
-VERDICT_STYLE = {"ok": "bold green", "hang": "bold red", "crash": "bold red", "desync": "bold magenta", None: "bold cyan"}
+VERDICT_STYLE = {"fail": "bold red", "ok": "bold green", "hang": "bold red", "crash": "bold red", "desync": "bold magenta", None: "bold cyan"}
 VERDICT_TEXT = {
     "ok": "OK: the job ran clean",
     "hang": "HANG: the job stopped making progress",
     "crash": "CRASH: a rank failed",
     "desync": "DESYNC: ranks disagreed",
+    "fail": "FAIL: the pre-flight check found problems",
     None: "LINT",
 }
 SEV_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}

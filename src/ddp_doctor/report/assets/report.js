@@ -82,9 +82,10 @@
         var label = (ev.label ? ev.label + " - " : "") + k + " at " + fmtS(t0) + (d ? " for " + fmtS(d) : "");
         if (k === "epoch") {
           tip(el("line", {x1: x, x2: x, y1: y + 3, y2: y + laneH - 3, stroke: "var(--epoch)", "stroke-dasharray": "3 2"}, g), label);
-          if (x - lastLabelX > 90) {
-            el("text", {x: x + 2, y: y + laneH - 6, "class": "muted", "font-size": 10}, g, ev.label || "epoch");
-            lastLabelX = x;
+          var lab = ev.label || "epoch";
+          if (x > lastLabelX) {
+            el("text", {x: x + 2, y: y + laneH - 6, "class": "muted", "font-size": 10}, g, lab);
+            lastLabelX = x + 8 + 5.5 * lab.length;
           }
         } else if (k === "stop") {
           var s = el("g", {"class": "stop"}, g);
