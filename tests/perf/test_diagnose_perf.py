@@ -58,7 +58,8 @@ def test_step_phases_split():
 
 def test_straggler_compute():
     # rank 1 computes 60 ms, rank 0 20 ms; rank 0 waits in the all-reduce
-    ev = evidence(rank_state(0, data=0.002, compute=0.02, coll=0.042), rank_state(1, data=0.002, compute=0.06, coll=0.002))
+    ev = evidence(rank_state(0, data=0.002, compute=0.02, coll=0.042),
+                  rank_state(1, data=0.002, compute=0.06, coll=0.002))
     fs = [f for f in diagnose_perf(ev) if f.code == "DDP404"]
     assert len(fs) == 1
     f = fs[0]

@@ -14,7 +14,7 @@ def test_torch_load_recorded(tmp_path, monkeypatch):
     monkeypatch.setattr(pp, "_loads", [])
     pp._patch_load()
     torch.save({"w": torch.ones(2)}, tmp_path / "c.pt")
-    out = torch.load(tmp_path / "c.pt", map_location="cpu")  # this line is the recorded site
+    out = torch.load(tmp_path / "c.pt", map_location="cpu", weights_only=True)  # this line is the recorded site
     assert torch.equal(out["w"], torch.ones(2))
     [rec] = pp._loads
     assert rec["devices"] == ["cpu"] and rec["map_location"] == "'cpu'"

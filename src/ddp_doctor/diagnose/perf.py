@@ -28,6 +28,7 @@ STRAGGLER_MIN_S = 0.005    # ... and >= 5 ms more per step ...
 STRAGGLER_CONSISTENCY = 0.7  # ... in >= 70% of the steps compared
 RESTART_MIN_S = 0.05       # DDP403: first batch of an epoch >= 50 ms slower than a steady batch ...
 RESTART_FACTOR = 3.0       # ... and >= 3x a steady batch
+PHASES = ("step_s", "data_s", "compute_s", "collective_s")
 UNUSED_MIN_STEPS = 3       # DDP405: judge find_unused_parameters after this many backward passes
 
 
@@ -248,8 +249,7 @@ def diagnose_data_bound(ev: dict[str, Any]) -> list[Finding]:
         out.append(Finding(
             "DDP401", msg, " ".join(fix_parts), location=_loc(ld.get("site")), ranks=sorted(rs),
             evidence={"share": {r: round(bound[r], 3) for r in sorted(rs)},
-                      "per_step_s": {r: {k: round(splits[r][k], 5) for k in ("step_s", "data_s", "compute_s",
-                                                                              "collective_s")} for r in sorted(rs)},
+                      "per_step_s": {r: {k: round(splits[r][k], 5) for k in PHASES} for r in sorted(rs)},
                       "steps": sp["steps"], "source": sp["source"], "loader": settings,
                       "cpu_count": cpus, "ranks_per_node": per_node, "recommended_num_workers": rec_w,
                       "h2d_copy": "not measured (no CUDA)" if not ev.get("cuda") else "included in compute"},
