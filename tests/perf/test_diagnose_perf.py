@@ -40,6 +40,14 @@ def test_data_bound_cpu_saturated_says_so():
     assert "CPU-bound" in f.fix
 
 
+def test_data_bound_mentions_oversubscribed_node():
+    a = rank_state(0, data=0.06, num_workers=2)
+    a["loadavg"] = [12.0, 9.0, 5.0]
+    [f] = [f for f in diagnose_perf(evidence(a, rank_state(1, data=0.06, num_workers=2), cpu_count=2))
+           if f.code == "DDP401"]
+    assert "oversubscribed" in f.message and f.evidence["overloaded_load"] == 12.0
+
+
 def test_recommend_workers():
     assert recommend_workers(2, 2, 0) == 1
     assert recommend_workers(64, 8, 0) == 7

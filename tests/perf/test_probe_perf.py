@@ -57,4 +57,4 @@ def test_install_is_safe_and_idempotent(monkeypatch):
     pp.install(None)
     assert hasattr(torch.load, "__ddp_doctor_wrapped__")
     assert not hasattr(torch.load.__ddp_doctor_wrapped__, "__ddp_doctor_wrapped__")
-    assert set(pp.state()) == {"loads", "cuda", "gpu"}
+    assert set(pp.state()) == {"loads", "cuda", "gpu", "loadavg", "cpu_count"}

@@ -167,6 +167,15 @@ def _cpu_count(ev: dict[str, Any]) -> int:
     return int(m.get("cpu_count") or os.cpu_count() or 1)
 
 
+def _overload(ev: dict[str, Any], ranks: dict[int, dict[str, Any]], cpus: int) -> float | None:
+    """1-minute load average of the node when it exceeded 1.5x its CPUs (other processes competing), else None."""
+    loads = [(ev.get("machine") or {}).get("loadavg")] + [st.get("loadavg") for st in ranks.values()]
+    vals = [float(x[0]) for x in loads if x]
+    if vals and max(vals) > 1.5 * cpus:
+        return max(vals)
+    return None
+
+
 def _ranks_per_host(ranks: dict[int, dict[str, Any]]) -> int:
     hosts: dict[str, int] = {}
     for st in ranks.values():
@@ -227,6 +236,10 @@ def diagnose_data_bound(ev: dict[str, Any]) -> list[Finding]:
                f"({_ms(data)} of {_ms(step)} per step, over {sp['steps']} steps) from the DataLoader at "
                f"{_where(ld.get('site'))} ({_settings_str(settings)}). The GPU idles meanwhile, and every other "
                f"rank waits for the slowest loader at each all-reduce. Per-step split: {split}.")
+        overload = _overload(ev, ranks, cpus)
+        if overload is not None:
+            msg += (f" The node was oversubscribed while it ran (load average {overload:.1f} on {cpus} CPUs): part of "
+                    "this wait is other processes taking the CPUs the loader needs.")
         fix_parts = []
         if nw < rec_w:
             # with W workers loading in parallel, a batch costs about (load time)/W of wall time
@@ -251,7 +264,8 @@ def diagnose_data_bound(ev: dict[str, Any]) -> list[Finding]:
             evidence={"share": {r: round(bound[r], 3) for r in sorted(rs)},
                       "per_step_s": {r: {k: round(splits[r][k], 5) for k in PHASES} for r in sorted(rs)},
                       "steps": sp["steps"], "source": sp["source"], "loader": settings,
-                      "cpu_count": cpus, "ranks_per_node": per_node, "recommended_num_workers": rec_w,
+                      "cpu_count": cpus, "ranks_per_node": per_node, "overloaded_load": overload,
+                      "recommended_num_workers": rec_w,
                       "h2d_copy": "not measured (no CUDA)" if not ev.get("cuda") else "included in compute"},
         ))
     return out

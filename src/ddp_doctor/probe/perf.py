@@ -175,6 +175,11 @@ def state(rec=None) -> dict[str, Any]:
                 cuda["reserved_mib"] = int(torch.cuda.memory_reserved(dev) // (1024 * 1024))
             except Exception:
                 pass
-        return {"loads": list(_loads), "cuda": cuda or None, "gpu": _gpu["worst"] or _gpu["last"]}
+        try:
+            load = [round(x, 2) for x in os.getloadavg()]
+        except OSError:
+            load = None
+        return {"loads": list(_loads), "cuda": cuda or None, "gpu": _gpu["worst"] or _gpu["last"],
+                "loadavg": load, "cpu_count": os.cpu_count()}
     except Exception:
         return {}
