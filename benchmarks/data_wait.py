@@ -173,9 +173,10 @@ def main(argv=None) -> int:
             err = None if m is None or sw <= 0 else (m - sw) / sw
             if err is not None and sw >= 0.005:
                 worst = max(worst, abs(err))
+            gi = f"{row['getitem'] * 1000:.1f}ms" if res["workers"] == 0 else "-"
             print(f"{res['delay'] * 1000:>10.1f}ms {res['workers']:>7} {row['rank']:>4} "
                   f"{'-' if injected is None else f'{injected * 1000:.1f}ms':>9} "
-                  f"{row['getitem'] * 1000 if res['workers'] == 0 else float('nan'):>8.1f}ms "
+                  f"{gi:>10} "
                   f"{sw * 1000:>7.1f}ms {'-' if m is None else f'{m * 1000:.1f}ms':>10} "
                   f"{'-' if err is None else f'{err:+.1%}':>7}  {','.join(row['codes']) or '-'}")
     print()
