@@ -64,7 +64,7 @@ CATALOGUE: dict[str, CodeInfo] = _entries(
     ("DDP501", "rank-did-not-start", "error", "A rank did not start or did not join the rendezvous"),
     ("DDP502", "link-failed", "error", "A collective or point-to-point transfer failed or missed its deadline"),
     ("DDP503", "wrong-collective-result", "error", "A collective delivered wrong data to a rank"),
-    ("DDP504", "shm-too-small", "warning", "/dev/shm is too small for the DataLoader workers"),
+    ("DDP504", "shm-too-small", "error", "/dev/shm is too small for the DataLoader workers"),
     ("DDP505", "resource-limit-low", "warning", "Open-file or process limit too low for ranks and workers"),
     ("DDP506", "cpu-oversubscribed", "warning", "More busy threads than CPUs on a node"),
     ("DDP507", "stale-distributed-env", "warning", "Deprecated, contradictory or slow-path NCCL/torch environment variables"),

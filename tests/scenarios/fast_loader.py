@@ -1,6 +1,6 @@
 """A loader that keeps up: cheap samples, 2 persistent workers prefetching (clean twin).
 
-Twin of data_bound.py and workers_restart.py: num_workers=2,
+Twin of seed_004_data_bound.py and workers_restart.py: num_workers=2,
 persistent_workers=True, a cheap worker_init_fn, and a step whose compute
 dominates.  ddp-doctor must report neither data-bound nor worker restarts.
 """

@@ -35,6 +35,7 @@ from typing import Any, Iterable
 HERE = Path(__file__).resolve().parent
 MANIFEST_JSON = HERE / "scenarios.json"
 VERDICTS = ("ok", "hang", "crash", "desync")
+DEFAULT_PG_TIMEOUT_S = 90.0  # every script: init_process_group(timeout=DDP_TIMEOUT env, default 90 s)
 _MARKER = re.compile(r"#\s*expect:\s*((?:DDP\d{3}[\s,]*)+)")
 
 
@@ -92,17 +93,27 @@ def marker_line(name: str, code: str) -> int:
     return lines[0]
 
 
-def torchrun_argv(name: str, endpoint: str = "127.0.0.1:0") -> list[str]:
+def torchrun_argv(name: str, endpoint: str = "127.0.0.1:0", nnodes: int = 1, node_rank: int = 0,
+                  rdzv_id: str | None = None) -> list[str]:
     """torchrun options + script + args (no launcher prefix).
 
     Works both as ``python -m torch.distributed.run <argv>`` and ``ddp-doctor run <argv>``.
+    For a two-"node" job on this machine call it once per node with ``nnodes=2``,
+    ``node_rank=0/1``, the same fixed ``endpoint`` (e.g. ``127.0.0.1:30123``) and the same
+    ``rdzv_id``; each node then runs ``nproc // nnodes`` ranks, so the world size (and the
+    global ranks in the expectation) stay the same.
     """
     e = entry(name)
-    return [
-        "--nproc-per-node", str(e.get("nproc", 2)),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-        str(script_path(name)), *[str(a) for a in e.get("args", [])],
-    ]
+    nproc = int(e.get("nproc", 2))
+    opts = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
+    if nnodes > 1:
+        if endpoint.endswith(":0"):
+            raise ValueError("a multi-node job needs a fixed rendezvous port")
+        if nproc % nnodes:
+            raise ValueError(f"{name}: nproc {nproc} is not divisible by nnodes {nnodes}")
+        opts += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--rdzv-id", rdzv_id or f"scenario-{name}"]
+        nproc //= nnodes
+    return ["--nproc-per-node", str(nproc), *opts, str(script_path(name)), *[str(a) for a in e.get("args", [])]]
 
 
 def scenario_env(name: str, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -139,7 +150,9 @@ def report_problems(name: str, report: dict[str, Any]) -> list[str]:
       with ``location`` in this script at a ``# expect: CODE`` line;
     - no finding of a code listed in ``"forbid"`` appears;
     - twins additionally: no finding of severity error at all;
-    - runtime findings only: findings with ``"source": "lint"`` / ``"check"`` are ignored.
+    - runtime findings only: findings with ``"source": "lint"`` / ``"check"`` are ignored;
+    - hang scenarios: if the report has ``duration_s``, it is below the scripts' process-group
+      timeout (the job must be stopped before gloo's own timeout fires).
     Extra findings not forbidden are allowed (e.g. DDP203 next to the DDP201 that caused it).
     """
     exp = entry(name)["expect"]
@@ -148,6 +161,11 @@ def report_problems(name: str, report: dict[str, Any]) -> list[str]:
     verdict = report.get("verdict")
     if verdict not in _expected_verdicts(exp):
         problems.append(f"verdict {verdict!r}, expected {' or '.join(_expected_verdicts(exp))}")
+    pg_timeout = float(entry(name).get("env", {}).get("DDP_TIMEOUT", DEFAULT_PG_TIMEOUT_S))
+    if "hang" in _expected_verdicts(exp) \
+            and isinstance(report.get("duration_s"), (int, float)) and report["duration_s"] >= pg_timeout:
+        problems.append(f"hang diagnosed after {report['duration_s']:.0f} s: not before the {pg_timeout:.0f} s "
+                        "process-group timeout")
     findings = [f for f in report.get("findings", []) if f.get("source", "runtime") == "runtime"]
     for want in exp.get("findings", []):
         code = want["code"]

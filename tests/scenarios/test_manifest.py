@@ -136,3 +136,17 @@ def test_run_command_kills_the_group_on_timeout():
 def test_json_is_valid_and_sorted_by_nothing_in_particular():
     data = json.loads(manifest.MANIFEST_JSON.read_text())
     assert data["schema"] == "ddp-doctor/scenarios/v1"
+
+
+def test_report_problems_wants_hangs_stopped_before_the_pg_timeout():
+    rep = _fake_report("rank0_barrier")
+    assert manifest.report_problems("rank0_barrier", dict(rep, duration_s=30.0)) == []
+    assert any("timeout" in p for p in manifest.report_problems("rank0_barrier", dict(rep, duration_s=95.0)))
+
+
+def test_torchrun_argv_two_nodes_keeps_the_world_size():
+    argv = manifest.torchrun_argv("rank0_barrier", endpoint="127.0.0.1:30123", nnodes=2, node_rank=1)
+    assert argv[:2] == ["--nproc-per-node", "1"]
+    assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--node-rank") + 1] == "1"
+    with pytest.raises(ValueError):
+        manifest.torchrun_argv("rank0_barrier", nnodes=2)

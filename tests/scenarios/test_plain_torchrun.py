@@ -19,7 +19,7 @@ import manifest  # noqa: E402
 
 pytestmark = pytest.mark.scenario
 
-SHORT_PG_TIMEOUT_S = 12
+SHORT_PG_TIMEOUT_S = 8
 STALL_KILL_AFTER_S = 45
 
 

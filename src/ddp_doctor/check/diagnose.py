@@ -222,11 +222,16 @@ def _pairs(world: int, test: str, data: dict[str, Any]) -> list[dict[str, Any]]:
             row["time_s"] = max(row["time_s"], item.get("time_s") or 0.0)
             if not item.get("ok"):
                 row["ok"] = False
-                row["details"].append(f"rank {r}: {item.get('op')}: {item.get('error') or item.get('wrong')}")
-                row.setdefault("status", item.get("status"))
+                wrong = item.get("wrong")
+                what = item.get("error") or (f"element {wrong['index']} is {wrong['got']:g}, expected {wrong['expected']:g}"
+                                             if wrong else "")
+                row["details"].append(f"rank {r}: {item.get('op')}: {what}")
+                row.setdefault("statuses", set()).add(item.get("status"))
     rows = []
     for (a, b), row in sorted(pairs.items()):
-        row["status"] = "pass" if row["ok"] else row.get("status", "fail")
+        statuses = row.pop("statuses", set())
+        row["status"] = ("pass" if row["ok"] else "timeout" if "timeout" in statuses
+                         else "error" if "error" in statuses else "fail")
         rows.append(row)
     return rows
 
@@ -266,6 +271,14 @@ def _test_findings(test: str, per_rank: list[dict[str, Any]], pairs, stuck: dict
             if row["ok"] or explained & set(row["pair"]):
                 continue
             a, b = row["pair"]
+            if row["status"] == "fail":   # data arrived, but wrong
+                out.append(_finding("DDP503", f"Link {a} <-> {b} delivered wrong data in '{test}': "
+                                    + "; ".join(row["details"]),
+                                    "Re-run with NCCL_P2P_DISABLE=1: if the data becomes right, the peer-to-peer path "
+                                    "between these two devices is at fault (ACS/IOMMU, driver).",
+                                    [a, b], test, pair=[a, b]))
+                explained |= {a, b}
+                continue
             out.append(_finding("DDP502", f"Link {a} <-> {b} failed in '{test}': " + "; ".join(row["details"]),
                                 "One pair failing while the others pass points to that path: try NCCL_P2P_DISABLE=1 "
                                 "once to confirm, then check `nvidia-smi topo -m`, ACS/IOMMU and the NICs.",
@@ -283,7 +296,7 @@ def _test_findings(test: str, per_rank: list[dict[str, Any]], pairs, stuck: dict
                             "If every rank fails, suspect the backend/network configuration (interface, firewall); "
                             "if a few, their hosts or devices. Re-run with a larger --deadline to rule out slowness.",
                             ranks, test, kind="collective"))
-    if wrong:
+    if wrong and pairs is None:
         ranks = [e["rank"] for e in wrong]
         detail = "; ".join(f"rank {e['rank']}: {e['detail']}" for e in wrong[:4])
         out.append(_finding("DDP503", f"'{test}' delivered wrong data to {_ranks_str(ranks)}: {detail}",

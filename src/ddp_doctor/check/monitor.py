@@ -18,8 +18,10 @@ from ddp_doctor.check.worker import gate_grace
 
 
 class Monitor:
-    def __init__(self, deadline: float, startup_timeout: float, poll_s: float = 0.05) -> None:
+    def __init__(self, deadline: float, startup_timeout: float, poll_s: float = 0.05,
+                 rendezvous_timeout: float = 60.0) -> None:
         self.deadline = deadline
+        self.rendezvous_timeout = rendezvous_timeout
         self.startup_timeout = startup_timeout
         self.poll_s = poll_s
         self.lstore = channel.host_store(timeout_s=10.0)
@@ -113,11 +115,11 @@ class Monitor:
 
     # ------------------------------------------------------------------ deciding
     def _update_stuck(self) -> None:
-        limit = self.deadline + 2 * gate_grace(self.deadline)
         now = time.monotonic()
         for r, (test, since) in self.at_seen.items():
             if f"done/{r}" in self.data or f"res/{r}/{test}" in self.data:
                 continue
+            limit = (self.rendezvous_timeout if test == "rendezvous" else self.deadline) + 2 * gate_grace(self.deadline)
             if now - since > limit:
                 self.stuck.setdefault(r, test)
 
@@ -128,7 +130,8 @@ class Monitor:
         return all(f"done/{r}" in self.data or r in self.stuck for r in range(n))
 
     def _hard_limit(self) -> float:
-        return self.startup_timeout + (len(plan.ALL_TESTS) + 2) * (self.deadline + 2 * gate_grace(self.deadline))
+        return (self.startup_timeout + self.rendezvous_timeout
+                + (len(plan.ALL_TESTS) + 2) * (self.deadline + 2 * gate_grace(self.deadline)))
 
     def _loop(self) -> None:
         try:

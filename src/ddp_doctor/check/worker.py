@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -35,9 +36,13 @@ class Ctx:
     def __init__(self, rank: int, world: int, device, deadline: float, faults: list, nnodes: int) -> None:
         self.rank, self.world, self.device, self.deadline = rank, world, device, deadline
         self.faults, self.nnodes = faults, nnodes
+        self.groups: dict[tuple[int, int], Any] = {}   # one process group per pair (see pair_groups)
         self.test = ""
         self.op = ""                       # what the test is doing now
         self.waiting_for: list[int] = []   # peers it waits on now
+
+    def group(self, peer: int):
+        return self.groups.get((min(self.rank, peer), max(self.rank, peer)))
 
     def fault(self, kind: str):
         return faultmod.find(self.faults, kind, self.rank, self.test)
@@ -56,9 +61,13 @@ class Ctx:
             torch.cuda.synchronize(self.device)
 
 
+_SRC_PREFIX = re.compile(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")
+
+
 def _first_line(exc: BaseException) -> str:
+    """The gist of a backend error: its last line, without C++ source prefixes."""
     text = str(exc).strip().splitlines()
-    msg = text[-1] if text else ""
+    msg = _SRC_PREFIX.sub("", text[-1] if text else "").split(" This is typically caused")[0]
     return f"{type(exc).__name__}: {msg}"[:300]
 
 
@@ -81,20 +90,52 @@ def _first_bad(tensor, expected) -> dict[str, Any] | None:
 
 
 # ---------------------------------------------------------------------------- the tests
-def _exchange(ctx: Ctx, send_to: int | None, recv_from: int | None, timeout_s: float) -> dict[str, Any]:
-    """isend to one peer and irecv from another, each waited on with a timeout."""
+def pair_groups(ctx: Ctx) -> None:
+    """A two-rank process group for every pair that is tested (every pair on one node, ring neighbours
+    otherwise), so a timeout on one link closes only that link: gloo closes all connections of a
+    process group after a timeout, which would make one bad pair look like a bad rank.
+
+    Every rank creates every group in the same order (``new_group`` is collective).
+    """
+    import torch.distributed as dist
+
+    n = ctx.world
+    if ctx.groups or n < 2:
+        return
+    if ctx.nnodes > 1:
+        pairs = sorted({(min(i, (i + 1) % n), max(i, (i + 1) % n)) for i in range(n)})
+    else:
+        pairs = [(a, b) for a in range(n) for b in range(a + 1, n)]
+    ctx.waiting_for = [r for r in range(n) if r != ctx.rank]   # new_group waits for every rank
+    for a, b in pairs:
+        ctx.op = f"creating the process group of ranks {a} and {b}"
+        group = dist.new_group([a, b], timeout=timedelta(seconds=ctx.deadline))
+        if ctx.rank in (a, b):
+            ctx.groups[(a, b)] = group
+    ctx.waiting_for = []
+
+
+def _exchange(ctx: Ctx, send_to: int | None, recv_from: int | None, timeout_s: float) -> list[dict[str, Any]]:
+    """isend to one peer and irecv from another, each waited on with a timeout.
+
+    Returns one entry per peer: ``{"pair", "peer", "ok", "status", "op", "error"|"wrong", "time_s"}``
+    (one entry when both directions go to the same peer).
+    """
     import torch
     import torch.distributed as dist
 
     t0 = time.monotonic()
-    out: dict[str, Any] = {"ok": True}
     send_buf = torch.full((P2P_NUMEL,), float(ctx.rank + 1), device=ctx.device)
     recv_buf = torch.zeros(P2P_NUMEL, device=ctx.device)
     works = []
     if recv_from is not None:
-        works.append(("recv", recv_from, dist.irecv(recv_buf, recv_from)))
+        works.append(("recv", recv_from, dist.irecv(recv_buf, recv_from, group=ctx.group(recv_from))))
     if send_to is not None and not ctx.dropped(send_to):
-        works.append(("send", send_to, dist.isend(send_buf, send_to)))
+        works.append(("send", send_to, dist.isend(send_buf, send_to, group=ctx.group(send_to))))
+    out: dict[int, dict[str, Any]] = {}
+    for peer in (recv_from, send_to):
+        if peer is not None:
+            out.setdefault(peer, {"pair": sorted([ctx.rank, peer]), "peer": peer, "ok": True, "status": "pass"})
     for kind, peer, work in works:
         ctx.op, ctx.waiting_for = f"{kind} {'from' if kind == 'recv' else 'to'} rank {peer}", [peer]
         remaining = max(0.05, timeout_s - (time.monotonic() - t0))
@@ -102,31 +143,42 @@ def _exchange(ctx: Ctx, send_to: int | None, recv_from: int | None, timeout_s: f
             work.wait(timeout=timedelta(seconds=remaining))
         except Exception as exc:  # noqa: BLE001
             timed_out = "timed out" in str(exc).lower() or "timeout" in str(exc).lower()
-            out.update(ok=False, status="timeout" if timed_out else "error", peer=peer, op=ctx.op,
-                       error=_first_line(exc))
-            return out
+            out[peer].update(ok=False, status="timeout" if timed_out else "error", op=ctx.op, error=_first_line(exc))
+            continue
+        if kind == "recv":
+            ctx.sync()
+            _corrupt_if(ctx, recv_buf)
+            bad = _first_bad(recv_buf, recv_from + 1)
+            if bad:
+                out[peer].update(ok=False, status="fail", op=ctx.op, wrong=bad)
+        out[peer]["time_s"] = time.monotonic() - t0
     ctx.waiting_for = []
-    if recv_from is not None:
-        ctx.sync()
-        _corrupt_if(ctx, recv_buf)
-        bad = _first_bad(recv_buf, recv_from + 1)
-        if bad:
-            out.update(ok=False, status="fail", peer=recv_from, op=f"recv from rank {recv_from}", wrong=bad)
-    out["time_s"] = time.monotonic() - t0
-    return out
+    return list(out.values())
+
+
+def _p2p_result(items: list[dict[str, Any]]) -> dict[str, Any]:
+    bad = [i for i in items if not i["ok"]]
+    if not bad:
+        return {"status": "pass", "items": items}
+    statuses = {i["status"] for i in bad}
+    worst = "timeout" if "timeout" in statuses else "error" if "error" in statuses else "fail"
+    return {"status": worst, "items": items,
+            "waiting_for": sorted({i["peer"] for i in bad if i["status"] != "fail"}),
+            "detail": "; ".join(f"{i['op']}: {i.get('error') or _wrong_text(i.get('wrong'))}" for i in bad)}
+
+
+def _wrong_text(bad: dict[str, Any] | None) -> str:
+    if not bad:
+        return ""
+    return f"element {bad['index']} is {bad['got']:g}, expected {bad['expected']:g}"
 
 
 def test_ring(ctx: Ctx) -> dict[str, Any]:
     n, r = ctx.world, ctx.rank
     if n < 2:
         return {"status": "skip", "detail": "one rank"}
-    nxt, prev = (r + 1) % n, (r - 1) % n
-    res = _exchange(ctx, nxt, prev, ctx.deadline * 0.9)
-    items = [{"pair": sorted([r, prev]), "peer": prev, **res}]
-    if res["ok"]:
-        return {"status": "pass", "items": items}
-    return {"status": res["status"], "detail": f"{res['op']}: {res.get('error') or res.get('wrong')}",
-            "waiting_for": [res["peer"]] if res["status"] in ("timeout", "error") else [], "items": items}
+    pair_groups(ctx)
+    return _p2p_result(_exchange(ctx, (r + 1) % n, (r - 1) % n, ctx.deadline * 0.9))
 
 
 def test_pairs(ctx: Ctx) -> dict[str, Any]:
@@ -135,23 +187,18 @@ def test_pairs(ctx: Ctx) -> dict[str, Any]:
         return {"status": "skip", "detail": "one rank"}
     if ctx.nnodes > 1:
         return {"status": "skip", "detail": "every-pair test runs on a single node only"}
+    pair_groups(ctx)
     rounds = plan.pair_rounds(n)
     slot = ctx.deadline * 0.9 / len(rounds)
     t0 = time.monotonic()
-    items = []
+    items: list[dict[str, Any]] = []
     for k, pairs in enumerate(rounds):
         peer = plan.partner(pairs, r)
         if peer is None:
             continue
         until = t0 + (k + 1) * slot   # the schedule keeps rounds aligned even after a timeout
-        res = _exchange(ctx, peer, peer, max(0.05, until - time.monotonic()))
-        items.append({"pair": sorted([r, peer]), "peer": peer, **res})
-    bad = [i for i in items if not i["ok"]]
-    if not bad:
-        return {"status": "pass", "items": items}
-    worst = "timeout" if any(i["status"] == "timeout" for i in bad) else ("error" if any(i["status"] == "error" for i in bad) else "fail")
-    return {"status": worst, "items": items, "waiting_for": sorted({i["peer"] for i in bad if i["status"] != "fail"}),
-            "detail": "; ".join(f"{i['op']}: {i.get('error') or i.get('wrong')}" for i in bad)}
+        items += _exchange(ctx, peer, peer, max(0.05, until - time.monotonic()))
+    return _p2p_result(items)
 
 
 def test_barrier(ctx: Ctx) -> dict[str, Any]:
@@ -277,10 +324,12 @@ def _apply_start_faults(ctx: Ctx) -> None:
         time.sleep(float(fault.params.get("secs", 3600)))
 
 
-def _gate(gstore, ch: channel.Channel, ctx: Ctx, test: str, started: float) -> tuple[dict[int, dict], list[int]]:
+def _gate(gstore, ch: channel.Channel, ctx: Ctx, test: str, started: float,
+          limit: float | None = None) -> tuple[dict[int, dict], list[int]]:
     """Wait (on the store) for every rank's result of ``test``; return results and missing ranks."""
     keys = [f"res/{r}/{test}" for r in range(ctx.world)]
-    until = started + ctx.deadline + gate_grace(ctx.deadline)
+    limit = ctx.deadline if limit is None else limit
+    until = started + limit + gate_grace(ctx.deadline)
     while True:
         try:
             if all(gstore.check([k]) for k in keys) or time.monotonic() >= until:
@@ -350,6 +399,8 @@ def main() -> int:
     group_rank, group_world = int(os.environ.get("GROUP_RANK", 0)), int(os.environ.get("GROUP_WORLD_SIZE", 1))
     _redirect_output(cfg.get("logdir"), rank)
     deadline = float(cfg["deadline"])
+    # ranks start seconds apart (importing torch on a loaded machine): joining gets its own timeout
+    rdzv_timeout = float(cfg.get("rendezvous_timeout", 60.0))
     faults = faultmod.from_env()
 
     import torch
@@ -373,7 +424,7 @@ def main() -> int:
     _apply_start_faults(ctx)
     t0 = time.monotonic()
     try:
-        dist.init_process_group(backend, timeout=timedelta(seconds=deadline))
+        dist.init_process_group(backend, timeout=timedelta(seconds=rdzv_timeout))
     except Exception as exc:  # noqa: BLE001
         ch.set(f"res/{rank}/rendezvous", {"status": "timeout" if "timeout" in str(exc).lower() else "error",
                                           "duration_s": time.monotonic() - t0, "detail": _first_line(exc)})
@@ -399,7 +450,7 @@ def main() -> int:
                                   gpus=gpus)
         ch.set(f"audit/{group_rank}", {"node": group_rank, "host": hello["host"], "facts": facts, "checks": checks,
                                        "local_ranks": local_world})
-    _, missing = _gate(gstore, ch, ctx, "rendezvous", t0)
+    _, missing = _gate(gstore, ch, ctx, "rendezvous", t0, rdzv_timeout)
 
     sizes = [int(s) for s in cfg.get("sizes", plan.DEFAULT_SIZES)]
     tests: list[tuple[str, Callable[[], dict[str, Any]]]] = [

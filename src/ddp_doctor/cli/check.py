@@ -169,8 +169,8 @@ def run_check(rest: list[str], *, deadline: float = 10.0, sizes=None, workers: i
     from ddp_doctor.report import check_view
 
     logdir = tempfile.mkdtemp(prefix="ddp-doctor-check-")
-    monitor = Monitor(deadline, startup_timeout=rendezvous_timeout + 60.0)
-    config = {"store": monitor.address, "deadline": deadline, "sizes": list(sizes or plan.DEFAULT_SIZES),
+    monitor = Monitor(deadline, startup_timeout=rendezvous_timeout + 60.0, rendezvous_timeout=rendezvous_timeout)
+    config = {"store": monitor.address, "deadline": deadline, "rendezvous_timeout": rendezvous_timeout, "sizes": list(sizes or plan.DEFAULT_SIZES),
               "workers": workers, "batch_bytes": batch_bytes, "backend": backend, "logdir": logdir,
               "user_env": user_env}
     saved_env = dict(os.environ)
@@ -206,9 +206,9 @@ def run_check(rest: list[str], *, deadline: float = 10.0, sizes=None, workers: i
     report.update({"command": ["ddp-doctor", "check", *rest], "started_at": started_at,
                    "duration_s": round(time.monotonic() - t0, 3), "stopped_processes": snapshot.get("killed", []) + leftovers})
     shutil.rmtree(logdir, ignore_errors=True)
-    check_view.print_check(report, console=console)
     if report_path:
         from ddp_doctor.report import write_json
 
         write_json(report, report_path)
+    check_view.print_check(report, console=console)
     return int(report["exit_code"])

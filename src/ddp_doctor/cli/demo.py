@@ -6,8 +6,8 @@ copied into the output directory so you can read, diff and re-run them.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
     lint_findings = _lint(con, scripts["buggy"])
 
     try:
-        from ddp_doctor.cli import run as _  # noqa: F401
+        importlib.import_module("ddp_doctor.cli.run")
     except ImportError:
         con.print("\n`ddp-doctor run` is not part of this build; the demo cannot launch the ranks.", style="bold red")
         return 1

@@ -181,12 +181,17 @@ def ddp_forward_in_fn(model: ModuleModel, fn: ast.AST, call: ast.Call, caller: S
         target = forward_target(site.call)
         if target is None:
             continue
+        quiet = in_no_grad(model, scope, site.call.lineno) or in_no_grad(model, caller, call.lineno)
         if isinstance(target, ast.Name) and target.id in scope.params:
             idx = scope.params.index(target.id) - offset
             a = arg_or_kw(call, idx, target.id) if idx >= 0 else None
             if a is not None and model.is_ddp_value(a, caller):
+                if quiet and no_buffer_broadcast(model, a, caller):
+                    continue
                 return site.call
         elif model.is_ddp_value(target, scope):
+            if quiet and no_buffer_broadcast(model, target, scope):
+                continue
             return site.call
     return None
 
@@ -199,6 +204,44 @@ def forward_target(call: ast.Call) -> ast.expr | None:
     if isinstance(f, (ast.Name, ast.Attribute)):
         return f
     return None
+
+
+def ddp_constructions(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int = 0) -> list[ast.Call]:
+    if depth > 4:
+        return []
+    if isinstance(expr, ast.Call):
+        return [expr] if model.is_ddp_call(expr) else []
+    out = []
+    for v in model.values_of(expr, scope):
+        if v is not expr:
+            out += ddp_constructions(model, v, scope, depth + 1)
+    return out
+
+
+def no_buffer_broadcast(model: ModuleModel, expr: ast.expr, scope: Scope) -> bool:
+    """Every DDP construction behind ``expr`` says ``broadcast_buffers=False``."""
+    calls = ddp_constructions(model, expr, scope)
+    return bool(calls) and all(kwarg(c, "broadcast_buffers") is not None and
+                               literal(kwarg(c, "broadcast_buffers").value) is False for c in calls)
+
+
+_NO_GRAD = ("no_grad", "inference_mode")
+
+
+def in_no_grad(model: ModuleModel, scope: Scope, line: int) -> bool:
+    """``line`` runs under ``torch.no_grad()`` / ``inference_mode()`` (decorator or ``with``)."""
+    node = scope.node
+    if not scope.is_module:
+        for d in node.decorator_list:
+            if final_name(d.func if isinstance(d, ast.Call) else d) in _NO_GRAD:
+                return True
+    for stmt, _c, _l in scope.stmts:
+        if isinstance(stmt, (ast.With, ast.AsyncWith)) and stmt.lineno <= line <= (stmt.end_lineno or 0):
+            for item in stmt.items:
+                e = item.context_expr
+                if final_name(e.func if isinstance(e, ast.Call) else e) in _NO_GRAD:
+                    return True
+    return False
 
 
 # ------------------------------------------------------------- balance ---
@@ -254,6 +297,24 @@ def balanced(model: ModuleModel, group: list[tuple[tuple[Cond, ...], Scope]]) ->
         if len(set(lo)) > 1 or len(set(hi)) > 1:
             return False
     return evaluated
+
+
+def never_runs(model: ModuleModel, conds: tuple[Cond, ...], scope: Scope) -> bool:
+    """The conditions are False on every rank whatever the unknowns (dead code in a distributed run)."""
+    if not conds:
+        return False
+    atoms: list[str] = []
+    for c in conds:
+        for a in model.atoms(c.test, scope):
+            if a not in atoms:
+                atoms.append(a)
+    if len(atoms) > 4:
+        return False
+    for sigma in model.sigmas(atoms) if atoms else [{}]:
+        t = site_truths(model, conds, scope, sigma)
+        if t is None or any(x != "F" for x in t):
+            return False
+    return True
 
 
 def describe_conds(ctx, conds: Iterable[Cond]) -> str:

@@ -21,7 +21,7 @@ SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".tox", ".nox", ".mypy_cache"
              ".ruff_cache", "node_modules", ".eggs", ".ipynb_checkpoints"}
 # a file that mentions none of these cannot trigger any rule: parse it (syntax errors are still
 # reported) but skip building the semantic model
-_RELEVANT = re.compile(r"torch|lightning|accelerat|DataLoader|fabric|deepspeed")
+_RELEVANT = re.compile(r"distributed|DataLoader|DDP|lightning|accelerat|fabric|deepspeed|horovod")
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
 
 

@@ -244,18 +244,30 @@ def iter_header_exprs(stmt: ast.stmt) -> Iterator[ast.AST]:
         yield stmt
 
 
-def calls_in(node: ast.AST) -> Iterator[ast.Call]:
-    """Calls inside an expression, in evaluation-ish order, not entering lambdas."""
-    stack = [node]
+_SKIP_EXPR = (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def calls_in(node: ast.AST) -> list[ast.Call]:
+    """Calls inside an expression (or a simple statement), not entering lambdas."""
     out = []
+    stack = [node]
+    pop, push = stack.pop, stack.append
+    Call, AST = ast.Call, ast.AST
     while stack:
-        n = stack.pop()
-        if isinstance(n, (ast.Lambda, *FuncNode, ast.ClassDef)) and n is not node:
-            continue
-        if isinstance(n, ast.Call):
+        n = pop()
+        if type(n) is Call:
             out.append(n)
-        stack.extend(reversed(list(ast.iter_child_nodes(n))))
-    return iter(out)
+        for name in n._fields:
+            v = getattr(n, name, None)
+            if isinstance(v, AST):
+                if not isinstance(v, _SKIP_EXPR):
+                    push(v)
+            elif type(v) is list:
+                for x in v:
+                    if isinstance(x, AST) and not isinstance(x, _SKIP_EXPR):
+                        push(x)
+    out.reverse()
+    return out
 
 
 class _Unknown(Exception):
@@ -275,7 +287,6 @@ class ModuleModel:
         self.path = path
         self.source = source
         self.imports: dict[str, str] = {}
-        self.parents: dict[ast.AST, ast.AST] = {}
         self.scopes: dict[ast.AST, Scope] = {}
         self.functions: dict[str, list[ast.AST]] = {}  # module-level and nested defs by name
         self.methods: dict[ast.ClassDef, dict[str, ast.AST]] = {}
@@ -288,39 +299,70 @@ class ModuleModel:
 
     # ---------------------------------------------------------- collection
     def _collect(self) -> None:
-        for node in ast.walk(self.tree):
-            for child in ast.iter_child_nodes(node):
-                self.parents[child] = node
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    if a.asname:
-                        self.imports[a.asname] = a.name
-                    else:
-                        top = a.name.split(".")[0]
-                        self.imports[top] = top
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                for a in node.names:
-                    if a.name != "*":
-                        self.imports[a.asname or a.name] = f"{node.module}.{a.name}"
-            elif isinstance(node, FuncNode):
-                self.functions.setdefault(node.name, []).append(node)
-            elif isinstance(node, ast.ClassDef):
-                self.classes[node.name] = node
-                self.methods[node] = {s.name: s for s in node.body if isinstance(s, FuncNode)}
-            elif isinstance(node, ast.If) and self._is_main_guard(node.test):
-                self.has_main_guard = True
+        # statement-level walk only (expressions are visited once, by _walk): imports, defs, classes
+        self.def_parent: dict[ast.AST, ast.AST] = {}
+        self.spans: list[tuple[int, int, ast.AST]] = []  # (first line, last line, def) for function names
+        func_nodes: list[tuple[ast.AST, ast.ClassDef | None]] = []
+        stack: list[tuple[list[ast.stmt], ast.AST]] = [(self.tree.body, self.tree)]
+        while stack:
+            body, parent = stack.pop()
+            for node in body:
+                t = type(node)
+                if t is ast.Import:
+                    for a in node.names:
+                        if a.asname:
+                            self.imports[a.asname] = a.name
+                        else:
+                            top = a.name.split(".")[0]
+                            self.imports[top] = top
+                    continue
+                if t is ast.ImportFrom:
+                    if node.module and not node.level:
+                        for a in node.names:
+                            if a.name != "*":
+                                self.imports[a.asname or a.name] = f"{node.module}.{a.name}"
+                    continue
+                if t is ast.FunctionDef or t is ast.AsyncFunctionDef:
+                    self.functions.setdefault(node.name, []).append(node)
+                    self.def_parent[node] = parent
+                    self.spans.append((node.lineno, node.end_lineno or node.lineno, node))
+                    func_nodes.append((node, parent if isinstance(parent, ast.ClassDef) else None))
+                    stack.append((node.body, node))
+                    continue
+                if t is ast.ClassDef:
+                    self.classes[node.name] = node
+                    self.methods[node] = {x.name: x for x in node.body if isinstance(x, FuncNode)}
+                    stack.append((node.body, node))
+                    continue
+                if t is ast.If:
+                    if self._is_main_guard(node.test):
+                        self.has_main_guard = True
+                    stack.append((node.body, parent))
+                    stack.append((node.orelse, parent))
+                elif t in (ast.For, ast.AsyncFor, ast.While):
+                    stack.append((node.body, parent))
+                    stack.append((node.orelse, parent))
+                elif t in (ast.With, ast.AsyncWith):
+                    stack.append((node.body, parent))
+                elif t is ast.Try or t.__name__ == "TryStar":
+                    stack.append((node.body, parent))
+                    stack.append((node.orelse, parent))
+                    stack.append((node.finalbody, parent))
+                    for h in node.handlers:
+                        stack.append((h.body, parent))
+                elif t is ast.Match:
+                    for case in node.cases:
+                        stack.append((case.body, parent))
         self._build_scope(self.tree, "<module>", None)
-        for node in ast.walk(self.tree):
-            if isinstance(node, FuncNode):
-                parent = self.parents.get(node)
-                cls = parent if isinstance(parent, ast.ClassDef) else None
-                self._build_scope(node, node.name, cls)
+        for node, cls in func_nodes:
+            self._build_scope(node, node.name, cls)
         # module-level aliases: DDP = torch.nn.parallel.DistributedDataParallel
         for name, vals in self.scopes[self.tree].assigns.items():
             if len(vals) == 1 and name not in self.imports:
                 q = self.qual(vals[0][0])
                 if q and "." in q:
                     self.imports[name] = q
+        self.spans.sort(key=lambda x: (x[0], -x[1]))
 
     @staticmethod
     def _is_main_guard(test: ast.expr) -> bool:
@@ -437,13 +479,19 @@ class ModuleModel:
             return f"{base}.{node.attr}" if base else None
         return None
 
-    def scope_of(self, node: ast.AST) -> Scope:
-        n = node
-        while n is not None:
-            n = self.parents.get(n)
-            if n is not None and n in self.scopes:
-                return self.scopes[n]
-        return self.scope
+    def function_at(self, line: int) -> ast.AST | None:
+        """The innermost def whose span holds ``line``."""
+        best = None
+        for start, end, node in self.spans:
+            if start > line:
+                break
+            if line <= end:
+                best = node
+        return best
+
+    def returns_of(self, fn: ast.AST) -> list[ast.Return]:
+        scope = self.scopes.get(fn)
+        return [j.stmt for j in scope.jumps if j.kind == "return"] if scope is not None else []
 
     def values_of(self, expr: ast.expr, scope: Scope) -> list[ast.expr]:
         """Expressions assigned to a Name / self.attr (in scope, then module / class)."""
@@ -464,7 +512,7 @@ class ModuleModel:
             if defs:
                 # prefer a def in the same scope chain
                 for d in defs:
-                    p = self.parents.get(d)
+                    p = self.def_parent.get(d)
                     if p is scope.node or p is self.tree:
                         return d
                 return defs[0] if len(defs) == 1 else None
@@ -493,8 +541,9 @@ class ModuleModel:
     def function_referenced_as_value(self, fn: ast.AST) -> bool:
         """``mp.spawn(main_worker, ...)``, ``fabric.launch(train)``: the function is run, not called here."""
         name = getattr(fn, "name", None)
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.Call):
+        for scope in self.scopes.values():
+            for site in scope.sites:
+                node = site.call
                 for a in (*node.args, *(k.value for k in node.keywords)):
                     if isinstance(a, ast.Name) and a.id == name:
                         return True
@@ -867,6 +916,14 @@ class _Eval:
                 return {tuple(next(iter(e)) for e in elts)}
             raise _Unknown
         if isinstance(node, ast.JoinedStr):
+            for v in node.values:  # f"ckpt-rank{rank}.pt": depends on the rank
+                if isinstance(v, ast.FormattedValue):
+                    try:
+                        self.ev(v.value, depth + 1)
+                    except Exception:  # noqa: BLE001
+                        pass
+            if self.hit and not self.collect:
+                raise _Unknown
             return self.atom(node)
         return self.atom(node)
 
@@ -934,8 +991,7 @@ class _Eval:
         fn = m.resolve_function(func, self.scope)
         if fn is not None and depth < 8:
             inner = m.scopes[fn]
-            rets = [s.value for s in ast.walk(fn) if isinstance(s, ast.Return) and s.value is not None
-                    and m.scope_of(s) is inner]
+            rets = [s.value for s in m.returns_of(fn) if s.value is not None]
             if rets and len(rets) <= 4:
                 sub = _Eval(m, inner, self.r, self.sigma, self.collect)
                 sub.atoms = self.atoms

@@ -112,9 +112,12 @@ def is_library_frame(path: str | None) -> bool:
 def stopped_at(r: dict[str, Any]) -> dict[str, Any] | None:
     """Where a rank stopped: the runner's ``where`` if given, else the innermost user frame of its stack."""
     w = r.get("where")
+    uf = user_frame(r.get("stack"))
     if isinstance(w, dict) and w.get("path"):
+        if is_library_frame(w.get("path")) and uf and not is_library_frame(uf.get("path")):
+            return uf  # the runner's "where" fell inside a library: show the user's line
         return w
-    return user_frame(r.get("stack"))
+    return uf
 
 
 def user_frame(stack: list[dict[str, Any]] | None) -> dict[str, Any] | None:

@@ -48,6 +48,11 @@ def print_start(args, deadline: float, console: Console | None = None) -> None:
             f"deadline {deadline:g} s per test ...")
 
 
+def _row(table: Table, *cells) -> None:
+    """Add a row; plain strings are never read as rich markup (messages carry '[...]')."""
+    table.add_row(*(Text(c) if isinstance(c, str) else c for c in cells))
+
+
 def _table(title: str, *columns: str) -> Table:
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, title_style="bold")
     for col in columns:
@@ -61,31 +66,38 @@ def print_check(report: dict[str, Any], console: Console | None = None) -> None:
     ranks = report.get("ranks", [])
     if ranks:
         t = _table(f"Ranks ({report.get('world_size')} on {report.get('nnodes')} node(s))",
-                   "rank", "node", "host", "local", "pid", "device", "backend", "torch", "CUDA", "NCCL", "state")
+                   "rank", "node", "host", "local", "pid", "device", "state")
         for r in ranks:
-            v = r.get("versions") or {}
-            t.add_row(str(r["rank"]), str(r.get("node", "-")), str(r.get("host") or "-"), str(r.get("local_rank", "-")),
-                      str(r.get("pid") or "-"), str(r.get("device_name") or r.get("device") or "-"),
-                      str(r.get("backend") or "-"), str(v.get("torch") or "-"), str(v.get("cuda") or "-"),
-                      str(v.get("nccl") or "-"), _status(r["state"]))
+            _row(t, str(r["rank"]), str(r.get("node", "-")), str(r.get("host") or "-"), str(r.get("local_rank", "-")),
+                 str(r.get("pid") or "-"), str(r.get("device_name") or r.get("device") or "-"), _status(r["state"]))
         c.print(t)
+        versions = sorted({" ".join(f"{k} {v}" for k, v in (r.get("versions") or {}).items() if v)
+                           + (f" backend {r['backend']}" if r.get("backend") else "") for r in ranks if r.get("versions")})
+        for line in versions:
+            c.print(Text("  " + line, style="dim"))
         if all((r.get("device") or "cpu") == "cpu" for r in ranks if r.get("device")):
             c.print("[dim]  GPU: none visible to torch — gloo on CPU; device and NCCL checks skipped.[/]")
+    not_run = []
     for test in report.get("tests", []):
+        if test["status"] == "not-run":
+            not_run.append(test["name"])
+            continue
         _print_test(c, test)
+    if not_run:
+        c.print(Text(f"not run (stopped after a failure): {', '.join(not_run)}", style="dim"))
     bw = report.get("bandwidth") or []
     if bw:
         t = _table(f"all_reduce bus bandwidth ({report.get('world_size')} ranks; busbw = algbw x 2(n-1)/n)",
                    "size", "time/op", "algbw GB/s", "busbw GB/s", "correct")
         for row in bw:
-            t.add_row(_size(row["bytes"]), _secs(row["time_s"]), f"{row['algbw_GBps']:.3f}", f"{row['busbw_GBps']:.3f}",
+            _row(t, _size(row["bytes"]), _secs(row["time_s"]), f"{row['algbw_GBps']:.3f}", f"{row['busbw_GBps']:.3f}",
                       _status("pass" if row["ok"] else "fail"))
         c.print(t)
     for node in report.get("audit", []):
         t = _table(f"Environment of node {node.get('node')} ({node.get('host')}, {node.get('local_ranks')} ranks)",
                    "check", "status", "value", "detail")
         for chk in node.get("checks", []):
-            t.add_row(chk["check"], _status(chk["status"]), str(chk["value"]), chk.get("detail", ""))
+            _row(t, chk["check"], _status(chk["status"]), str(chk["value"]), chk.get("detail", ""))
         c.print(t)
     findings = report.get("findings", [])
     if findings:
@@ -126,17 +138,17 @@ def _print_test(c: Console, test: dict[str, Any]) -> None:
         t = _table("", "pair", "status", "time", "detail")
         t.title = title
         for p in pairs:
-            t.add_row(f"{p['pair'][0]} <-> {p['pair'][1]}", _status(p["status"]), _secs(p.get("time_s")),
+            _row(t, f"{p['pair'][0]} <-> {p['pair'][1]}", _status(p["status"]), _secs(p.get("time_s")),
                       "; ".join(p.get("details", [])))
         extra = [r for r in test["ranks"] if r["status"] in ("hung", "exited", "not-run", "skip")]
         for r in extra:
-            t.add_row(f"rank {r['rank']}", _status(r["status"]), "-", r.get("detail") or "")
+            _row(t, f"rank {r['rank']}", _status(r["status"]), "-", r.get("detail") or "")
         c.print(t)
         return
     t = _table("", "rank", "status", "time", "detail")
     t.title = title
     for r in test.get("ranks", []):
-        t.add_row(str(r["rank"]), _status(r["status"]), _secs(r.get("duration_s")), r.get("detail") or "")
+        _row(t, str(r["rank"]), _status(r["status"]), _secs(r.get("duration_s")), r.get("detail") or "")
     c.print(t)
 
 

@@ -203,18 +203,19 @@ def _snippet(con: Console, snip: dict[str, Any], line: Any) -> None:
 
 def _rank_table(con: Console, report: dict[str, Any]) -> None:
     table = Table(title="Ranks", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for col in ("rank", "state", "epoch", "step", "last collective", "stopped at", "exit"):
-        table.add_column(col, overflow="fold")
+    for col in ("rank", "state", "epoch", "step", "exit"):
+        table.add_column(col, no_wrap=True, justify="right" if col in ("rank", "epoch", "step") else "left")
+    table.add_column("stopped at / last collective", overflow="fold", ratio=1)
     for r in sorted(report.get("ranks") or [], key=lambda r: r.get("rank", 0)):
         bad = _view.rank_is_bad(r)
-        fr = _view.stopped_at(r)
+        where = Text(_view.frame_text(_view.stopped_at(r)) or "-", style="bold" if bad else "")
+        coll = _view.collective_text(r.get("last_collective"))
+        if coll:
+            where.append("\n" + coll, style="dim")
         table.add_row(
             str(r.get("rank")),
             Text(str(r.get("state") or ""), style="bold red" if bad else "green"),
-            _na(r.get("epoch")), _na(r.get("step")),
-            _view.collective_text(r.get("last_collective")),
-            _view.frame_text(fr),
-            _view.exit_text(r),
+            _na(r.get("epoch")), _na(r.get("step")), _view.exit_text(r) or "-", where,
         )
     con.print(table)
     con.print()

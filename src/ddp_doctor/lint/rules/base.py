@@ -27,8 +27,8 @@ class Context:
         return s if len(s) <= limit else s[: limit - 3] + "..."
 
     def function_name(self, node: ast.AST) -> str | None:
-        scope = self.model.scope_of(node)
-        return None if scope.is_module else scope.name
+        fn = self.model.function_at(getattr(node, "lineno", 0))
+        return None if fn is None else fn.name
 
     def report(self, code: str, node: ast.AST, message: str, fix: str, *, fix_kind: str | None = None,
                fix_node: ast.AST | None = None) -> Finding:

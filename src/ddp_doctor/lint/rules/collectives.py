@@ -43,9 +43,13 @@ def _unbalanced(ctx: Context, scope: Scope, group) -> list[tuple[Site, list[Cond
         return []
     if scope.rank_guarded_all:
         return guarded
-    if A.balanced(ctx.model, [(tuple(conds), scope) for _s, conds, _d in group]):
+    m = ctx.model
+    # every condition that involves the rank counts, even one constant over ranks 0..3
+    # (`local_rank == -1` is False on every rank of a distributed run: the call never happens)
+    full = [(tuple(c for c in s.conds if m.mentions_rank(c.test, scope)), scope) for s, _c, _d in group]
+    if A.balanced(m, full):
         return []
-    return guarded
+    return [g for g, f in zip(group, full) if g in guarded and not A.never_runs(m, f[0], scope)]
 
 
 class RankConditionalCollective(Rule):
@@ -94,6 +98,8 @@ class DDPForwardOnSubset(Rule):
             def classify(site: Site):
                 target = A.forward_target(site.call)
                 if target is not None and m.is_ddp_value(target, scope):
+                    if A.no_buffer_broadcast(m, target, scope) and A.in_no_grad(m, scope, site.call.lineno):
+                        return None  # no_grad forward with broadcast_buffers=False runs no collective
                     return "forward", f"the DDP model `{ctx.text(target)}`"
                 fn = m.resolve_function(site.call.func, scope)
                 if fn is not None and fn is not scope.node:

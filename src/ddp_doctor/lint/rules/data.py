@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import re
 
 from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import (
@@ -29,14 +30,6 @@ def _all_calls(m: ModuleModel, pred):
                 yield site.call, scope
 
 
-def _set_epoch_called(m: ModuleModel) -> bool:
-    for scope in m.scopes.values():
-        for site in scope.sites:
-            if final_name(site.call.func) == "set_epoch":
-                return True
-    return False
-
-
 def _uses_wrapper_loaders(m: ModuleModel) -> bool:
     """Fabric / accelerate / Lightning own the sampler (they add a DistributedSampler and set its epoch)."""
     return any(q.split(".")[0] in ("lightning", "pytorch_lightning", "accelerate", "lightning_fabric")
@@ -59,11 +52,15 @@ def _dataset_is_iterable_or_sharded(m: ModuleModel, ds: ast.expr | None, scope: 
                 bq = m.qual(b) or final_name(b) or ""
                 if bq in ITERABLE_DATASETS or "Iterable" in bq or "IterDataPipe" in bq:
                     return True
-        if any(m.mentions_rank(a, scope) for a in (*ds.args, *(k.value for k in ds.keywords))):
+        if any(_per_rank(m, a, scope) for a in (*ds.args, *(k.value for k in ds.keywords))):
             return True  # Subset(ds, range(rank, n, world)) and friends: already split per rank
         text = ast.dump(ds)
         if "shard" in text or "split_dataset_by_node" in text:
             return True
+        fn = m.resolve_function(ds.func, scope)
+        if fn is not None and depth < 2:
+            return any(_dataset_is_iterable_or_sharded(m, r.value, m.scopes[fn], depth + 1)
+                       for r in m.returns_of(fn) if r.value is not None)
         return False
     if isinstance(ds, (ast.Name, ast.Attribute)):
         vals = m.values_of(ds, scope)
@@ -73,38 +70,122 @@ def _dataset_is_iterable_or_sharded(m: ModuleModel, ds: ast.expr | None, scope: 
     return True
 
 
+def _per_rank(m: ModuleModel, expr: ast.expr, scope: Scope, depth: int = 0) -> bool:
+    """Is ``expr`` derived from the rank (``rank``, ``list(DistributedSampler(ds))``, ...)?"""
+    if depth > 3:
+        return False
+    if m.mentions_rank(expr, scope):
+        return True
+    for n in ast.walk(expr):
+        if isinstance(n, ast.Call) and m.is_sampler_call(n):
+            return True
+        if isinstance(n, ast.Name) and n.id not in m.imports:
+            for v in m.values_of(n, scope):
+                if v is not expr and _per_rank(m, v, scope, depth + 1):
+                    return True
+    return False
+
+
+_LOADING = re.compile(r"open|load|read|decode|imread|Image|transform|augment|sleep|fetch|tokeni|resize|crop|"
+                      r"flip|request|download|cv2|PIL|np\.|numpy|pickle|json|h5|lmdb|zip", re.I)
+
+
+def _in_memory_dataset(m: ModuleModel, ds: ast.expr | None, scope: Scope, depth: int = 0) -> bool:
+    """A dataset that only indexes tensors already in memory (no file I/O, no transforms)."""
+    if ds is None or depth > 6:
+        return False
+    if isinstance(ds, ast.Call):
+        name = final_name(ds.func) or ""
+        if name == "TensorDataset":
+            return True
+        if name in ("Subset", "ConcatDataset", "random_split") and ds.args:
+            first = ds.args[0]
+            if isinstance(first, (ast.List, ast.Tuple)) and first.elts:
+                return all(_in_memory_dataset(m, e, scope, depth + 1) for e in first.elts)
+            return _in_memory_dataset(m, first, scope, depth + 1)
+        cls = m.classes.get(name)
+        if cls is not None:
+            getitem = m.methods.get(cls, {}).get("__getitem__") or m.methods.get(cls, {}).get("__iter__")
+            if getitem is None:
+                return False
+            for c in ast.walk(getitem):
+                if isinstance(c, ast.Call) and _LOADING.search(ast.unparse(c.func)):
+                    return False
+            init = m.methods.get(cls, {}).get("__init__")
+            return init is None or not any(isinstance(c, ast.Call) and "transform" in ast.unparse(c).lower()
+                                           for c in ast.walk(getitem))
+        fn = m.resolve_function(ds.func, scope)
+        if fn is not None:
+            rets = [r.value for r in m.returns_of(fn) if r.value is not None]
+            return bool(rets) and all(_in_memory_dataset(m, r, m.scopes[fn], depth + 1) for r in rets)
+        return False
+    if isinstance(ds, ast.Subscript):
+        return _in_memory_dataset(m, ds.value, scope, depth + 1)
+    if isinstance(ds, (ast.Name, ast.Attribute)):
+        vals = [v for v in m.values_of(ds, scope) if v is not ds]
+        return bool(vals) and all(_in_memory_dataset(m, v, scope, depth + 1) for v in vals)
+    return False
+
+
 class SamplerEpochNotSet(Rule):
     code = "DDP102"
 
     def check(self, ctx: Context) -> None:
         m = ctx.model
-        if _set_epoch_called(m):
-            return
         uses = A.loader_uses(m)
+        set_epoch_sites = [s for sc in m.scopes.values() for s in sc.sites if final_name(s.call.func) == "set_epoch"]
         for call, scope in list(_all_calls(m, m.is_sampler_call)):
             shuffle = arg_or_kw(call, 3, "shuffle")
             if shuffle is not None and A.literal(shuffle) is not True:
                 continue  # shuffle=False (or unknown): the order does not depend on the epoch
+            if any(self._sets_epoch_of(m, s, call, uses) for s in set_epoch_sites):
+                continue
             # the loaders that use this sampler, and whether they are iterated over epochs
-            epoch_iterated = False
-            for use in uses:
-                s = dl_arg(use.loader, "sampler")
-                if s is None:
-                    bs = dl_arg(use.loader, "batch_sampler")
-                    s = bs.args[0] if isinstance(bs, ast.Call) and bs.args else bs
-                if s is None:
-                    continue
-                if s is call or any(v is call for v in m.values_of(s, use.loader_scope)):
-                    epoch_iterated = epoch_iterated or use.epochs
-            if not epoch_iterated:
+            if not any(use.epochs and _loader_sampler_is(m, use.loader, use.loader_scope, call) for use in uses):
                 continue
             ctx.report(
                 self.code, call,
-                "this DistributedSampler shuffles, but `set_epoch()` is never called: every epoch replays "
+                "this DistributedSampler shuffles, but its `set_epoch()` is never called: every epoch replays "
                 "the same permutation on every rank (no reshuffling between epochs, which hurts convergence).",
                 "Call `sampler.set_epoch(epoch)` at the start of every epoch, before iterating the loader "
                 "(e.g. `train_loader.sampler.set_epoch(epoch)`).",
             )
+
+
+    @staticmethod
+    def _sets_epoch_of(m: ModuleModel, site, sampler: ast.Call, uses) -> bool:
+        """Does this ``X.set_epoch(...)`` call (possibly) reach ``sampler``?"""
+        recv = site.call.func.value if isinstance(site.call.func, ast.Attribute) else None
+        if recv is None:
+            return True
+        # loader.sampler.set_epoch / loader.batch_sampler.sampler.set_epoch
+        base = recv
+        while isinstance(base, ast.Attribute) and base.attr in ("sampler", "batch_sampler"):
+            base = base.value
+        if base is not recv:
+            loaders = A.resolve_loaders(m, base, site.scope)
+            if not loaders:
+                return True
+            return any(_loader_sampler_is(m, lc, ls, sampler) for lc, ls in loaders)
+        if isinstance(recv, ast.Call):
+            return recv is sampler
+        vals = m.values_of(recv, site.scope)
+        if not vals:
+            return True  # a parameter or an object we cannot follow: assume it is this sampler
+        known = [v for v in vals if isinstance(v, ast.Call) and m.is_sampler_call(v)]
+        if not known:
+            return True  # `s = train_sampler if cond else None`, built by a helper, ...: assume it is
+        return sampler in known
+
+
+def _loader_sampler_is(m: ModuleModel, loader: ast.Call, scope: Scope, sampler: ast.Call) -> bool:
+    s = dl_arg(loader, "sampler")
+    if s is None:
+        bs = dl_arg(loader, "batch_sampler")
+        s = bs.args[0] if isinstance(bs, ast.Call) and bs.args else bs
+    if s is None:
+        return False
+    return s is sampler or any(v is sampler for v in m.values_of(s, scope))
 
 
 class ShuffleWithSampler(Rule):
@@ -143,6 +224,8 @@ class CollateMayReturnNone(Rule):
             cf = dl_arg(call, "collate_fn")
             if cf is None:
                 continue
+            if isinstance(cf, ast.Call) and final_name(cf.func) == "partial" and cf.args:
+                cf = cf.args[0]
             fn = m.resolve_function(cf, scope)
             if fn is None and isinstance(cf, ast.Name):
                 cls = m.classes.get(cf.id)
@@ -153,14 +236,12 @@ class CollateMayReturnNone(Rule):
             if fn is not None:
                 fns[fn] = None
         for name, defs in m.functions.items():
-            if name in ("collate_fn", "collate") or name.endswith("_collate_fn") or name.endswith("_collate"):
+            if name == "collate_fn":
                 for d in defs:
                     fns[d] = None
         for fn in fns:
-            scope = m.scopes[fn]
-            for node in ast.walk(fn):
-                if isinstance(node, ast.Return) and m.scope_of(node) is scope and \
-                        (node.value is None or (isinstance(node.value, ast.Constant) and node.value.value is None)):
+            for node in m.returns_of(fn):
+                if (node.value is None or (isinstance(node.value, ast.Constant) and node.value.value is None)):
                     ctx.report(
                         self.code, node,
                         f"collate function `{fn.name}` returns None here: the training loop then gets a None "
@@ -211,13 +292,6 @@ def _num_workers(call: ast.Call):
     return nw, (0 if nw is None else A.literal(nw))
 
 
-def _is_tensor_dataset(m: ModuleModel, ds: ast.expr | None, scope: Scope) -> bool:
-    if ds is None:
-        return False
-    vals = [ds] if isinstance(ds, ast.Call) else m.values_of(ds, scope)
-    return any(isinstance(v, ast.Call) and final_name(v.func) == "TensorDataset" for v in vals)
-
-
 class DataBound(Rule):
     code = "DDP401"
 
@@ -231,7 +305,7 @@ class DataBound(Rule):
             nw, val = _num_workers(call)
             if val != 0:
                 continue
-            if _is_tensor_dataset(m, dl_arg(call, "dataset"), uses[0].loader_scope):
+            if _in_memory_dataset(m, dl_arg(call, "dataset"), uses[0].loader_scope):
                 continue  # in-memory tensors: workers would only add overhead
             how = "no `num_workers`" if nw is None else "`num_workers=0`"
             ctx.report(

@@ -44,27 +44,27 @@ class BatchNormWithoutSyncBN(Rule):
         src = m.source
         if "SyncBatchNorm" in src or "convert_sync_batchnorm" in src or "sync_batchnorm" in src:
             return
-        has_bn = False
-        for node in ast.walk(m.tree):
-            if isinstance(node, ast.Call):
-                q = m.qual(node.func) or ""
-                name = final_name(node.func) or ""
-                if q in BATCHNORMS or (not q and name.startswith("BatchNorm") and name[-2:] in ("1d", "2d", "3d")):
-                    has_bn = True
-                    break
-                if q.startswith("torchvision.models.") and name.startswith(_BN_MODELS):
-                    has_bn = True
-                    break
-        if not has_bn:
+        if "BatchNorm" not in src and "torchvision" not in src:
             return
-        for scope in m.scopes.values():
-            for site in scope.sites:
-                if m.is_ddp_call(site.call):
-                    ctx.report(
-                        self.code, site.call,
-                        "the model wrapped here has BatchNorm layers but no SyncBatchNorm: each rank normalises "
-                        "with the statistics of its own small per-GPU batch, and DDP broadcasts rank 0's running "
-                        "stats at every forward (fine for large per-GPU batches, harmful for small ones).",
-                        "If the per-GPU batch is small, convert before wrapping: "
-                        "`model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)`.",
-                    )
+        ddp_sites = [s for sc in m.scopes.values() for s in sc.sites if m.is_ddp_call(s.call)]
+        if not ddp_sites:
+            return
+        if not any(self._is_bn(m, s.call) for sc in m.scopes.values() for s in sc.sites):
+            return
+        for site in ddp_sites:
+            ctx.report(
+                self.code, site.call,
+                "the model wrapped here has BatchNorm layers but no SyncBatchNorm: each rank normalises "
+                "with the statistics of its own small per-GPU batch, and DDP broadcasts rank 0's running "
+                "stats at every forward (fine for large per-GPU batches, harmful for small ones).",
+                "If the per-GPU batch is small, convert before wrapping: "
+                "`model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)`.",
+            )
+
+    @staticmethod
+    def _is_bn(m, call: ast.Call) -> bool:
+        q = m.qual(call.func) or ""
+        name = final_name(call.func) or ""
+        if q in BATCHNORMS or (not q and name.startswith("BatchNorm") and name[-2:] in ("1d", "2d", "3d")):
+            return True
+        return q.startswith("torchvision.models.") and name.startswith(_BN_MODELS)

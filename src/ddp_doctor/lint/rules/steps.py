@@ -85,16 +85,22 @@ def _value_tainted(m: ModuleModel, scope: Scope, value: ast.expr, tainted: set[s
             if final_name(c.func) == "next":
                 return True
             tgt = A.forward_target(c)
-            if tgt is not None and m.is_ddp_value(tgt, scope):
-                return True
-    return False
+            if tgt is not None:
+                if isinstance(tgt, ast.Attribute) and tgt.attr == "module":
+                    tgt = tgt.value  # model.module(x): the rank's own forward, too
+                if m.is_ddp_value(tgt, scope):
+                    return True
+    # a value computed from the rank itself (x[rank::world], rank-local validation shards)
+    return m.mentions_rank(value, scope) and not isinstance(value, (ast.Constant,))
 
 
 def _size_only(test: ast.expr, tainted: set[str]) -> bool:
     """``x.size(0) != args.batch_size``: a batch-size test, the same on every rank (not a filter)."""
-    if any(isinstance(n, ast.Constant) and n.value in (0, None) and not isinstance(n.value, bool)
-           for n in ast.walk(test)):
-        return False
+    for n in ast.walk(test):
+        if isinstance(n, ast.Compare):
+            for side in (n.left, *n.comparators):
+                if isinstance(side, ast.Constant) and side.value in (0, None) and not isinstance(side.value, bool):
+                    return False  # `len(batch) == 0`: an emptied (filtered) batch, not a size test
     if isinstance(test, ast.UnaryOp):
         return False
     ok = False
