@@ -134,3 +134,22 @@ def test_find_unused_clean(ranks_seen):
 def test_too_few_steps_no_judgement():
     ev = evidence(rank_state(0, steps=3, data=0.1), rank_state(1, steps=3, data=0.1))
     assert codes(ev) == []
+
+
+def test_epoch_start_waits_are_ddp403_not_ddp401():
+    # steady batches are fast (1 ms), but every epoch's first batch waits 400 ms for new workers
+    states = []
+    for r in range(2):
+        st = rank_state(r, steps=32, epochs=4, data=0.001, compute=0.01, num_workers=2,
+                        epoch_start=[0.4, 0.4, 0.4, 0.4])
+        tl = st["timeline"]
+        steps = [e for e in tl if e["kind"] == "step"]
+        for k in (8, 16, 24):  # epoch starts inside these steps: their data wait includes the worker start-up
+            s = steps[k]
+            tl.append({"t": s["t"], "kind": "epoch", "dur": 0, "label": "loader 0 epoch"})
+            s["dur"] += 0.4
+            dw = [e for e in tl if e["kind"] == "data_wait" and e["t"] == s["t"]][0]
+            dw["dur"] += 0.4
+        states.append(st)
+    found = codes(evidence(*states))
+    assert "DDP403" in found and "DDP401" not in found

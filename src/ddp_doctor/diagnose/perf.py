@@ -94,7 +94,8 @@ def step_phases(st: dict[str, Any]) -> list[dict[str, float]]:
 
     A step interval runs from one optimizer step to the next; the data waits and
     collective waits that *start* inside it are its data and collective time;
-    busy = step - collective (the time the rank itself needs), compute = busy - data.
+    busy = step - collective (the time the rank itself needs), compute = busy - data;
+    epoch_start marks the steps that include an ``iter(loader)`` (worker start-up, DDP403).
     Empty when the timeline has no step events.
     """
     tl = st.get("timeline") or []
@@ -102,6 +103,7 @@ def step_phases(st: dict[str, Any]) -> list[dict[str, float]]:
     if not steps:
         return []
     others = sorted((e for e in tl if e.get("kind") in ("data_wait", "collective")), key=lambda e: e["t"])
+    epochs = sorted(e["t"] for e in tl if e.get("kind") == "epoch")
     out = []
     j = 0
     for s in sorted(steps, key=lambda e: e["t"]):
@@ -120,7 +122,8 @@ def step_phases(st: dict[str, Any]) -> list[dict[str, float]]:
         coll = min(coll, dur)
         data = min(data, dur - coll)
         out.append({"label": s.get("label"), "step": dur, "data": data, "collective": coll,
-                    "busy": dur - coll, "compute": max(0.0, dur - coll - data)})
+                    "busy": dur - coll, "compute": max(0.0, dur - coll - data),
+                    "epoch_start": any(t0 <= te < t1 for te in epochs)})
     return out
 
 
@@ -137,8 +140,14 @@ def rank_split(st: dict[str, Any]) -> dict[str, Any] | None:
         step = _mean([p["step"] for p in phases])
         data = _mean([p["data"] for p in phases])
         coll = _mean([p["collective"] for p in phases])
+        steady = [p for p in phases if not p.get("epoch_start")]
+        if len(steady) < MIN_STEPS:
+            steady = phases
         return {"steps": n, "step_s": step, "data_s": data, "collective_s": coll,
-                "compute_s": max(0.0, step - data - coll), "source": "timeline"}
+                "compute_s": max(0.0, step - data - coll), "source": "timeline",
+                "steady_step_s": _mean([p["step"] for p in steady]),
+                "steady_data_s": _mean([p["data"] for p in steady]),
+                "epoch_start_steps": n - len(steady) if steady is not phases else 0}
     times = [float(x) for x in (st.get("step_times") or [])]
     ld = train_loader(st)
     waits = [float(x) for x in ((ld or {}).get("batch_wait_s") or [])]
@@ -206,7 +215,9 @@ def diagnose_data_bound(ev: dict[str, Any]) -> list[Finding]:
     for r, sp in splits.items():
         if sp and sp["step_s"] > 0:
             share = sp["data_s"] / sp["step_s"]
-            if share >= DATA_SHARE and sp["data_s"] >= DATA_MIN_S:
+            # judged on the steady steps: the first batch of each epoch (worker start-up) is DDP403's
+            s_step, s_data = sp.get("steady_step_s", sp["step_s"]), sp.get("steady_data_s", sp["data_s"])
+            if share >= DATA_SHARE and s_step > 0 and s_data / s_step >= DATA_SHARE and s_data >= DATA_MIN_S:
                 bound[r] = share
     if not bound:
         return []
@@ -266,7 +277,8 @@ def diagnose_data_bound(ev: dict[str, Any]) -> list[Finding]:
                       "steps": sp["steps"], "source": sp["source"], "loader": settings,
                       "cpu_count": cpus, "ranks_per_node": per_node, "overloaded_load": overload,
                       "recommended_num_workers": rec_w,
-                      "h2d_copy": "not measured (no CUDA)" if not ev.get("cuda") else "included in compute"},
+                      "h2d_copy": ("included in compute" if any(st.get("cuda") for st in ranks.values())
+                                   else "not measured (no CUDA)")},
         ))
     return out
 
