@@ -171,7 +171,11 @@ def rank_split(st: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _cpu_count(ev: dict[str, Any]) -> int:
+def _cpu_count(ev: dict[str, Any], ranks: dict[int, dict[str, Any]] | None = None) -> int:
+    """CPUs of the ranks' node: what the probe saw (cpuset-aware), else evidence["machine"], else this machine."""
+    seen = [int(st["cpu_count"]) for st in (ranks or {}).values() if st.get("cpu_count")]
+    if seen:
+        return min(seen)
     m = ev.get("machine") or {}
     return int(m.get("cpu_count") or os.cpu_count() or 1)
 
@@ -221,7 +225,7 @@ def diagnose_data_bound(ev: dict[str, Any]) -> list[Finding]:
                 bound[r] = share
     if not bound:
         return []
-    cpus = _cpu_count(ev)
+    cpus = _cpu_count(ev, ranks)
     per_node = _ranks_per_host(ranks)
     # one finding per DataLoader site
     groups: dict[tuple, list[int]] = {}

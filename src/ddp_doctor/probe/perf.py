@@ -163,6 +163,14 @@ def install(rec=None) -> None:
         pass
 
 
+def _cpus() -> int | None:
+    """CPUs this process may run on (the cpuset of a container), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
 def state(rec=None) -> dict[str, Any]:
     """This rank's perf records, for the published per-rank state."""
     try:
@@ -180,6 +188,6 @@ def state(rec=None) -> dict[str, Any]:
         except OSError:
             load = None
         return {"loads": list(_loads), "cuda": cuda or None, "gpu": _gpu["worst"] or _gpu["last"],
-                "loadavg": load, "cpu_count": os.cpu_count()}
+                "loadavg": load, "cpu_count": _cpus()}
     except Exception:
         return {}
