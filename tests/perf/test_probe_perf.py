@@ -57,4 +57,40 @@ def test_install_is_safe_and_idempotent(monkeypatch):
     pp.install(None)
     assert hasattr(torch.load, "__ddp_doctor_wrapped__")
     assert not hasattr(torch.load.__ddp_doctor_wrapped__, "__ddp_doctor_wrapped__")
-    assert set(pp.state()) == {"loads", "cuda", "gpu", "loadavg", "cpu_count"}
+    assert set(pp.state()) == {"loads", "cuda", "gpu", "h2d", "loadavg", "cpu_count"}
+
+
+def test_h2d_copies_timed(monkeypatch):
+    """The copy hook, with "meta" standing for the CUDA device (no GPU here)."""
+    class Rec:
+        def __init__(self):
+            self.timeline = []
+
+        def now(self):
+            return 1.0
+
+    rec = Rec()
+    monkeypatch.setattr(torch.Tensor, "to", torch.Tensor.to)
+    monkeypatch.setattr(torch.Tensor, "cuda", torch.Tensor.cuda)
+    monkeypatch.setattr(pp, "_H2D_TARGET", "meta")
+    monkeypatch.setattr(pp, "_h2d", {"s": 0.0, "n": 0})
+    monkeypatch.setattr(pp, "_rec", rec)
+    pp._patch_h2d()
+    x = torch.ones(1000, 1000)
+    y = x.to("meta")
+    assert y.device.type == "meta"
+    x.to(torch.float64)  # a CPU->CPU conversion is not a copy to the device
+    assert pp._h2d["n"] == 1
+    assert pp.state()["h2d"]["copies"] == 1
+
+
+def test_h2d_split_in_diagnosis():
+    from ddp_doctor.diagnose.perf import rank_split
+
+    from perf_evidence import rank_state
+
+    st = rank_state(0, steps=10, data=0.01, compute=0.02, coll=0.005)
+    for e in [e for e in st["timeline"] if e["kind"] == "step"]:
+        st["timeline"].append({"t": e["t"] + 0.011, "kind": "h2d", "dur": 0.004, "label": "copy"})
+    sp = rank_split(st)
+    assert abs(sp["h2d_s"] - 0.004) < 1e-9 and abs(sp["compute_s"] - 0.016) < 1e-9

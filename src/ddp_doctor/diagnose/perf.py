@@ -102,7 +102,7 @@ def step_phases(st: dict[str, Any]) -> list[dict[str, float]]:
     steps = [e for e in tl if e.get("kind") == "step" and (e.get("dur") or 0) > 0]
     if not steps:
         return []
-    others = sorted((e for e in tl if e.get("kind") in ("data_wait", "collective")), key=lambda e: e["t"])
+    others = sorted((e for e in tl if e.get("kind") in ("data_wait", "collective", "h2d")), key=lambda e: e["t"])
     epochs = sorted(e["t"] for e in tl if e.get("kind") == "epoch")
     out = []
     j = 0
@@ -110,19 +110,23 @@ def step_phases(st: dict[str, Any]) -> list[dict[str, float]]:
         t0, t1 = s["t"], s["t"] + s["dur"]
         while j < len(others) and others[j]["t"] < t0:
             j += 1
-        data = coll = 0.0
+        data = coll = h2d = 0.0
         k = j
         while k < len(others) and others[k]["t"] < t1:
-            if others[k]["kind"] == "data_wait":
+            kind = others[k]["kind"]
+            if kind == "data_wait":
                 data += others[k]["dur"]
+            elif kind == "h2d":
+                h2d += others[k]["dur"]
             else:
                 coll += others[k]["dur"]
             k += 1
         dur = s["dur"]
         coll = min(coll, dur)
         data = min(data, dur - coll)
-        out.append({"label": s.get("label"), "step": dur, "data": data, "collective": coll,
-                    "busy": dur - coll, "compute": max(0.0, dur - coll - data),
+        h2d = min(h2d, dur - coll - data)
+        out.append({"label": s.get("label"), "step": dur, "data": data, "collective": coll, "h2d": h2d,
+                    "busy": dur - coll, "compute": max(0.0, dur - coll - data - h2d),
                     "epoch_start": any(t0 <= te < t1 for te in epochs)})
     return out
 
@@ -140,11 +144,12 @@ def rank_split(st: dict[str, Any]) -> dict[str, Any] | None:
         step = _mean([p["step"] for p in phases])
         data = _mean([p["data"] for p in phases])
         coll = _mean([p["collective"] for p in phases])
+        h2d = _mean([p.get("h2d", 0.0) for p in phases])
         steady = [p for p in phases if not p.get("epoch_start")]
         if len(steady) < MIN_STEPS:
             steady = phases
-        return {"steps": n, "step_s": step, "data_s": data, "collective_s": coll,
-                "compute_s": max(0.0, step - data - coll), "source": "timeline",
+        return {"steps": n, "step_s": step, "data_s": data, "collective_s": coll, "h2d_s": h2d,
+                "compute_s": max(0.0, step - data - coll - h2d), "source": "timeline",
                 "steady_step_s": _mean([p["step"] for p in steady]),
                 "steady_data_s": _mean([p["data"] for p in steady]),
                 "epoch_start_steps": n - len(steady) if steady is not phases else 0}
@@ -206,6 +211,16 @@ def _settings_str(s: dict[str, Any]) -> str:
 
 
 # -- DDP401 data-bound ------------------------------------------------------------------------
+def _split_str(sp: dict[str, Any]) -> str:
+    """'data 60% / compute 30% / collective 10%' (with the host-to-device copy when it was measured)."""
+    step = sp["step_s"] or 1e-9
+    parts = [("data", sp["data_s"])]
+    if sp.get("h2d_s"):
+        parts.append(("host-to-device copy", sp["h2d_s"]))
+    parts += [("compute", sp["compute_s"]), ("collective", sp["collective_s"])]
+    return " / ".join(f"{name} {v / step:.0%}" for name, v in parts)
+
+
 def recommend_workers(cpu_count: int, ranks_per_node: int, current: int) -> int:
     """Workers per rank that fit the machine: the CPUs per rank minus one for the training process, 1..8."""
     per_rank = max(1, cpu_count // max(1, ranks_per_node))
@@ -244,9 +259,7 @@ def diagnose_data_bound(ev: dict[str, Any]) -> list[Finding]:
         rec_w = recommend_workers(cpus, per_node, nw)
         data, step = sp["data_s"], sp["step_s"]
         other = max(step - data, 1e-9)
-        split = ", ".join(f"rank {r}: data {splits[r]['data_s'] / splits[r]['step_s']:.0%} / compute "
-                          f"{splits[r]['compute_s'] / splits[r]['step_s']:.0%} / collective "
-                          f"{splits[r]['collective_s'] / splits[r]['step_s']:.0%}" for r in sorted(rs))
+        split = ", ".join(f"rank {r}: {_split_str(splits[r])}" for r in sorted(rs))
         msg = (f"{_ranks_str(rs)} spend {share:.0%} of each training step waiting for the next batch "
                f"({_ms(data)} of {_ms(step)} per step, over {sp['steps']} steps) from the DataLoader at "
                f"{_where(ld.get('site'))} ({_settings_str(settings)}). The GPU idles meanwhile, and every other "
@@ -281,8 +294,8 @@ def diagnose_data_bound(ev: dict[str, Any]) -> list[Finding]:
                       "steps": sp["steps"], "source": sp["source"], "loader": settings,
                       "cpu_count": cpus, "ranks_per_node": per_node, "overloaded_load": overload,
                       "recommended_num_workers": rec_w,
-                      "h2d_copy": ("included in compute" if any(st.get("cuda") for st in ranks.values())
-                                   else "not measured (no CUDA)")},
+                      "h2d_copy_s": ({r: round(splits[r].get("h2d_s", 0.0), 5) for r in sorted(rs)}
+                                     if any(st.get("h2d") for st in ranks.values()) else "not measured (no CUDA)")},
         ))
     return out
 
