@@ -213,7 +213,8 @@ def install(rec=None) -> None:
     try:
         import torch
 
-        if torch.cuda.is_available():  # no CUDA: no copy to time, no per-call cost
+        # no CUDA: no copy to time, no per-call cost; DDP_DOCTOR_H2D=0 opts out (e.g. heavy torch.compile use)
+        if torch.cuda.is_available() and os.environ.get("DDP_DOCTOR_H2D", "1") != "0":
             _patch_h2d()
     except Exception:
         pass
