@@ -260,7 +260,7 @@ def diagnose_data_bound(ev: dict[str, Any]) -> list[Finding]:
         data, step = sp["data_s"], sp["step_s"]
         other = max(step - data, 1e-9)
         split = ", ".join(f"rank {r}: {_split_str(splits[r])}" for r in sorted(rs))
-        msg = (f"{_ranks_str(rs)} spend {share:.0%} of each training step waiting for the next batch "
+        msg = (f"{_ranks_str(rs)} spend{'s' if len(rs) == 1 else ''} {share:.0%} of each training step waiting for the next batch "
                f"({_ms(data)} of {_ms(step)} per step, over {sp['steps']} steps) from the DataLoader at "
                f"{_where(ld.get('site'))} ({_settings_str(settings)}). The GPU idles meanwhile, and every other "
                f"rank waits for the slowest loader at each all-reduce. Per-step split: {split}.")
