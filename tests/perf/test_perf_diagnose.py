@@ -153,3 +153,14 @@ def test_epoch_start_waits_are_ddp403_not_ddp401():
         states.append(st)
     found = codes(evidence(*states))
     assert "DDP403" in found and "DDP401" not in found
+
+
+@pytest.mark.parametrize("state", [
+    {},
+    {"rank": 0, "missing": True},
+    {"rank": 0, "timeline": None, "loaders": None, "ddp": None, "timing": None, "step_times": None},
+    {"rank": 0, "timing": {"steps": 10, "step_time_s": 0.0}, "loaders": [{"site": None, "epoch_start_s": [1, 2]}]},
+    {"rank": 0, "timeline": [{"t": 0, "kind": "step", "dur": 0.1}], "loaders": [{}], "ddp": [{}]},
+])
+def test_partial_evidence_never_raises(state):
+    assert diagnose_perf(evidence(dict(state, rank=0), dict(state, rank=1))) == []
