@@ -77,3 +77,22 @@ def test_perf_scenario(name, tmp_path):
     if name == "straggler":
         [f] = [f for f in perf if f["code"] == "DDP404"]
         assert f["evidence"]["phase"] in ("data", "compute")
+
+
+def test_cured_job_is_clean_under_the_doctor(tmp_path):
+    """The rank-local filter wrapped in EvenBatches: ddp-doctor sees even steps and no hazard."""
+    out = tmp_path / "even.json"
+    env = dict(os.environ, PYTHONPATH=str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    script = Path(__file__).resolve().parents[1] / "fixes" / "scripts" / "even.py"
+    argv = [sys.executable, "-m", "ddp_doctor", "run", "--no-lint", "--report", str(out), "--nproc-per-node", "2",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_port()}", str(script),
+            "filter:min", "iterable:min"]
+    res = manifest.run_command(argv, timeout=300, env=env)
+    assert not res.timed_out and out.exists(), res.stderr[-3000:]
+    manifest.assert_no_leftovers(res)
+    report = json.loads(out.read_text())
+    assert report["verdict"] == "ok" and report["exit_code"] == 0, report["findings"]
+    bad = [f["code"] for f in report["findings"] if f["severity"] == "error"]
+    assert not bad
+    steps = {r["rank"]: r["step"] for r in report["ranks"]}
+    assert steps[0] == steps[1] == 20  # (5 + 5 filtered) + (5 + 5 iterable), on both ranks
