@@ -149,9 +149,7 @@ class EvenBatches:
                            "padded": max(0, target - n_local), "dropped": max(0, n_local - target)}
         source = self._local() if target <= n_local else itertools.chain(self._local(), self._wrap_source())
         count = 0
-        for batch in source:
-            if count >= target:
-                break
+        for batch in itertools.islice(source, target):  # never fetches a batch past the target
             count += 1
             yield batch
         if count < target:
