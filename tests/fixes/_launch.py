@@ -15,6 +15,8 @@ import importlib
 
 import torch  # noqa: F401  (imported once, before fork: each rank starts fast)
 import torch.distributed  # noqa: F401
+import torch._dynamo  # noqa: F401  (DistributedDataParallel.__init__ imports it lazily: seconds per rank)
+from torch.nn.parallel import DistributedDataParallel  # noqa: F401
 
 for _mod in filter(None, os.environ.get("DDPD_PRELOAD", "").split(",")):
     importlib.import_module(_mod)

@@ -1,4 +1,7 @@
-"""CUDAPrefetcher: the CUDA protocol checked against an honest fake of the CUDA calls; a real GPU test where CUDA exists."""
+"""CUDAPrefetcher: the CUDA protocol checked against an honest fake of the CUDA calls.
+
+A real GPU test runs where CUDA exists (skipped visibly here).
+"""
 import collections
 import contextlib
 

@@ -28,6 +28,7 @@ STRAGGLER_MIN_S = 0.005    # ... and >= 5 ms more per step ...
 STRAGGLER_CONSISTENCY = 0.7  # ... in >= 70% of the steps compared
 RESTART_MIN_S = 0.05       # DDP403: first batch of an epoch >= 50 ms slower than a steady batch ...
 RESTART_FACTOR = 3.0       # ... and >= 3x a steady batch
+PHASES = ("step_s", "data_s", "compute_s", "collective_s")
 UNUSED_MIN_STEPS = 3       # DDP405: judge find_unused_parameters after this many backward passes
 
 
@@ -93,33 +94,40 @@ def step_phases(st: dict[str, Any]) -> list[dict[str, float]]:
 
     A step interval runs from one optimizer step to the next; the data waits and
     collective waits that *start* inside it are its data and collective time;
-    busy = step - collective (the time the rank itself needs), compute = busy - data.
+    busy = step - collective (the time the rank itself needs), compute = busy - data;
+    epoch_start marks the steps that include an ``iter(loader)`` (worker start-up, DDP403).
     Empty when the timeline has no step events.
     """
     tl = st.get("timeline") or []
     steps = [e for e in tl if e.get("kind") == "step" and (e.get("dur") or 0) > 0]
     if not steps:
         return []
-    others = sorted((e for e in tl if e.get("kind") in ("data_wait", "collective")), key=lambda e: e["t"])
+    others = sorted((e for e in tl if e.get("kind") in ("data_wait", "collective", "h2d")), key=lambda e: e["t"])
+    epochs = sorted(e["t"] for e in tl if e.get("kind") == "epoch")
     out = []
     j = 0
     for s in sorted(steps, key=lambda e: e["t"]):
         t0, t1 = s["t"], s["t"] + s["dur"]
         while j < len(others) and others[j]["t"] < t0:
             j += 1
-        data = coll = 0.0
+        data = coll = h2d = 0.0
         k = j
         while k < len(others) and others[k]["t"] < t1:
-            if others[k]["kind"] == "data_wait":
+            kind = others[k]["kind"]
+            if kind == "data_wait":
                 data += others[k]["dur"]
+            elif kind == "h2d":
+                h2d += others[k]["dur"]
             else:
                 coll += others[k]["dur"]
             k += 1
         dur = s["dur"]
         coll = min(coll, dur)
         data = min(data, dur - coll)
-        out.append({"label": s.get("label"), "step": dur, "data": data, "collective": coll,
-                    "busy": dur - coll, "compute": max(0.0, dur - coll - data)})
+        h2d = min(h2d, dur - coll - data)
+        out.append({"label": s.get("label"), "step": dur, "data": data, "collective": coll, "h2d": h2d,
+                    "busy": dur - coll, "compute": max(0.0, dur - coll - data - h2d),
+                    "epoch_start": any(t0 <= te < t1 for te in epochs)})
     return out
 
 
@@ -136,8 +144,15 @@ def rank_split(st: dict[str, Any]) -> dict[str, Any] | None:
         step = _mean([p["step"] for p in phases])
         data = _mean([p["data"] for p in phases])
         coll = _mean([p["collective"] for p in phases])
-        return {"steps": n, "step_s": step, "data_s": data, "collective_s": coll,
-                "compute_s": max(0.0, step - data - coll), "source": "timeline"}
+        h2d = _mean([p.get("h2d", 0.0) for p in phases])
+        steady = [p for p in phases if not p.get("epoch_start")]
+        if len(steady) < MIN_STEPS:
+            steady = phases
+        return {"steps": n, "step_s": step, "data_s": data, "collective_s": coll, "h2d_s": h2d,
+                "compute_s": max(0.0, step - data - coll - h2d), "source": "timeline",
+                "steady_step_s": _mean([p["step"] for p in steady]),
+                "steady_data_s": _mean([p["data"] for p in steady]),
+                "epoch_start_steps": n - len(steady) if steady is not phases else 0}
     times = [float(x) for x in (st.get("step_times") or [])]
     ld = train_loader(st)
     waits = [float(x) for x in ((ld or {}).get("batch_wait_s") or [])]
@@ -161,9 +176,22 @@ def rank_split(st: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _cpu_count(ev: dict[str, Any]) -> int:
+def _cpu_count(ev: dict[str, Any], ranks: dict[int, dict[str, Any]] | None = None) -> int:
+    """CPUs of the ranks' node: what the probe saw (cpuset-aware), else evidence["machine"], else this machine."""
+    seen = [int(st["cpu_count"]) for st in (ranks or {}).values() if st.get("cpu_count")]
+    if seen:
+        return min(seen)
     m = ev.get("machine") or {}
     return int(m.get("cpu_count") or os.cpu_count() or 1)
+
+
+def _overload(ev: dict[str, Any], ranks: dict[int, dict[str, Any]], cpus: int) -> float | None:
+    """1-minute load average of the node when it exceeded 1.5x its CPUs (other processes competing), else None."""
+    loads = [(ev.get("machine") or {}).get("loadavg")] + [st.get("loadavg") for st in ranks.values()]
+    vals = [float(x[0]) for x in loads if x]
+    if vals and max(vals) > 1.5 * cpus:
+        return max(vals)
+    return None
 
 
 def _ranks_per_host(ranks: dict[int, dict[str, Any]]) -> int:
@@ -183,6 +211,16 @@ def _settings_str(s: dict[str, Any]) -> str:
 
 
 # -- DDP401 data-bound ------------------------------------------------------------------------
+def _split_str(sp: dict[str, Any]) -> str:
+    """'data 60% / compute 30% / collective 10%' (with the host-to-device copy when it was measured)."""
+    step = sp["step_s"] or 1e-9
+    parts = [("data", sp["data_s"])]
+    if sp.get("h2d_s"):
+        parts.append(("host-to-device copy", sp["h2d_s"]))
+    parts += [("compute", sp["compute_s"]), ("collective", sp["collective_s"])]
+    return " / ".join(f"{name} {v / step:.0%}" for name, v in parts)
+
+
 def recommend_workers(cpu_count: int, ranks_per_node: int, current: int) -> int:
     """Workers per rank that fit the machine: the CPUs per rank minus one for the training process, 1..8."""
     per_rank = max(1, cpu_count // max(1, ranks_per_node))
@@ -196,11 +234,13 @@ def diagnose_data_bound(ev: dict[str, Any]) -> list[Finding]:
     for r, sp in splits.items():
         if sp and sp["step_s"] > 0:
             share = sp["data_s"] / sp["step_s"]
-            if share >= DATA_SHARE and sp["data_s"] >= DATA_MIN_S:
+            # judged on the steady steps: the first batch of each epoch (worker start-up) is DDP403's
+            s_step, s_data = sp.get("steady_step_s", sp["step_s"]), sp.get("steady_data_s", sp["data_s"])
+            if share >= DATA_SHARE and s_step > 0 and s_data / s_step >= DATA_SHARE and s_data >= DATA_MIN_S:
                 bound[r] = share
     if not bound:
         return []
-    cpus = _cpu_count(ev)
+    cpus = _cpu_count(ev, ranks)
     per_node = _ranks_per_host(ranks)
     # one finding per DataLoader site
     groups: dict[tuple, list[int]] = {}
@@ -219,13 +259,15 @@ def diagnose_data_bound(ev: dict[str, Any]) -> list[Finding]:
         rec_w = recommend_workers(cpus, per_node, nw)
         data, step = sp["data_s"], sp["step_s"]
         other = max(step - data, 1e-9)
-        split = ", ".join(f"rank {r}: data {splits[r]['data_s'] / splits[r]['step_s']:.0%} / compute "
-                          f"{splits[r]['compute_s'] / splits[r]['step_s']:.0%} / collective "
-                          f"{splits[r]['collective_s'] / splits[r]['step_s']:.0%}" for r in sorted(rs))
-        msg = (f"{_ranks_str(rs)} spend {share:.0%} of each training step waiting for the next batch "
+        split = ", ".join(f"rank {r}: {_split_str(splits[r])}" for r in sorted(rs))
+        msg = (f"{_ranks_str(rs)} spend{'s' if len(rs) == 1 else ''} {share:.0%} of each training step waiting for the next batch "
                f"({_ms(data)} of {_ms(step)} per step, over {sp['steps']} steps) from the DataLoader at "
                f"{_where(ld.get('site'))} ({_settings_str(settings)}). The GPU idles meanwhile, and every other "
                f"rank waits for the slowest loader at each all-reduce. Per-step split: {split}.")
+        overload = _overload(ev, ranks, cpus)
+        if overload is not None:
+            msg += (f" The node was oversubscribed while it ran (load average {overload:.1f} on {cpus} CPUs): part of "
+                    "this wait is other processes taking the CPUs the loader needs.")
         fix_parts = []
         if nw < rec_w:
             # with W workers loading in parallel, a batch costs about (load time)/W of wall time
@@ -248,11 +290,12 @@ def diagnose_data_bound(ev: dict[str, Any]) -> list[Finding]:
         out.append(Finding(
             "DDP401", msg, " ".join(fix_parts), location=_loc(ld.get("site")), ranks=sorted(rs),
             evidence={"share": {r: round(bound[r], 3) for r in sorted(rs)},
-                      "per_step_s": {r: {k: round(splits[r][k], 5) for k in ("step_s", "data_s", "compute_s",
-                                                                              "collective_s")} for r in sorted(rs)},
+                      "per_step_s": {r: {k: round(splits[r][k], 5) for k in PHASES} for r in sorted(rs)},
                       "steps": sp["steps"], "source": sp["source"], "loader": settings,
-                      "cpu_count": cpus, "ranks_per_node": per_node, "recommended_num_workers": rec_w,
-                      "h2d_copy": "not measured (no CUDA)" if not ev.get("cuda") else "included in compute"},
+                      "cpu_count": cpus, "ranks_per_node": per_node, "overloaded_load": overload,
+                      "recommended_num_workers": rec_w,
+                      "h2d_copy_s": ({r: round(splits[r].get("h2d_s", 0.0), 5) for r in sorted(rs)}
+                                     if any(st.get("h2d") for st in ranks.values()) else "not measured (no CUDA)")},
         ))
     return out
 

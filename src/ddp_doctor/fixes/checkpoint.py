@@ -75,7 +75,7 @@ def load_checkpoint(path, map_location=None, *, weights_only: bool = True, strip
     except TypeError as exc:  # a torch too old for weights_only
         if "weights_only" not in str(exc):
             raise
-        obj = torch.load(path, map_location=map_location, **kwargs)
+        obj = torch.load(path, map_location=map_location, **kwargs)  # noqa: TOR102 (torch < 1.13)
     except Exception as exc:
         if weights_only and type(exc).__name__ == "UnpicklingError":
             raise type(exc)(f"{exc}\n\nddp_doctor.fixes.load_checkpoint: {path} holds objects the safe "

@@ -143,14 +143,13 @@ class EvenBatches:
         n_max, n_min = int(t[0].item()), -int(t[1].item())
         target = n_min if self.mode == "min" else n_max
         if self.mode == "max" and n_min == 0:
-            raise RuntimeError("EvenBatches(mode='max'): a rank has no batch to pad with (len(loader) == 0 on some rank)")
+            raise RuntimeError("EvenBatches(mode='max'): a rank has no batch to pad with "
+                               "(len(loader) == 0 on some rank)")
         self.last_epoch = {"local": n_local, "min": n_min, "max": n_max, "yielded": target,
                            "padded": max(0, target - n_local), "dropped": max(0, n_local - target)}
         source = self._local() if target <= n_local else itertools.chain(self._local(), self._wrap_source())
         count = 0
-        for batch in source:
-            if count >= target:
-                break
+        for batch in itertools.islice(source, target):  # never fetches a batch past the target
             count += 1
             yield batch
         if count < target:

@@ -68,6 +68,10 @@ class DDPDoctorCallback(Callback):
         self.steps_by_epoch: list[int] = []
         self._steps = 0
         self._t0 = 0.0
+        self._fits = 0
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._fits += 1  # store keys per fit: a second trainer.fit() in the same job starts again at epoch 0
 
     # -- epoch start: compare the announced lengths -------------------------------------
     def on_train_epoch_start(self, trainer, pl_module) -> None:
@@ -106,7 +110,7 @@ class DDPDoctorCallback(Callback):
             gathered = trainer.strategy.all_gather(torch.tensor([self._steps], device=pl_module.device))
             counts = {r: int(v) for r, v in enumerate(gathered.reshape(-1).tolist())}
         else:
-            prefix = f"ddp_doctor/steps/{epoch}/"
+            prefix = f"ddp_doctor/steps/{self._fits}/{epoch}/"
             store.set(prefix + str(rank), str(self._steps))
             keys = [prefix + str(r) for r in range(world)]
             try:

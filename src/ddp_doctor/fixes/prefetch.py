@@ -98,7 +98,8 @@ class CUDAPrefetcher:
     def __init__(self, loader: Iterable, device=None, pin: bool = True):
         self.loader = loader
         if device is None:
-            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+            cuda = torch.cuda.is_available()
+            device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         self.device = torch.device(device)
         self.pin = pin
 

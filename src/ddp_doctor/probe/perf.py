@@ -13,6 +13,9 @@ Records only (like the rest of ``probe/``), exception-safe, no collective:
 - the rank's first CUDA use (``torch.cuda._lazy_init``): site, device, whether
   ``torch.cuda.set_device`` had been called, the device UUID and
   ``CUDA_VISIBLE_DEVICES`` (``cuda``);
+- host-to-device copies (``Tensor.to`` / ``Tensor.cuda`` of a CPU tensor to CUDA;
+  installed only where CUDA is available): total time, and ``h2d`` timeline
+  events so a step's copy time is split from its compute (DDP401);
 - on local rank 0 of a node with NVML, an NVML snapshot every few seconds,
   keeping the one with the most memory held outside a process's own GPU (``gpu``).
 """
@@ -30,6 +33,9 @@ _cuda: dict[str, Any] = {}
 _gpu: dict[str, Any] = {"worst": None, "last": None}
 _set_device_called = False
 _installed = False
+_h2d = {"s": 0.0, "n": 0}
+_H2D_TARGET = "cuda"  # device type of a host-to-device copy (tests use "meta": no GPU here)
+_rec = None
 MAX_LOADS = 20
 NVML_PERIOD_S = 5.0
 
@@ -129,6 +135,56 @@ def _patch_cuda() -> None:
     cuda.set_device = set_device
 
 
+def _note_h2d(dt: float) -> None:
+    _h2d["s"] += dt
+    _h2d["n"] += 1
+    rec = _rec
+    if rec is not None and dt > 0.0002:
+        try:
+            rec.timeline.append((rec.now() - dt, "h2d", dt, "host-to-device copy"))
+        except Exception:
+            pass
+
+
+def _patch_h2d() -> None:
+    import torch
+
+    T = torch.Tensor
+    orig_to, orig_cuda = T.to, T.cuda
+    if hasattr(orig_to, "__ddp_doctor_wrapped__"):
+        return
+
+    @functools.wraps(orig_to)
+    def to(self, *args, **kwargs):
+        if self.device.type != "cpu":
+            return orig_to(self, *args, **kwargs)
+        t = time.perf_counter()
+        out = orig_to(self, *args, **kwargs)
+        try:
+            if out.device.type == _H2D_TARGET:
+                _note_h2d(time.perf_counter() - t)
+        except Exception:
+            pass
+        return out
+
+    @functools.wraps(orig_cuda)
+    def cuda(self, *args, **kwargs):
+        if self.device.type != "cpu":
+            return orig_cuda(self, *args, **kwargs)
+        t = time.perf_counter()
+        out = orig_cuda(self, *args, **kwargs)
+        try:
+            _note_h2d(time.perf_counter() - t)
+        except Exception:
+            pass
+        return out
+
+    to.__ddp_doctor_wrapped__ = orig_to
+    cuda.__ddp_doctor_wrapped__ = orig_cuda
+    T.to = to
+    T.cuda = cuda
+
+
 def _nvml_loop() -> None:
     from ddp_doctor import gpu
 
@@ -144,15 +200,24 @@ def _nvml_loop() -> None:
 
 def install(rec=None) -> None:
     """Install the hooks (idempotent, never raises)."""
-    global _installed
+    global _installed, _rec
     if _installed:
         return
     _installed = True
+    _rec = rec
     for patch in (_patch_load, _patch_cuda):
         try:
             patch()
         except Exception:
             pass
+    try:
+        import torch
+
+        # no CUDA: no copy to time, no per-call cost; DDP_DOCTOR_H2D=0 opts out (e.g. heavy torch.compile use)
+        if torch.cuda.is_available() and os.environ.get("DDP_DOCTOR_H2D", "1") != "0":
+            _patch_h2d()
+    except Exception:
+        pass
     try:
         if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("DDP_DOCTOR_NVML", "1") != "0":
             import importlib.util
@@ -161,6 +226,14 @@ def install(rec=None) -> None:
                 threading.Thread(target=_nvml_loop, name="ddp-doctor-nvml", daemon=True).start()
     except Exception:
         pass
+
+
+def _cpus() -> int | None:
+    """CPUs this process may run on (the cpuset of a container), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
 
 
 def state(rec=None) -> dict[str, Any]:
@@ -175,6 +248,12 @@ def state(rec=None) -> dict[str, Any]:
                 cuda["reserved_mib"] = int(torch.cuda.memory_reserved(dev) // (1024 * 1024))
             except Exception:
                 pass
-        return {"loads": list(_loads), "cuda": cuda or None, "gpu": _gpu["worst"] or _gpu["last"]}
+        try:
+            load = [round(x, 2) for x in os.getloadavg()]
+        except OSError:
+            load = None
+        return {"loads": list(_loads), "cuda": cuda or None, "gpu": _gpu["worst"] or _gpu["last"],
+                "h2d": {"copies": _h2d["n"], "time_s": round(_h2d["s"], 4)} if _h2d["n"] else None,
+                "loadavg": load, "cpu_count": _cpus()}
     except Exception:
         return {}

@@ -1,4 +1,7 @@
-"""2-rank DDP training with rank-local filtering / uneven data, per case DATA:FIX (FIX none|min|max: EvenBatches mode)."""
+"""2-rank DDP training with rank-local filtering / uneven data.
+
+One case per argument, DATA:FIX (FIX none|min|max: EvenBatches mode).
+"""
 import argparse
 import datetime
 import json

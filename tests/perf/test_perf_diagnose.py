@@ -40,6 +40,14 @@ def test_data_bound_cpu_saturated_says_so():
     assert "CPU-bound" in f.fix
 
 
+def test_data_bound_mentions_oversubscribed_node():
+    a = rank_state(0, data=0.06, num_workers=2)
+    a["loadavg"] = [12.0, 9.0, 5.0]
+    [f] = [f for f in diagnose_perf(evidence(a, rank_state(1, data=0.06, num_workers=2), cpu_count=2))
+           if f.code == "DDP401"]
+    assert "oversubscribed" in f.message and f.evidence["overloaded_load"] == 12.0
+
+
 def test_recommend_workers():
     assert recommend_workers(2, 2, 0) == 1
     assert recommend_workers(64, 8, 0) == 7
@@ -58,7 +66,8 @@ def test_step_phases_split():
 
 def test_straggler_compute():
     # rank 1 computes 60 ms, rank 0 20 ms; rank 0 waits in the all-reduce
-    ev = evidence(rank_state(0, data=0.002, compute=0.02, coll=0.042), rank_state(1, data=0.002, compute=0.06, coll=0.002))
+    ev = evidence(rank_state(0, data=0.002, compute=0.02, coll=0.042),
+                  rank_state(1, data=0.002, compute=0.06, coll=0.002))
     fs = [f for f in diagnose_perf(ev) if f.code == "DDP404"]
     assert len(fs) == 1
     f = fs[0]
@@ -125,3 +134,33 @@ def test_find_unused_clean(ranks_seen):
 def test_too_few_steps_no_judgement():
     ev = evidence(rank_state(0, steps=3, data=0.1), rank_state(1, steps=3, data=0.1))
     assert codes(ev) == []
+
+
+def test_epoch_start_waits_are_ddp403_not_ddp401():
+    # steady batches are fast (1 ms), but every epoch's first batch waits 400 ms for new workers
+    states = []
+    for r in range(2):
+        st = rank_state(r, steps=32, epochs=4, data=0.001, compute=0.01, num_workers=2,
+                        epoch_start=[0.4, 0.4, 0.4, 0.4])
+        tl = st["timeline"]
+        steps = [e for e in tl if e["kind"] == "step"]
+        for k in (8, 16, 24):  # epoch starts inside these steps: their data wait includes the worker start-up
+            s = steps[k]
+            tl.append({"t": s["t"], "kind": "epoch", "dur": 0, "label": "loader 0 epoch"})
+            s["dur"] += 0.4
+            dw = [e for e in tl if e["kind"] == "data_wait" and e["t"] == s["t"]][0]
+            dw["dur"] += 0.4
+        states.append(st)
+    found = codes(evidence(*states))
+    assert "DDP403" in found and "DDP401" not in found
+
+
+@pytest.mark.parametrize("state", [
+    {},
+    {"rank": 0, "missing": True},
+    {"rank": 0, "timeline": None, "loaders": None, "ddp": None, "timing": None, "step_times": None},
+    {"rank": 0, "timing": {"steps": 10, "step_time_s": 0.0}, "loaders": [{"site": None, "epoch_start_s": [1, 2]}]},
+    {"rank": 0, "timeline": [{"t": 0, "kind": "step", "dur": 0.1}], "loaders": [{}], "ddp": [{}]},
+])
+def test_partial_evidence_never_raises(state):
+    assert diagnose_perf(evidence(dict(state, rank=0), dict(state, rank=1))) == []

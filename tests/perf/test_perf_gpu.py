@@ -56,7 +56,8 @@ def test_cuda_before_set_device_ddp302():
     ev = evidence(*_ranks(cuda=cuda))
     ev["gpu"] = gpu.snapshot(FakeNVML(_gpus(*SEED002)), host="node0")
     [f] = [f for f in diagnose_perf(ev) if f.code in ("DDP301", "DDP302")]
-    assert f.code == "DDP302" and f.ranks == [1] and f.location.line == 8 and "before torch.cuda.set_device" in f.message
+    assert f.code == "DDP302" and f.ranks == [1] and f.location.line == 8
+    assert "before torch.cuda.set_device" in f.message
 
 
 def test_clean_twin_no_finding():
@@ -104,7 +105,7 @@ def _real_nvml():
     return gpu.snapshot() is not None
 
 
-@pytest.mark.skipif(not _real_nvml(), reason="no NVML (no NVIDIA driver/GPU here): the real-GPU snapshot test needs one")
+@pytest.mark.skipif(not _real_nvml(), reason="no NVML (no NVIDIA driver/GPU here): the real-NVML test needs one")
 def test_real_nvml_snapshot():
     snap = gpu.snapshot()
     assert snap["devices"] and all("uuid" in d for d in snap["devices"])
