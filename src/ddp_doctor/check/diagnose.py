@@ -92,6 +92,8 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
             continue
         if r in exited and exited[r]["test"] == "rendezvous":
             continue  # reported as an exit below
+        if exited and r not in stuck:
+            continue  # stopped by the launcher because another rank exited: a victim, not a cause
         rdzv_bad.append(r)
         culprits.add(r)
         started = data.get(f"started/{r}")
@@ -132,7 +134,9 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
                 entry = {"rank": r, "status": "not-run", "duration_s": None, "detail": ""}
             per_rank.append(entry)
         statuses = {e["status"] for e in per_rank}
-        if statuses <= {"pass", "skip"}:
+        if not statuses:
+            status = "not-run"
+        elif statuses <= {"pass", "skip"}:
             status = "skip" if statuses == {"skip"} else "pass"
         elif statuses == {"not-run"}:
             status = "not-run"

@@ -188,7 +188,11 @@ def run_check(rest: list[str], *, deadline: float = 10.0, sizes=None, workers: i
     except ChildFailedError as exc:
         failures = _failures(exc)
     except Exception as exc:  # noqa: BLE001 - rendezvous timeout, store errors: report, don't crash
-        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        error = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        if "Rendezvous" in type(exc).__name__ and "Timeout" in type(exc).__name__:
+            error += (f" — not all nodes joined within --rendezvous-timeout {rendezvous_timeout:g} s "
+                      f"(--nnodes {args.nnodes})")
     finally:
         logging.disable(logging.NOTSET)
         os.environ.clear()
