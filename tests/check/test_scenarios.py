@@ -74,7 +74,7 @@ def test_healthy_four_ranks_pass_and_print_tables(tmp_path):
     assert [row["ok"] for row in report["bandwidth"]] == [True] * 3
     assert report["bandwidth"][0]["busbw_GBps"] > 0
     assert {r["state"] for r in report["ranks"]} == {"ok"} and len({r["pid"] for r in report["ranks"]}) == 4
-    for title in ("Ranks", "ring", "pairs", "barrier", "broadcast", "all_gather", "all_reduce bus bandwidth",
+    for title in ("Ranks", "ring", "pairs", "barrier", "broadcast", "all_gather", "all_reduce bandwidth",
                   "Environment of node 0", "PASS"):
         assert title in proc.stdout
     assert "Traceback" not in proc.stdout + proc.stderr

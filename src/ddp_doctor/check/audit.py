@@ -66,6 +66,13 @@ def _check(name: str, status: str, value: str, detail: str = "", code: str | Non
             "code": code, "severity": severity, "fix": fix}
 
 
+def _cpu_fix(cpus: int, local_ranks: int) -> str:
+    per_rank = cpus // max(1, local_ranks) - 1
+    if per_rank >= 1:
+        return f"num_workers <= {per_rank} per rank (or more CPUs)"
+    return f"{cpus} CPUs cannot feed {local_ranks} ranks: fewer ranks per node or more CPUs; num_workers 0-1"
+
+
 def _int_env(env: Mapping[str, str], name: str) -> int | None:
     try:
         return int(env[name])
@@ -126,7 +133,7 @@ def audit_node(facts: Mapping[str, Any], env: Mapping[str, str], *, local_ranks:
     if procs > cpus:
         checks.append(_check("CPUs", "warn", f"{cpus} for {procs} processes",
                              f"{local_ranks} ranks x (1 + {workers} DataLoader workers) > {cpus} CPUs: loading and ranks compete",
-                             "DDP506", fix=f"num_workers <= {max(0, cpus // max(1, local_ranks) - 1)} per rank, or more CPUs"))
+                             "DDP506", fix=_cpu_fix(cpus, local_ranks)))
     else:
         checks.append(_check("CPUs", "ok", f"{cpus} for {procs} processes", f"{local_ranks} ranks x (1 + {workers} workers)"))
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):

@@ -199,7 +199,8 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
     findings.sort(key=lambda f: (-f.severity.rank, f.code, f.ranks))
     failed_tests = [t["name"] for t in tests_out if t["status"] == "fail"]
     errors = [f for f in findings if f.severity is Severity.ERROR]
-    verdict = "fail" if (errors or failed_tests or world == 0) else "ok"
+    incomplete = [t["name"] for t in tests_out if t["status"] not in ("pass", "skip")]
+    verdict = "fail" if (errors or failed_tests or incomplete or world == 0) else "ok"
     out_findings = []
     for f in findings:
         d = f.to_report_dict()

@@ -92,7 +92,7 @@ def print_check(report: dict[str, Any], console: Console | None = None) -> None:
                 _print_test(c, test)
     bw = report.get("bandwidth") or []
     if bw:
-        t = _table(f"all_reduce bus bandwidth ({report.get('world_size')} ranks; busbw = algbw x 2(n-1)/n)",
+        t = _table("all_reduce bandwidth (busbw = algbw x 2(n-1)/n)",
                    "size", "time/op", "algbw GB/s", "busbw GB/s", "correct")
         for row in bw:
             _row(t, _size(row["bytes"]), _secs(row["time_s"]), f"{row['algbw_GBps']:.3f}", f"{row['busbw_GBps']:.3f}",
