@@ -83,7 +83,7 @@ def print_check(report: dict[str, Any], console: Console | None = None) -> None:
     tests = report.get("tests", [])
     world = int(report.get("world_size") or 0)
     if tests and world:
-        _print_summary(c, tests, world)
+        _print_summary(c, tests, world, report.get("deadline_s"))
         matrices = [t for t in tests if t.get("pairs") and 2 < world <= 16 and t["status"] != "skip"]
         for test in matrices[-1:]:   # every-pair when it ran (single node), else the ring
             _print_pair_matrix(c, test, world)
@@ -137,11 +137,11 @@ _SHORT = {"pass": "ok", "skip": "skip", "not-run": "-", "timeout": "TIMEOUT", "e
           "hung": "HUNG", "exited": "EXITED"}
 
 
-def _print_summary(c: Console, tests: list[dict[str, Any]], world: int) -> None:
+def _print_summary(c: Console, tests: list[dict[str, Any]], world: int, deadline: float | None = None) -> None:
     """One row per test: overall result, each rank's result (up to 16 ranks), the slowest rank."""
     per_rank = world <= 16
     cols = ["test", "result"] + ([f"r{r}" for r in range(world)] if per_rank else []) + ["slowest", "note"]
-    t = _table(f"Tests ({world} ranks; per-test deadline)", *cols)
+    t = _table(f"Tests ({world} ranks" + (f", deadline {deadline:g} s per test)" if deadline else ")"), *cols)
     for test in tests:
         ranks = test.get("ranks", [])
         timed = [r for r in ranks if r.get("duration_s") is not None]
@@ -186,7 +186,7 @@ def _print_test(c: Console, test: dict[str, Any]) -> None:
         for p in pairs:
             if p["status"] == "pass":
                 continue
-            _row(t, f"{p['pair'][0]} <-> {p['pair'][1]}", _status(p["status"]), _secs(p.get("time_s")),
+            _row(t, f"{p['pair'][0]} <-> {p['pair'][1]}", _status(p["status"]), _secs(p.get("time_s") or None),
                       "; ".join(p.get("details", [])))
         extra = [r for r in test["ranks"] if r["status"] in ("hung", "exited", "not-run", "skip")]
         for r in extra:
