@@ -66,12 +66,17 @@ def _test(report, name):
 
 
 def test_healthy_four_ranks_pass_and_print_tables(tmp_path):
-    proc, report, _ = run_check(tmp_path, "--nproc-per-node", "4", "--deadline", "10")
+    proc, report, _ = run_check(tmp_path, "--nproc-per-node", "4", "--deadline", "10", "--sizes", "4K,64K,1M")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    import jsonschema
+
+    from ddp_doctor.check import CHECK_JSON_SCHEMA
+
+    jsonschema.validate(report, CHECK_JSON_SCHEMA)
     assert report["schema"] == "ddp-doctor/check/v1" and report["verdict"] == "ok" and report["world_size"] == 4
     assert all(t["status"] == "pass" for t in report["tests"])
     assert len(_test(report, "pairs")["pairs"]) == 6
-    assert [row["ok"] for row in report["bandwidth"]] == [True] * 3
+    assert [(row["bytes"], row["ok"]) for row in report["bandwidth"]] == [(4096, True), (65536, True), (1 << 20, True)]
     assert report["bandwidth"][0]["busbw_GBps"] > 0
     assert {r["state"] for r in report["ranks"]} == {"ok"} and len({r["pid"] for r in report["ranks"]}) == 4
     for title in ("Ranks", "ring", "pairs", "barrier", "broadcast", "all_gather", "all_reduce bandwidth",
@@ -81,7 +86,7 @@ def test_healthy_four_ranks_pass_and_print_tables(tmp_path):
 
 
 def test_rank_that_exits_during_all_reduce(tmp_path):
-    proc, report, _ = run_check(tmp_path, "--nproc-per-node", "3", "--deadline", "5",
+    proc, report, _ = run_check(tmp_path, "--nproc-per-node", "2", "--deadline", "5", "--sizes", "4K,64K",
                                 fault="exit:rank=1:test=all_reduce")
     assert proc.returncode == 1
     assert ("DDP204", [1], "all_reduce") in _errors(report)
@@ -92,7 +97,7 @@ def test_rank_that_exits_during_all_reduce(tmp_path):
 
 def test_rank_that_delays_past_the_deadline_in_ring(tmp_path):
     deadline = 2.0
-    proc, report, elapsed = run_check(tmp_path, "--nproc-per-node", "3", "--deadline", str(deadline),
+    proc, report, elapsed = run_check(tmp_path, "--nproc-per-node", "2", "--deadline", str(deadline),
                                       fault="delay:rank=2:test=ring")
     assert proc.returncode == 1
     errors = _errors(report)
@@ -106,7 +111,7 @@ def test_rank_that_delays_past_the_deadline_in_ring(tmp_path):
 
 
 def test_bad_pair_wrong_data_and_tiny_shm_are_each_named(tmp_path):
-    proc, report, _ = run_check(tmp_path, "--nproc-per-node", "3", "--deadline", "4",
+    proc, report, _ = run_check(tmp_path, "--nproc-per-node", "3", "--deadline", "4", "--sizes", "4K,64K",
                                 fault="drop:pair=0-2:test=pairs;wrong:rank=1:test=all_reduce;shm:bytes=1000000")
     assert proc.returncode == 1
     errors = _errors(report)

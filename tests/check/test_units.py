@@ -168,3 +168,16 @@ def test_diagnose_no_rank_came():
 def test_every_check_code_is_in_the_catalogue():
     for code in ("DDP501", "DDP502", "DDP503", "DDP504", "DDP505", "DDP506", "DDP507", "DDP508", "DDP509"):
         assert code in CATALOGUE
+
+
+def test_check_report_matches_its_json_schema():
+    import jsonschema
+
+    from ddp_doctor.check import CHECK_JSON_SCHEMA
+
+    snap = _snapshot()
+    for r in range(3):
+        snap["data"][f"res/{r}/ring"] = {"status": "pass", "duration_s": 0.1,
+                                         "items": [{"pair": [r, (r + 1) % 3], "peer": 1, "ok": True, "time_s": 0.01}]}
+    jsonschema.validate(build_report(snap, deadline=1.0), CHECK_JSON_SCHEMA)
+    jsonschema.validate(build_report({"master": None, "data": {}}, deadline=1.0), CHECK_JSON_SCHEMA)
