@@ -413,8 +413,9 @@ def main() -> int:
         "addr": os.environ["MASTER_ADDR"], "port": int(os.environ["MASTER_PORT"]), "world_size": world,
         "group_world_size": group_world, "run_id": os.environ.get("TORCHELASTIC_RUN_ID", ""),
         "restart": os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")}))
-    ch.set(f"started/{rank}", {"rank": rank, "pid": os.getpid(), "local_rank": local_rank,
-                               "group_rank": group_rank, "host": socket.gethostname()})
+    started_info = {"rank": rank, "pid": os.getpid(), "local_rank": local_rank,
+                    "group_rank": group_rank, "host": socket.gethostname()}
+    ch.set(f"started/{rank}", started_info)
     device, backend = _device(local_rank, cfg.get("backend"))
     ctx = Ctx(rank, world, device, deadline, faults, group_world)
 
@@ -435,6 +436,7 @@ def main() -> int:
                              prefix=channel.job_prefix(os.environ.get("TORCHELASTIC_RUN_ID", ""),
                                                        os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     ch.add(gstore)
+    ch.set(f"started/{rank}", started_info)   # now also visible to the other nodes' launchers
     hello = _hello(rank, local_rank, device, backend)
     ch.set(f"hello/{rank}", hello)
     ch.set(f"res/{rank}/rendezvous", {"status": "pass", "duration_s": time.monotonic() - t0, "detail": ""})

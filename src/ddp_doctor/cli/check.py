@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -112,6 +113,14 @@ def _failures(exc) -> dict[int, dict]:
     return out
 
 
+def _describe(exc: BaseException, rendezvous_timeout: float, nnodes) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    error = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    if "Rendezvous" in type(exc).__name__ and "Timeout" in type(exc).__name__:
+        error += f" — not all nodes joined within --rendezvous-timeout {rendezvous_timeout:g} s (--nnodes {nnodes})"
+    return error
+
+
 def _log_tail(logdir: str, rank: int, lines: int = 12) -> list[str] | None:
     path = os.path.join(logdir, f"rank{rank}.log")
     try:
@@ -180,19 +189,24 @@ def run_check(rest: list[str], *, deadline: float = 10.0, sizes=None, workers: i
     check_view.print_start(args, deadline, console=console)
     if not verbose:
         logging.disable(logging.CRITICAL)
+    saved_sigterm = signal.getsignal(signal.SIGTERM)
     monitor.start()
     failures: dict[int, dict] = {}
     error = None
     try:
-        launch(args, "ddp_doctor.check.worker")
-    except ChildFailedError as exc:
-        failures = _failures(exc)
-    except Exception as exc:  # noqa: BLE001 - rendezvous timeout, store errors: report, don't crash
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        error = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-        if "Rendezvous" in type(exc).__name__ and "Timeout" in type(exc).__name__:
-            error += (f" — not all nodes joined within --rendezvous-timeout {rendezvous_timeout:g} s "
-                      f"(--nnodes {args.nnodes})")
+        try:
+            launch(args, "ddp_doctor.check.worker")
+        except ChildFailedError as exc:
+            failures = _failures(exc)
+        except Exception as exc:  # noqa: BLE001 - rendezvous timeout, store errors: report, don't crash
+            if not monitor.watchdog_fired:
+                error = _describe(exc, rendezvous_timeout, args.nnodes)
+        finally:
+            monitor.mark_launch_returned()
+            # torch's agent left its SIGTERM handler installed: a late signal must not raise here
+            signal.signal(signal.SIGTERM, lambda *_: None)
+    except Exception:  # noqa: BLE001 - the watchdog's SIGTERM arriving on the way out
+        pass
     finally:
         logging.disable(logging.NOTSET)
         os.environ.clear()
@@ -215,4 +229,5 @@ def run_check(rest: list[str], *, deadline: float = 10.0, sizes=None, workers: i
 
         write_json(report, report_path)
     check_view.print_check(report, console=console)
+    signal.signal(signal.SIGTERM, saved_sigterm if saved_sigterm is not None else signal.SIG_DFL)
     return int(report["exit_code"])
