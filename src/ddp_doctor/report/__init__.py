@@ -12,6 +12,8 @@ from typing import Any
 
 LINT_SCHEMA_ID = "ddp-doctor/lint/v1"
 REPORT_SCHEMA_ID = "ddp-doctor/report/v1"
+# `ddp-doctor check --report`: report/v1 keys plus per-test results (see ddp_doctor.check).
+CHECK_SCHEMA_ID = "ddp-doctor/check/v1"
 
 _NULLABLE_STR = {"type": ["string", "null"]}
 _NULLABLE_INT = {"type": ["integer", "null"]}
@@ -101,6 +103,6 @@ def write_json(data: dict[str, Any], path: str | os.PathLike[str]) -> None:
 def load_json(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a saved report; ValueError when it is not a ddp-doctor report."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
-    if not isinstance(data, dict) or data.get("schema") not in (REPORT_SCHEMA_ID, LINT_SCHEMA_ID):
+    if not isinstance(data, dict) or data.get("schema") not in (REPORT_SCHEMA_ID, LINT_SCHEMA_ID, CHECK_SCHEMA_ID):
         raise ValueError(f"{path}: not a ddp-doctor report (schema {data.get('schema') if isinstance(data, dict) else None!r})")
     return data

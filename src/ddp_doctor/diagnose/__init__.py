@@ -1,0 +1,87 @@
+"""Runtime evidence -> findings.  Pure functions: no I/O, no formatting, no torch.
+
+``diagnose(evidence, decision)`` returns ``(verdict, findings)``.  ``evidence`` is
+the watcher's plain-data view of every rank (BOARD.md "PER-RANK EVIDENCE FORMAT");
+``decision`` says why the watcher stopped looking (``reason`` hang | desync | exit,
+or ``None`` for a job that ended by itself).  One function per code family lives
+in :mod:`ddp_doctor.diagnose.runtime`; the perf family in ``diagnose.perf`` (if present).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ddp_doctor.findings import Finding
+from ddp_doctor.diagnose import runtime
+
+
+def diagnose(evidence: dict[str, Any], decision: dict[str, Any] | None,
+             failures: dict[int, dict[str, Any]] | None = None) -> tuple[str, list[Finding]]:
+    """Verdict ("ok" | "hang" | "crash" | "desync") and findings, most important first.
+
+    ``failures``: exit info per global rank the launcher learned after the job
+    ended ({rank: {"exit_code", "signal"}}), merged into the evidence.
+    """
+    ranks = evidence.get("ranks", {})
+    for r, info in (failures or {}).items():
+        st = ranks.setdefault(r, {"rank": r, "missing": True})
+        if not st.get("exit"):
+            st["exit"] = info
+    reason = (decision or {}).get("reason")
+    findings: list[Finding] = []
+    verdict = "ok"
+    if reason == "desync":
+        verdict = "crash" if _failed(ranks) else ("hang" if decision.get("blocked") else "desync")
+        findings += runtime.diagnose_desync(evidence, decision)
+    elif reason == "hang":
+        verdict = "hang"
+        findings += runtime.diagnose_hang(evidence, decision)
+    elif reason == "exit" or _failed(ranks):
+        finished = bool((decision or {}).get("finished"))
+        verdict = "hang" if finished else "crash"
+        findings += runtime.diagnose_exit(evidence, decision or {"reason": "exit"})
+    if reason is None and not _failed(ranks):
+        uneven = runtime.diagnose_steps(evidence)  # uneven steps the job survived: silently wrong model
+        if uneven:
+            verdict = "desync"
+            findings += uneven
+    findings += runtime.diagnose_sampler(evidence)
+    if verdict == "ok":
+        findings += _perf(evidence)
+    return verdict, _dedupe(findings)
+
+
+def _failed(ranks: dict[int, dict[str, Any]]) -> bool:
+    for st in ranks.values():
+        ex = st.get("exit") or {}
+        if st.get("exc") or ex.get("signal") or (ex.get("exit_code") not in (None, 0)):
+            return True
+    return False
+
+
+def _perf(evidence: dict[str, Any]) -> list[Finding]:
+    try:
+        from ddp_doctor.diagnose.perf import diagnose_perf
+    except ImportError:
+        return []
+    try:
+        return list(diagnose_perf(evidence))
+    except Exception as e:  # a perf diagnosis must never hide the run's verdict
+        import sys
+
+        print(f"ddp-doctor: perf diagnosis failed: {e!r}", file=sys.stderr)
+        return []
+
+
+def _dedupe(findings: list[Finding]) -> list[Finding]:
+    seen: set[tuple] = set()
+    out = []
+    for f in findings:
+        key = (f.code, f.location.path if f.location else None, f.location.line if f.location else None,
+               tuple(sorted(f.ranks)))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(f)
+    order = {"error": 0, "warning": 1, "info": 2}
+    out.sort(key=lambda f: order[f.severity.value])
+    return out

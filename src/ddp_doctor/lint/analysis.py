@@ -1,0 +1,342 @@
+"""Questions several rules share, answered once per module and cached on the model.
+
+* which loops are training loops (they run a backward, directly or through a helper);
+* which DataLoader a loop iterates (through variables, ``enumerate``/``tqdm`` and one
+  level of function parameters);
+* which same-file functions call a collective or the DDP model (one level deep);
+* whether a rank-conditional group of collectives is balanced (every rank enters the
+  same number of them, as in the ``local_rank not in [-1, 0]`` / ``local_rank == 0``
+  barrier pair of the Hugging Face scripts).
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Iterable
+
+from ddp_doctor.lint.model import (
+    RANKS, Cond, FuncNode, ModuleModel, Scope, Site, arg_or_kw, calls_in, const_value, dotted, final_name,
+    kwarg, NOTCONST,
+)
+
+_UNWRAP = {"enumerate", "tqdm", "iter", "zip", "islice", "trange", "track", "progress_bar", "Bar", "chain",
+           "cycle", "prefetch", "CUDAPrefetcher", "DataPrefetcher", "data_prefetcher", "MetricLogger"}
+
+
+def _cached(model: ModuleModel, key, fn):
+    if key not in model._cache:
+        model._cache[key] = fn()
+    return model._cache[key]
+
+
+# ------------------------------------------------------------- helpers ---
+def fn_direct_sites(model: ModuleModel, fn: ast.AST) -> list[Site]:
+    return model.scopes[fn].sites if fn in model.scopes else []
+
+
+def backward_sites(model: ModuleModel, scope: Scope, depth: int = 0) -> list[Site]:
+    """Sites in ``scope`` that run a backward, directly or via a same-file helper (one level)."""
+    out = []
+    for site in scope.sites:
+        if model.is_backward_call(site.call):
+            out.append(site)
+        elif depth == 0:
+            fn = model.resolve_function(site.call.func, scope)
+            if fn is not None and fn is not scope.node and any(
+                    model.is_backward_call(s.call) for s in fn_direct_sites(model, fn)):
+                out.append(site)
+    return out
+
+
+def training_loops(model: ModuleModel, scope: Scope) -> list[ast.stmt]:
+    """Loops of ``scope`` whose body runs a backward (directly or via a helper call)."""
+    def compute():
+        loops = []
+        bws = backward_sites(model, scope)
+        for loop, _c, _l in scope.loops:
+            if any(loop in s.loops for s in bws):
+                loops.append(loop)
+        return loops
+    return _cached(model, ("trainloops", scope.node), compute)
+
+
+def unwrap_iter(expr: ast.expr) -> ast.expr:
+    """``enumerate(tqdm(loader))`` -> ``loader``."""
+    while isinstance(expr, ast.Call) and final_name(expr.func) in _UNWRAP and expr.args:
+        expr = expr.args[0]
+    return expr
+
+
+def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int = 0) -> list[tuple[ast.Call, Scope]]:
+    """The ``DataLoader(...)`` calls ``expr`` may hold (variables, self attributes, one level of parameters)."""
+    if depth > 3:
+        return []
+    expr = unwrap_iter(expr)
+    if isinstance(expr, ast.Call):
+        if model.is_dataloader_call(expr):
+            return [(expr, scope)]
+        return []
+    d = dotted(expr)
+    if d is None:
+        return []
+    out: list[tuple[ast.Call, Scope]] = []
+    for v in model.values_of(expr, scope):
+        if v is not expr:
+            out += resolve_loaders(model, v, scope, depth + 1)
+    if not out and isinstance(expr, ast.Name) and expr.id in scope.params and not scope.is_module:
+        idx = scope.params.index(expr.id)
+        fn = scope.node
+        # a method's ``self`` is not passed at the call site
+        if scope.cls is not None and fn.args.args and fn.args.args[0].arg in ("self", "cls"):
+            idx -= 1
+        for site in model.call_sites_of(fn):
+            a = arg_or_kw(site.call, idx, expr.id) if idx >= 0 else None
+            if a is not None:
+                out += resolve_loaders(model, a, site.scope, depth + 1)
+    return out
+
+
+@dataclass
+class LoaderUse:
+    loader: ast.Call  # the DataLoader(...) call
+    loader_scope: Scope
+    loop: ast.stmt  # the loop iterating it
+    scope: Scope  # scope of the loop
+    training: bool  # the loop runs a backward
+    epochs: bool  # iterated again and again (nested in an outer loop, or its function is called in a loop)
+
+
+def loader_uses(model: ModuleModel) -> list[LoaderUse]:
+    def compute():
+        uses = []
+        for scope in model.scopes.values():
+            tl = training_loops(model, scope)
+            for loop, _conds, outer in scope.loops:
+                if not isinstance(loop, (ast.For, ast.AsyncFor)):
+                    continue
+                for call, lscope in resolve_loaders(model, loop.iter, scope):
+                    epochs = bool(outer) or _called_in_loop(model, scope)
+                    uses.append(LoaderUse(call, lscope, loop, scope, loop in tl, epochs))
+        return uses
+    return _cached(model, "loader_uses", compute)
+
+
+def _called_in_loop(model: ModuleModel, scope: Scope) -> bool:
+    if scope.is_module:
+        return False
+    return any(site.loops for site in model.call_sites_of(scope.node))
+
+
+def loader_passed_to_wrapper(model: ModuleModel, call: ast.Call, scope: Scope) -> bool:
+    """The loader goes through ``fabric.setup_dataloaders`` / ``accelerator.prepare`` (they add a sampler)."""
+    names = set()
+    for s in model.scopes.values():
+        for n, vals in s.assigns.items():
+            if any(v is call for v, _ in vals):
+                names.add(n)
+    for s in model.scopes.values():
+        for site in s.sites:
+            f = site.call.func
+            if isinstance(f, ast.Attribute) and f.attr in ("setup_dataloaders", "prepare", "prepare_data_loader",
+                                                           "setup_dataloader"):
+                for a in site.call.args:
+                    if a is call or dotted(a) in names:
+                        return True
+    return False
+
+
+# --------------------------------------------------------- collectives ---
+def fn_collectives(model: ModuleModel, fn: ast.AST, depth: int = 0) -> list[tuple[str, ast.Call]]:
+    """Collectives ``fn`` enters on every rank it runs on (not themselves rank-guarded inside it)."""
+    key = ("fncoll", fn, depth)
+    if key in model._cache:
+        return model._cache[key]
+    model._cache[key] = []  # recursion guard
+    scope = model.scopes.get(fn)
+    out: list[tuple[str, ast.Call]] = []
+    if scope is not None and not scope.rank_guarded_all:
+        for site in scope.sites:
+            if model.rank_conds(site.conds, scope):
+                continue
+            name = model.collective_name(site.call, scope)
+            if name and not model.uses_subgroup(site.call):
+                out.append((name, site.call))
+            elif depth < 1:
+                callee = model.resolve_function(site.call.func, scope)
+                if callee is not None and callee is not fn:
+                    out += fn_collectives(model, callee, depth + 1)
+    model._cache[key] = out
+    return out
+
+
+def ddp_forward_in_fn(model: ModuleModel, fn: ast.AST, call: ast.Call, caller: Scope) -> ast.Call | None:
+    """The DDP-model call inside helper ``fn`` when called as ``call`` from ``caller``, if any."""
+    scope = model.scopes.get(fn)
+    if scope is None:
+        return None
+    offset = 1 if scope.cls is not None and fn.args.args and fn.args.args[0].arg in ("self", "cls") else 0
+    for site in scope.sites:
+        if model.rank_conds(site.conds, scope):
+            continue
+        target = forward_target(site.call)
+        if target is None:
+            continue
+        quiet = in_no_grad(model, scope, site.call.lineno) or in_no_grad(model, caller, call.lineno)
+        if isinstance(target, ast.Name) and target.id in scope.params:
+            idx = scope.params.index(target.id) - offset
+            a = arg_or_kw(call, idx, target.id) if idx >= 0 else None
+            if a is not None and model.is_ddp_value(a, caller):
+                if quiet and no_buffer_broadcast(model, a, caller):
+                    continue
+                return site.call
+        elif model.is_ddp_value(target, scope):
+            if quiet and no_buffer_broadcast(model, target, scope):
+                continue
+            return site.call
+    return None
+
+
+def forward_target(call: ast.Call) -> ast.expr | None:
+    """``model(x)`` -> ``model``; ``model.forward(x)`` -> ``model``; else None."""
+    f = call.func
+    if isinstance(f, ast.Attribute) and f.attr == "forward":
+        return f.value
+    if isinstance(f, (ast.Name, ast.Attribute)):
+        return f
+    return None
+
+
+def ddp_constructions(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int = 0) -> list[ast.Call]:
+    if depth > 4:
+        return []
+    if isinstance(expr, ast.Call):
+        return [expr] if model.is_ddp_call(expr) else []
+    out = []
+    for v in model.values_of(expr, scope):
+        if v is not expr:
+            out += ddp_constructions(model, v, scope, depth + 1)
+    return out
+
+
+def no_buffer_broadcast(model: ModuleModel, expr: ast.expr, scope: Scope) -> bool:
+    """Every DDP construction behind ``expr`` says ``broadcast_buffers=False``."""
+    calls = ddp_constructions(model, expr, scope)
+    return bool(calls) and all(kwarg(c, "broadcast_buffers") is not None and
+                               literal(kwarg(c, "broadcast_buffers").value) is False for c in calls)
+
+
+_NO_GRAD = ("no_grad", "inference_mode")
+
+
+def in_no_grad(model: ModuleModel, scope: Scope, line: int) -> bool:
+    """``line`` runs under ``torch.no_grad()`` / ``inference_mode()`` (decorator or ``with``)."""
+    node = scope.node
+    if not scope.is_module:
+        for d in node.decorator_list:
+            if final_name(d.func if isinstance(d, ast.Call) else d) in _NO_GRAD:
+                return True
+    for stmt, _c, _l in scope.stmts:
+        if isinstance(stmt, (ast.With, ast.AsyncWith)) and stmt.lineno <= line <= (stmt.end_lineno or 0):
+            for item in stmt.items:
+                e = item.context_expr
+                if final_name(e.func if isinstance(e, ast.Call) else e) in _NO_GRAD:
+                    return True
+    return False
+
+
+# ------------------------------------------------------------- balance ---
+def cond_truths(model: ModuleModel, cond: Cond, scope: Scope, sigma: dict) -> list[str] | None:
+    t = model.rank_truths(cond.test, scope, sigma)
+    if t is None:
+        return None
+    if not cond.positive:
+        t = ["F" if x == "T" else "T" if x == "F" else "?" for x in t]
+    return t
+
+
+def site_truths(model: ModuleModel, conds: Iterable[Cond], scope: Scope, sigma: dict) -> list[str] | None:
+    res = ["T"] * len(RANKS)
+    for c in conds:
+        t = cond_truths(model, c, scope, sigma)
+        if t is None:
+            return None
+        for r, x in enumerate(t):
+            if res[r] == "F" or x == "F":
+                res[r] = "F"
+            elif x == "?":
+                res[r] = "?"
+    return res
+
+
+def balanced(model: ModuleModel, group: list[tuple[tuple[Cond, ...], Scope]]) -> bool:
+    """Do all ranks enter the same number of this group's calls, for every value of the unknowns?"""
+    atoms: list[str] = []
+    for conds, scope in group:
+        for c in conds:
+            for a in model.atoms(c.test, scope):
+                if a not in atoms:
+                    atoms.append(a)
+    if len(atoms) > 4:
+        return False
+    evaluated = False
+    for sigma in model.sigmas(atoms) if atoms else [{}]:
+        lo = [0] * len(RANKS)
+        hi = [0] * len(RANKS)
+        ok = True
+        for conds, scope in group:
+            t = site_truths(model, conds, scope, sigma)
+            if t is None:
+                ok = False
+                break
+            for r, x in enumerate(t):
+                lo[r] += x == "T"
+                hi[r] += x != "F"
+        if not ok:
+            continue
+        evaluated = True
+        if len(set(lo)) > 1 or len(set(hi)) > 1:
+            return False
+    return evaluated
+
+
+def never_runs(model: ModuleModel, conds: tuple[Cond, ...], scope: Scope) -> bool:
+    """The conditions are False on every rank whatever the unknowns (dead code in a distributed run)."""
+    if not conds:
+        return False
+    atoms: list[str] = []
+    for c in conds:
+        for a in model.atoms(c.test, scope):
+            if a not in atoms:
+                atoms.append(a)
+    if len(atoms) > 4:
+        return False
+    for sigma in model.sigmas(atoms) if atoms else [{}]:
+        t = site_truths(model, conds, scope, sigma)
+        if t is None or any(x != "F" for x in t):
+            return False
+    return True
+
+
+def describe_conds(ctx, conds: Iterable[Cond]) -> str:
+    parts = []
+    for c in conds:
+        t = ctx.text(c.test, 50)
+        parts.append(t if c.positive else f"not ({t})")
+    return " and ".join(parts)
+
+
+def guard_of(conds: Iterable[Cond]) -> Cond | None:
+    conds = list(conds)
+    return conds[-1] if conds else None
+
+
+def literal(node):
+    v = const_value(node)
+    return None if v is NOTCONST else v
+
+
+__all__ = [
+    "ModuleModel", "loader_uses", "training_loops", "resolve_loaders", "fn_collectives", "ddp_forward_in_fn",
+    "balanced", "describe_conds", "backward_sites", "forward_target", "loader_passed_to_wrapper", "kwarg",
+    "calls_in", "FuncNode", "literal",
+]

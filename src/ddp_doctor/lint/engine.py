@@ -1,0 +1,271 @@
+"""File discovery, reading, parsing and rule dispatch.  Bad input never raises: it becomes an error entry."""
+from __future__ import annotations
+
+import ast
+import fnmatch
+import io
+import os
+import re
+import tokenize
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from ddp_doctor.findings import Finding
+from ddp_doctor.lint.model import ModuleModel
+from ddp_doctor.lint.rules import RULES, Context, Rule
+
+#: Files larger than this are reported as an error entry instead of being parsed.
+MAX_BYTES = 16 * 1024 * 1024
+SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".tox", ".nox", ".mypy_cache", ".pytest_cache",
+             ".ruff_cache", "node_modules", ".eggs", ".ipynb_checkpoints"}
+# a file that mentions none of these cannot trigger any rule: parse it (syntax errors are still
+# reported) but skip building the semantic model
+_RELEVANT = re.compile(r"distributed|DataLoader|DDP|lightning|accelerat|fabric|deepspeed|horovod")
+_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
+
+
+@dataclass
+class LintError:
+    path: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"path": self.path, "message": self.message}
+
+    # behave like the {"path", "message"} dict of the agreed API
+    def __getitem__(self, key: str) -> str:
+        return self.to_dict()[key]
+
+
+@dataclass
+class FileResult:
+    path: str
+    findings: list[Finding] = field(default_factory=list)
+    error: LintError | None = None
+    source: str | None = None
+    fixes: list = field(default_factory=list)  # (finding, kind, node) for --fix
+
+
+@dataclass
+class LintResult:
+    findings: list[Finding] = field(default_factory=list)
+    errors: list[LintError] = field(default_factory=list)
+    files: int = 0
+    sources: dict[str, str] = field(default_factory=dict)  # path -> text (for the text format's source lines)
+    fixes: dict[str, list] = field(default_factory=dict)  # path -> [(finding, kind, node)]
+
+    def to_lint_dict(self) -> dict:
+        from ddp_doctor.report import LINT_SCHEMA_ID
+        return {"schema": LINT_SCHEMA_ID, "findings": [f.to_lint_dict() for f in self.findings],
+                "errors": [e.to_dict() for e in self.errors]}
+
+
+def code_selected(code: str, select: Sequence[str] | None, ignore: Sequence[str] | None) -> bool:
+    """Prefix selection as in ruff/flake8: ``DDP2`` selects DDP201, DDP202, ...; ``ALL`` selects everything."""
+    def match(prefixes):
+        return any(p == "ALL" or code.startswith(p.strip().upper()) for p in prefixes if p.strip())
+    if select and not match(select):
+        return False
+    if ignore and match(ignore):
+        return False
+    return True
+
+
+def selected_rules(select=None, ignore=None) -> list[type[Rule]]:
+    return [r for r in RULES if code_selected(r.code, select, ignore)]
+
+
+# ------------------------------------------------------------- discovery ---
+def _is_venv(path: Path) -> bool:
+    return (path / "pyvenv.cfg").is_file() or (path / "conda-meta").is_dir()
+
+
+def _excluded(path: Path, exclude: Sequence[str]) -> bool:
+    s = path.as_posix()
+    return any(fnmatch.fnmatch(s, pat) or fnmatch.fnmatch(path.name, pat) or
+               fnmatch.fnmatch(s, f"*/{pat}") or fnmatch.fnmatch(s, f"*/{pat}/*") for pat in exclude)
+
+
+def discover(paths: Iterable[str | os.PathLike[str]], exclude: Sequence[str] = ()) -> tuple[list[Path], list[LintError]]:
+    """Python files under ``paths``.  Explicitly named files are always included."""
+    files: list[Path] = []
+    errors: list[LintError] = []
+    seen: set[str] = set()
+
+    def add(p: Path) -> None:
+        key = os.path.realpath(p)
+        if key not in seen:
+            seen.add(key)
+            files.append(p)
+
+    for raw in paths:
+        p = Path(raw)
+        if p.is_file() or (p.exists() and not p.is_dir()):
+            add(p)
+            continue
+        if not p.is_dir():
+            errors.append(LintError(str(p), "no such file or directory"))
+            continue
+        visited_dirs: set[str] = set()
+        for root, dirs, names in os.walk(p, followlinks=True):
+            real = os.path.realpath(root)
+            if real in visited_dirs:  # a symlink loop (or a second link to the same tree)
+                dirs[:] = []
+                continue
+            visited_dirs.add(real)
+            rootp = Path(root)
+            keep = []
+            for d in sorted(dirs):
+                dp = rootp / d
+                if d in SKIP_DIRS or d.endswith(".egg-info") or (d.startswith(".") and d not in (".", "..")):
+                    continue
+                if _is_venv(dp) or (exclude and _excluded(dp, exclude)):
+                    continue
+                try:
+                    if dp.is_symlink() and os.path.realpath(dp) in visited_dirs | {real}:
+                        continue
+                except OSError:
+                    continue
+                keep.append(d)
+            dirs[:] = keep
+            for n in sorted(names):
+                if n.endswith((".py", ".pyi")) and not n.endswith(".pyi"):
+                    fp = rootp / n
+                    if exclude and _excluded(fp, exclude):
+                        continue
+                    if not fp.is_file():  # dangling symlink
+                        continue
+                    add(fp)
+    return files, errors
+
+
+# --------------------------------------------------------------- linting ---
+def read_source(path: Path) -> tuple[str | None, str | None]:
+    """(text, None) or (None, error message)."""
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        return None, f"cannot read: {e.strerror or e}"
+    if size > MAX_BYTES:
+        return None, f"file too large to lint ({size / 1e6:.1f} MB > {MAX_BYTES / 1e6:.0f} MB limit); skipped"
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        return None, f"cannot read: {e.strerror or e}"
+    return decode_source(data)
+
+
+def decode_source(data: bytes) -> tuple[str | None, str | None]:
+    if b"\x00" in data:
+        return None, "binary file (contains NUL bytes); not Python source"
+    try:
+        enc, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as e:
+        return None, f"cannot decode: {e}"
+    try:
+        text = data.decode("utf-8-sig" if enc in ("utf-8-sig", "utf-8") else enc)
+    except (UnicodeDecodeError, LookupError) as e:
+        reason = e.reason if isinstance(e, UnicodeDecodeError) else str(e)
+        pos = f" at byte {e.start}" if isinstance(e, UnicodeDecodeError) else ""
+        return None, f"not valid {enc} text{pos} ({reason}); not Python source"
+    return text, None
+
+
+def lint_source(source: str, path: str = "<string>", *, select: Sequence[str] | None = None,
+                ignore: Sequence[str] | None = None, noqa: bool = True) -> FileResult:
+    """Lint one module's text.  Never raises for bad input: a problem becomes ``FileResult.error``."""
+    res = FileResult(path, source=source)
+    try:
+        tree = ast.parse(source, filename=path)
+    except SyntaxError as e:
+        where = f" (line {e.lineno}" + (f", column {e.offset})" if e.offset else ")") if e.lineno else ""
+        res.error = LintError(path, f"syntax error: {e.msg}{where}")
+        return res
+    except (ValueError, RecursionError, MemoryError, OverflowError) as e:
+        res.error = LintError(path, f"cannot parse: {type(e).__name__}: {e}")
+        return res
+    if not _RELEVANT.search(source):
+        return res
+    rules = selected_rules(select, ignore)
+    if not rules:
+        return res
+    try:
+        model = ModuleModel(tree, path, source)
+    except RecursionError:
+        res.error = LintError(path, "cannot analyse: nesting too deep")
+        return res
+    except Exception as e:  # noqa: BLE001 - never a traceback for one file
+        res.error = LintError(path, f"internal error while analysing: {type(e).__name__}: {e}")
+        return res
+    lines = source.splitlines()
+    ctx = Context(model, path, lines)
+    distributed = None
+    failures = []
+    for rule_cls in rules:
+        rule = rule_cls()
+        try:
+            if rule.needs_distributed:
+                if distributed is None:
+                    distributed = model.is_distributed
+                if not distributed:
+                    continue
+            rule.check(ctx)
+        except RecursionError:
+            failures.append(f"{rule.code}: nesting too deep")
+        except Exception as e:  # noqa: BLE001 - a rule bug must not hide the other files' findings
+            failures.append(f"{rule.code}: {type(e).__name__}: {e}")
+    if failures:
+        res.error = LintError(path, "internal error in rule " + "; ".join(failures))
+    seen = set()
+    for f in ctx.findings:
+        key = (f.code, f.location.line, f.location.column)
+        if key in seen:
+            continue
+        seen.add(key)
+        if noqa and _suppressed(lines, f):
+            continue
+        res.findings.append(f)
+    kept = {id(f) for f in res.findings}
+    res.fixes = [fx for fx in ctx.fixes if id(fx[0]) in kept]
+    res.findings.sort(key=lambda f: (f.location.line, f.location.column or 0, f.code))
+    return res
+
+
+def _suppressed(lines: list[str], f: Finding) -> bool:
+    line = f.location.line
+    if not 0 < line <= len(lines):
+        return False
+    m = _NOQA.search(lines[line - 1])
+    if not m:
+        return False
+    codes = m.group("codes")
+    if not codes:
+        return True
+    return any(f.code.startswith(c.upper()) for c in re.split(r"[\s,]+", codes) if c)
+
+
+def lint_file(path: str | os.PathLike[str], *, select=None, ignore=None) -> FileResult:
+    p = Path(path)
+    text, err = read_source(p)
+    if err is not None:
+        return FileResult(str(p), error=LintError(str(p), err))
+    return lint_source(text, str(p), select=select, ignore=ignore)
+
+
+def lint_paths(paths: Iterable[str | os.PathLike[str]], *, select: Sequence[str] | None = None,
+               ignore: Sequence[str] | None = None, exclude: Sequence[str] = ()) -> LintResult:
+    """Lint files and directories.  ``.findings`` are :class:`~ddp_doctor.findings.Finding` with locations."""
+    files, errors = discover(paths, exclude)
+    result = LintResult(errors=list(errors))
+    for p in files:
+        fr = lint_file(p, select=select, ignore=ignore)
+        result.files += 1
+        result.findings.extend(fr.findings)
+        if fr.error is not None:
+            result.errors.append(fr.error)
+        if fr.source is not None and fr.findings:
+            result.sources[fr.path] = fr.source
+        if fr.fixes:
+            result.fixes[fr.path] = fr.fixes
+    return result

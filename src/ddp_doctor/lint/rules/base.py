@@ -1,0 +1,61 @@
+"""The rule base class and the per-file context rules report through."""
+from __future__ import annotations
+
+import ast
+from typing import Iterator
+
+from ddp_doctor.findings import Finding, Location
+from ddp_doctor.lint.model import ModuleModel
+
+
+class Context:
+    """One file being linted: its model, lines, and a ``report`` helper that fills locations."""
+
+    def __init__(self, model: ModuleModel, path: str, lines: list[str]):
+        self.model = model
+        self.path = path
+        self.lines = lines
+        self.findings: list[Finding] = []
+        self.fixes: list[tuple[Finding, str, ast.AST]] = []  # (finding, fix kind, node) for --fix
+
+    def text(self, node: ast.AST, limit: int = 60) -> str:
+        try:
+            s = ast.unparse(node)
+        except Exception:  # noqa: BLE001
+            s = "..."
+        s = " ".join(s.split())
+        return s if len(s) <= limit else s[: limit - 3] + "..."
+
+    def function_name(self, node: ast.AST) -> str | None:
+        fn = self.model.function_at(getattr(node, "lineno", 0))
+        return None if fn is None else fn.name
+
+    def report(self, code: str, node: ast.AST, message: str, fix: str, *, fix_kind: str | None = None,
+               fix_node: ast.AST | None = None) -> Finding:
+        loc = Location(
+            path=self.path,
+            line=node.lineno,
+            function=self.function_name(node),
+            column=node.col_offset + 1,
+            end_line=getattr(node, "end_lineno", None),
+            end_column=(node.end_col_offset + 1) if getattr(node, "end_col_offset", None) is not None else None,
+        )
+        f = Finding(code, message, fix, loc)
+        if fix_kind:
+            self.fixes.append((f, fix_kind, fix_node if fix_node is not None else node))
+        self.findings.append(f)
+        return f
+
+
+class Rule:
+    """One finding code.  ``check`` yields nothing; it calls ``ctx.report``."""
+
+    code: str = ""
+    #: needs a module that uses torch.distributed / DDP / Fabric / accelerate
+    needs_distributed: bool = True
+
+    def check(self, ctx: Context) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[str]:  # pragma: no cover
+        yield self.code

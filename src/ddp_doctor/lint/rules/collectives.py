@@ -1,0 +1,123 @@
+"""DDP201 (collective on a subset of ranks) and DDP202 (DDP forward on a subset of ranks)."""
+from __future__ import annotations
+
+import ast
+
+from ddp_doctor.lint import analysis as A
+from ddp_doctor.lint.model import Cond, Scope, Site
+from ddp_doctor.lint.rules.base import Context, Rule
+
+
+def _guard_text(ctx: Context, site: Site, conds: list[Cond]) -> str:
+    if site.scope.rank_guarded_all and not conds:
+        return f"`{site.scope.name}` is decorated to run on rank 0 only"
+    c = conds[-1]
+    t = ctx.text(c.test, 50)
+    stmt = c.node
+    if stmt.lineno != site.stmt.lineno and isinstance(stmt, ast.If) and not _inside(site.stmt, stmt):
+        return f"it comes after the early exit under `if {t}:` (line {stmt.lineno}), so only ranks " \
+               f"where `not ({t})` reach it"
+    return f"it runs only where `{t if c.positive else f'not ({t})'}` holds"
+
+
+def _inside(node: ast.AST, container: ast.AST) -> bool:
+    return container.lineno <= node.lineno <= (container.end_lineno or container.lineno) and node is not container
+
+
+def _groups(ctx: Context, scope: Scope, classify) -> dict[str, list[tuple[Site, list[Cond], str]]]:
+    """Sites of ``scope`` classified by ``classify(site) -> (key, description) | None``."""
+    groups: dict[str, list[tuple[Site, list[Cond], str]]] = {}
+    for site in scope.sites:
+        got = classify(site)
+        if got is None:
+            continue
+        key, desc = got
+        conds = ctx.model.rank_conds(site.conds, scope)
+        groups.setdefault(key, []).append((site, conds, desc))
+    return groups
+
+
+def _unbalanced(ctx: Context, scope: Scope, group) -> list[tuple[Site, list[Cond], str]]:
+    guarded = [g for g in group if g[1] or scope.rank_guarded_all]
+    if not guarded:
+        return []
+    if scope.rank_guarded_all:
+        return guarded
+    m = ctx.model
+    # every condition that involves the rank counts, even one constant over ranks 0..3
+    # (`local_rank == -1` is False on every rank of a distributed run: the call never happens)
+    full = [(tuple(c for c in s.conds if m.mentions_rank(c.test, scope)), scope) for s, _c, _d in group]
+    if A.balanced(m, full):
+        return []
+    return [g for g, f in zip(group, full) if g in guarded and not A.never_runs(m, f[0], scope)]
+
+
+class RankConditionalCollective(Rule):
+    code = "DDP201"
+
+    def check(self, ctx: Context) -> None:
+        m = ctx.model
+        for scope in m.scopes.values():
+            def classify(site: Site):
+                name = m.collective_name(site.call, scope)
+                if name:
+                    if m.uses_subgroup(site.call):
+                        return None
+                    return name, f"`{ctx.text(site.call.func)}()`"
+                fn = m.resolve_function(site.call.func, scope)
+                if fn is not None and fn is not scope.node:
+                    inner = A.fn_collectives(m, fn)
+                    if inner:
+                        cname, ccall = inner[0]
+                        return (f"call:{fn.name}",
+                                f"`{ctx.text(site.call.func)}()` (it calls `{ctx.text(ccall.func)}()` "
+                                f"at line {ccall.lineno})")
+                return None
+
+            for key, group in _groups(ctx, scope, classify).items():
+                for site, conds, desc in _unbalanced(ctx, scope, group):
+                    why = _guard_text(ctx, site, conds)
+                    ctx.report(
+                        self.code, site.call,
+                        f"collective {desc} is reached by only some ranks: {why}. A collective completes only "
+                        f"when every rank of the group enters it; the other ranks never arrive and this one "
+                        f"waits forever (a silent hang until the NCCL/gloo timeout).",
+                        "Call it on every rank: keep the rank-0-only work under the condition and move the "
+                        "collective out of it (or use `with ddp_doctor.fixes.rank_zero_first(): ...`).",
+                    )
+
+
+class DDPForwardOnSubset(Rule):
+    code = "DDP202"
+
+    def check(self, ctx: Context) -> None:
+        m = ctx.model
+        if not m.is_distributed:
+            return
+        for scope in m.scopes.values():
+            def classify(site: Site):
+                target = A.forward_target(site.call)
+                if target is not None and m.is_ddp_value(target, scope):
+                    if A.no_buffer_broadcast(m, target, scope) and A.in_no_grad(m, scope, site.call.lineno):
+                        return None  # no_grad forward with broadcast_buffers=False runs no collective
+                    return "forward", f"the DDP model `{ctx.text(target)}`"
+                fn = m.resolve_function(site.call.func, scope)
+                if fn is not None and fn is not scope.node:
+                    inner = A.ddp_forward_in_fn(m, fn, site.call, scope)
+                    if inner is not None:
+                        return "forward", (f"`{ctx.text(site.call.func)}()`, which calls the DDP model "
+                                           f"(`{ctx.text(inner.func)}(...)` at line {inner.lineno}),")
+                return None
+
+            for _key, group in _groups(ctx, scope, classify).items():
+                for site, conds, desc in _unbalanced(ctx, scope, group):
+                    why = _guard_text(ctx, site, conds)
+                    ctx.report(
+                        self.code, site.call,
+                        f"{desc} is called on only some ranks: {why}. A DDP forward takes part in collectives "
+                        f"(buffer broadcast, and the gradient all-reduce of the backward), so the ranks fall out "
+                        f"of step: the job hangs, often only at the next epoch's training.",
+                        "Evaluate the unwrapped model on the single rank (`model.module(x)`), or run the "
+                        "evaluation on every rank with a DistributedSampler and combine the metric with "
+                        "`dist.all_reduce` (or `ddp_doctor.fixes.gather_variable`).",
+                    )

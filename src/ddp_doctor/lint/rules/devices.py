@@ -1,0 +1,236 @@
+"""Device and checkpoint rules: DDP301, DDP302, DDP303; and DDP206 (launch outside the entry)."""
+from __future__ import annotations
+
+import ast
+
+from ddp_doctor.lint import analysis as A
+from ddp_doctor.lint.model import ModuleModel, Scope, Site, arg_or_kw, final_name, kwarg
+from ddp_doctor.lint.rules.base import Context, Rule
+
+
+def is_dist_script(m: ModuleModel) -> bool:
+    """A module that sets up or runs distributed training (not merely imports torch.distributed)."""
+    if "dist_script" in m._cache:
+        return m._cache["dist_script"]
+    res = m.uses_ddp
+    if not res:
+        for scope in m.scopes.values():
+            for site in scope.sites:
+                q = m.qual(site.call.func) or ""
+                if q.endswith("init_process_group") or q.endswith("get_rank") or q.endswith("launch") and \
+                        q.startswith("torch.distributed") or q in ("torch.multiprocessing.spawn",):
+                    res = True
+                    break
+            if res:
+                break
+    m._cache["dist_script"] = res
+    return res
+
+
+class LoadWithoutMapLocation(Rule):
+    code = "DDP301"
+
+    def check(self, ctx: Context) -> None:
+        m = ctx.model
+        if not is_dist_script(m):
+            return
+        for scope in m.scopes.values():
+            for site in scope.sites:
+                call = site.call
+                if m.qual(call.func) != "torch.load":
+                    continue
+                if arg_or_kw(call, 1, "map_location") is not None or any(k.arg is None for k in call.keywords):
+                    continue
+                ctx.report(
+                    self.code, call,
+                    "`torch.load` without `map_location` puts every tensor back on the device it was saved from "
+                    "(usually cuda:0): on every rank, so all ranks allocate memory and a CUDA context on GPU 0 "
+                    "(uneven memory, out-of-memory on GPU 0, slow loading).",
+                    "Pass `map_location=\"cpu\"` (then `model.load_state_dict(...)` copies to the model's own "
+                    "device), or use `ddp_doctor.fixes.load_checkpoint(path)`.",
+                    fix_kind="map-location",
+                )
+
+
+def _is_set_device(m: ModuleModel, call: ast.Call, scope: Scope, depth: int = 0) -> bool:
+    q = m.qual(call.func) or ""
+    if q in ("torch.cuda.set_device", "torch.cuda.device") or (q == "" and final_name(call.func) == "set_device"):
+        return True
+    if depth == 0:
+        fn = m.resolve_function(call.func, scope)
+        if fn is not None and fn is not scope.node:
+            return any(_is_set_device(m, s.call, s.scope, 1) for s in m.scopes[fn].sites)
+    return False
+
+
+def _current_device_alloc(m: ModuleModel, call: ast.Call) -> str | None:
+    """A CUDA allocation on the *current* device: ``.cuda()``, ``.to("cuda")``, ``device="cuda"``."""
+    f = call.func
+    if isinstance(f, ast.Attribute) and f.attr == "cuda" and not call.args and kwarg(call, "device") is None:
+        if (m.qual(f.value) or "").startswith("torch"):
+            return None  # torch.cuda
+        return f"`{ast.unparse(f)}()`"
+    if isinstance(f, ast.Attribute) and f.attr == "to":
+        target = call.args[0] if call.args else (kwarg(call, "device").value if kwarg(call, "device") else None)
+        if A.literal(target) == "cuda":
+            return f"`{ast.unparse(f)}(\"cuda\")`"
+    dk = kwarg(call, "device")
+    if dk is not None and A.literal(dk.value) == "cuda" and (m.qual(f) or "").startswith("torch."):
+        return f"`{ast.unparse(f)}(..., device=\"cuda\")`"
+    return None
+
+
+class CudaBeforeSetDevice(Rule):
+    code = "DDP302"
+
+    def check(self, ctx: Context) -> None:
+        m = ctx.model
+        if not is_dist_script(m):
+            return
+        any_set = False
+        for scope in m.scopes.values():
+            sets = [s for s in scope.sites if _is_set_device(m, s.call, scope)]
+            any_set = any_set or bool(sets)
+            if not sets:
+                continue
+            first = min(s.call.lineno for s in sets)
+            for site in scope.sites:
+                if site.call.lineno >= first:
+                    continue
+                what = _current_device_alloc(m, site.call)
+                if what:
+                    ctx.report(
+                        self.code, site.call,
+                        f"{what} runs before `torch.cuda.set_device(...)` (line {first}): at this point the "
+                        f"current device is still cuda:0 on every rank, so each rank creates a CUDA context and "
+                        f"allocates on GPU 0 (wasted memory there, OOM on GPU 0, or tensors on the wrong GPU).",
+                        "Call `torch.cuda.set_device(local_rank)` first thing (before any CUDA use), or use "
+                        "an explicit device: `.to(f\"cuda:{local_rank}\")`.",
+                    )
+                    break
+        if any_set or not m.uses_ddp or "CUDA_VISIBLE_DEVICES" in m.source:
+            return
+        if any(q.split(".")[0] in ("lightning", "pytorch_lightning", "accelerate", "lightning_fabric")
+               for q in m.imports.values()):
+            return
+        for scope in m.scopes.values():
+            for site in scope.sites:
+                what = _current_device_alloc(m, site.call)
+                if what:
+                    ctx.report(
+                        self.code, site.call,
+                        f"{what} uses the current CUDA device, but this DDP script never calls "
+                        f"`torch.cuda.set_device(local_rank)`: the current device is cuda:0 on every rank, so all "
+                        f"ranks put their model and data on GPU 0.",
+                        "Call `torch.cuda.set_device(local_rank)` right after reading LOCAL_RANK, or move to an "
+                        "explicit device: `.to(f\"cuda:{local_rank}\")`.",
+                    )
+                    return
+
+
+def _callers_all_guarded(m: ModuleModel, fn: ast.AST) -> bool | None:
+    """True: every in-file call of ``fn`` is under a rank condition; False: one is not; None: no caller here."""
+    sites = m.call_sites_of(fn)
+    if not sites:
+        return None
+    for s in sites:
+        if not (m.rank_conds(s.conds, s.scope) or s.scope.rank_guarded_all):
+            if s.scope.is_module or not _in_guarded_fn(m, s.scope):
+                return False
+    return True
+
+
+def _in_guarded_fn(m: ModuleModel, scope: Scope) -> bool:
+    if scope.rank_guarded_all:
+        return True
+    sites = m.call_sites_of(scope.node)
+    return bool(sites) and all(m.rank_conds(s.conds, s.scope) or s.scope.rank_guarded_all for s in sites)
+
+
+def _training_function(m: ModuleModel, scope: Scope) -> bool:
+    if scope.is_module:
+        return True
+    if m.function_referenced_as_value(scope.node):
+        return True
+    for site in scope.sites:
+        q = m.qual(site.call.func) or ""
+        if q.endswith("init_process_group") or m.is_ddp_call(site.call) or m.is_backward_call(site.call):
+            return True
+    return scope.name in ("main", "train", "main_worker", "run", "worker", "fit")
+
+
+class SaveOnEveryRank(Rule):
+    code = "DDP303"
+
+    def check(self, ctx: Context) -> None:
+        m = ctx.model
+        if not is_dist_script(m):
+            return
+        for scope in m.scopes.values():
+            for site in scope.sites:
+                if m.qual(site.call.func) != "torch.save":
+                    continue
+                if self._guarded(m, site):
+                    continue
+                path = arg_or_kw(site.call, 1, "f")
+                if path is not None and m.mentions_rank(path, scope):
+                    continue  # a per-rank file (sharded checkpoint)
+                ctx.report(
+                    self.code, site.call,
+                    "`torch.save` here runs on every rank: all ranks write the same file at once (N times the "
+                    "I/O, and a checkpoint that can be torn or half-written when two ranks race on it).",
+                    "Save on one rank: `if dist.get_rank() == 0: torch.save(...)` (then `dist.barrier()` on "
+                    "every rank if others read it next), or use `ddp_doctor.fixes.rank_zero_first`.",
+                )
+
+    @staticmethod
+    def _guarded(m: ModuleModel, site: Site) -> bool:
+        scope = site.scope
+        if m.rank_conds(site.conds, scope) or scope.rank_guarded_all:
+            return True
+        if scope.is_module:
+            return False
+        callers = _callers_all_guarded(m, scope.node)
+        if callers is None:
+            return not _training_function(m, scope)
+        return callers
+
+
+class LaunchNotAtEntry(Rule):
+    code = "DDP206"
+
+    _CTORS = ("__init__", "__new__", "__post_init__")
+
+    def check(self, ctx: Context) -> None:
+        m = ctx.model
+        for scope in m.scopes.values():
+            for site in scope.sites:
+                what = self._launch(m, site.call, scope)
+                if what is None:
+                    continue
+                where = None
+                if not scope.is_module and scope.name in self._CTORS and scope.cls is not None:
+                    where = f"the constructor `{scope.cls.name}.{scope.name}`"
+                elif scope.is_module and m.has_main_guard and not any(
+                        m._is_main_guard(c.test) for c in site.conds):
+                    where = "module level of a file that is also imported (it has an `if __name__ == \"__main__\":` block)"
+                if where is None:
+                    continue
+                ctx.report(
+                    self.code, site.call,
+                    f"{what} is called in {where}: the distributed launch then runs as a side effect of "
+                    f"building an object or importing a module — again in every spawned process, or in an "
+                    f"order that differs between ranks — which deadlocks at start-up or at the first collective.",
+                    f"Call {what} once, at the program entry (`if __name__ == \"__main__\":` / `main()`), before "
+                    f"building trainers, models and datasets.",
+                )
+
+    @staticmethod
+    def _launch(m: ModuleModel, call: ast.Call, scope: Scope) -> str | None:
+        q = m.qual(call.func) or ""
+        if q in ("torch.distributed.init_process_group", "deepspeed.init_distributed"):
+            return f"`{ast.unparse(call.func)}()`"
+        f = call.func
+        if isinstance(f, ast.Attribute) and f.attr == "launch" and m._receiver_kind(f.value, scope) == "fabric":
+            return f"`{ast.unparse(f)}()`"
+        return None

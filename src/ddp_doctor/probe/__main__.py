@@ -1,0 +1,42 @@
+"""``python -m ddp_doctor.probe [-m] SCRIPT|MODULE [ARGS...]``: install the probe, then run the user's program as __main__."""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 2 if not argv else 0
+    module = argv[0] == "-m"
+    if module:
+        argv = argv[1:]
+    target, args = argv[0], argv[1:]
+    from ddp_doctor.probe import activate
+
+    probe = activate()
+    if module:
+        sys.argv = [target, *args]
+    else:
+        sys.argv = [target, *args]
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
+    try:
+        if module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(os.path.abspath(target), run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        probe.finish(code, e if code else None)
+        raise
+    except BaseException as e:
+        probe.finish(1, e)
+        raise
+    probe.finish(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,402 @@
+"""Hooks the probe installs in a rank: collectives, DDP forward/backward/init, DataLoader, sampler, optimizer.
+
+Every hook is exception-safe: the probe's own bookkeeping runs in ``try`` blocks
+and the user's call is made exactly once, with the user's arguments, whatever
+the bookkeeping did.  Nothing here issues a collective or touches the user's
+process groups.
+"""
+from __future__ import annotations
+
+import faulthandler
+import functools
+import inspect
+import os
+import signal
+import sys
+import threading
+import time
+
+from ddp_doctor.probe.recorder import LoaderRec, Recorder, set_torch_dir, user_site
+
+COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list",
+    "reduce", "gather", "gather_object", "scatter", "scatter_object_list", "barrier", "monitored_barrier",
+    "all_reduce_coalesced", "all_gather_coalesced", "_all_gather_base", "_reduce_scatter_base",
+)
+
+REC: Recorder | None = None
+_tls = threading.local()
+_group_keys: dict[int, str] = {}
+_installed = False
+
+
+def _group_key(group) -> str:
+    if group is None:
+        return "world"
+    key = _group_keys.get(id(group))
+    if key is None:
+        try:
+            from torch.distributed import distributed_c10d as c10d
+
+            if group is c10d.GroupMember.WORLD or group is c10d._get_default_group():
+                key = "world"
+            else:
+                key = "pg:" + ",".join(str(r) for r in c10d.get_process_group_ranks(group))
+        except Exception:
+            key = "pg?"
+        _group_keys[id(group)] = key
+    return key
+
+
+def _describe(args, kwargs) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    import torch
+
+    shapes: list[str] = []
+    dtypes: list[str] = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            shapes.append("x".join(map(str, a.shape)) or "scalar")
+            dtypes.append(str(a.dtype).replace("torch.", ""))
+        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+            shapes.append("[" + ",".join("x".join(map(str, t.shape)) for t in a[:8]) + ("..." if len(a) > 8 else "") + "]")
+            dtypes.append(str(a[0].dtype).replace("torch.", ""))
+        if len(shapes) >= 3:
+            break
+    return tuple(shapes), tuple(dtypes)
+
+
+def _wrap_collective(fn, name: str):
+    try:
+        params = list(inspect.signature(fn).parameters)
+        gidx = params.index("group") if "group" in params else None
+    except (TypeError, ValueError):
+        gidx = None
+
+    @functools.wraps(fn)
+    def collective(*args, **kwargs):
+        if getattr(_tls, "depth", 0):
+            return fn(*args, **kwargs)
+        entry = None
+        try:
+            g = kwargs.get("group")
+            if g is None and gidx is not None and len(args) > gidx:
+                g = args[gidx]
+            shapes, dtypes = _describe(args, kwargs)
+            entry = REC.coll_enter(_group_key(g), name, shapes, dtypes, user_site(sys._getframe(1)))
+        except Exception:
+            entry = None
+        _tls.depth = 1
+        try:
+            return fn(*args, **kwargs)
+        except BaseException:
+            REC.failed_in = entry
+            raise
+        finally:
+            _tls.depth = 0
+            if entry is not None:
+                try:
+                    REC.coll_leave(entry)
+                except Exception:
+                    pass
+
+    collective.__ddp_doctor_wrapped__ = fn
+    return collective
+
+
+def _patch_collectives() -> None:
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    for name in COLLECTIVES:
+        fn = getattr(c10d, name, None)
+        if fn is None or hasattr(fn, "__ddp_doctor_wrapped__"):
+            continue
+        wrapped = _wrap_collective(fn, name)
+        setattr(c10d, name, wrapped)
+        if getattr(dist, name, None) is fn:
+            setattr(dist, name, wrapped)
+
+
+def _patch_ddp() -> None:
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    orig_init = DDP.__init__
+    orig_forward = DDP.forward
+
+    @functools.wraps(orig_init)
+    def __init__(self, *args, **kwargs):
+        entry = None
+        site = None
+        try:
+            site = user_site(sys._getframe(1))
+            entry = REC.coll_enter(_group_key(kwargs.get("process_group")), "ddp.init(broadcast_params)", (), (), site, "ddp")
+        except Exception:
+            entry = None
+        try:
+            orig_init(self, *args, **kwargs)
+        except BaseException:
+            REC.failed_in = entry
+            raise
+        finally:
+            if entry is not None:
+                try:
+                    REC.coll_leave(entry)
+                except Exception:
+                    pass
+        try:
+            nbuf = sum(1 for _ in self.module.buffers())
+            REC.ddps.append({
+                "site": _site_dict(site),
+                "find_unused_parameters": bool(getattr(self, "find_unused_parameters", False)),
+                "broadcast_buffers": bool(getattr(self, "forward_sync_buffers", getattr(self, "broadcast_buffers", False))),
+                "buffers": nbuf,
+                "params": sum(1 for _ in self.module.parameters()),
+                "unused_seen": None,
+            })
+            REC.ddp_objs.append(self)
+            REC.version += 1
+        except Exception:
+            pass
+
+    @functools.wraps(orig_forward)
+    def forward(self, *args, **kwargs):
+        entry = None
+        try:
+            REC.forwards += 1
+            REC.progress += 1
+            if self._check_sync_bufs_pre_fwd():
+                entry = REC.coll_enter(_group_key(self.process_group), "ddp.forward(broadcast_buffers)", (), (),
+                                       user_site(sys._getframe(1)), "ddp")
+            else:
+                REC.site_index(user_site(sys._getframe(1)))
+        except Exception:
+            entry = None
+        try:
+            return orig_forward(self, *args, **kwargs)
+        except BaseException:
+            REC.failed_in = entry
+            raise
+        finally:
+            try:
+                if entry is not None:
+                    REC.coll_leave(entry)
+                if torch.is_grad_enabled() and self.require_backward_grad_sync:
+                    REC.pending_grad_sync = _group_key(self.process_group)
+            except Exception:
+                pass
+
+    DDP.__init__ = __init__
+    DDP.forward = forward
+
+    orig_backward = torch.autograd.backward
+
+    @functools.wraps(orig_backward)
+    def backward(*args, **kwargs):
+        entry = None
+        try:
+            REC.backwards += 1
+            REC.progress += 1
+            pend = REC.pending_grad_sync
+            if pend is not None:
+                REC.pending_grad_sync = None
+                entry = REC.coll_enter(pend, "ddp.backward(allreduce_grads)", (), (), user_site(sys._getframe(1)), "ddp")
+        except Exception:
+            entry = None
+        try:
+            return orig_backward(*args, **kwargs)
+        except BaseException:
+            REC.failed_in = entry
+            raise
+        finally:
+            if entry is not None:
+                try:
+                    REC.coll_leave(entry)
+                except Exception:
+                    pass
+
+    torch.autograd.backward = backward
+
+
+def _site_dict(site):
+    if site is None:
+        return None
+    return {"path": site[0], "line": site[1], "function": site[2]}
+
+
+def _sampler_of(loader):
+    s = getattr(loader, "sampler", None)
+    bs = getattr(loader, "batch_sampler", None)
+    if bs is not None and getattr(bs, "sampler", None) is not None:
+        s = bs.sampler
+    return s
+
+
+def _patch_data() -> None:
+    from torch.utils.data import dataloader as dl_mod
+    from torch.utils.data import distributed as dist_mod
+    from torch.utils.data._utils import worker as worker_mod
+
+    DataLoader = dl_mod.DataLoader
+    orig_init = DataLoader.__init__
+    orig_iter = DataLoader.__iter__
+    BaseIter = dl_mod._BaseDataLoaderIter
+    orig_next = BaseIter.__next__
+
+    @functools.wraps(orig_init)
+    def __init__(self, *args, **kwargs):
+        orig_init(self, *args, **kwargs)
+        try:
+            site = user_site(sys._getframe(1))
+            settings = {
+                "num_workers": self.num_workers, "pin_memory": bool(self.pin_memory),
+                "persistent_workers": bool(self.persistent_workers), "prefetch_factor": self.prefetch_factor,
+                "batch_size": self.batch_size,
+            }
+            rec = LoaderRec(len(REC.loaders), site, settings, _sampler_of(self))
+            REC.loaders.append(rec)
+            object.__setattr__(self, "_ddpd_rec", rec)
+            REC.version += 1
+        except Exception:
+            pass
+
+    @functools.wraps(orig_iter)
+    def __iter__(self):
+        it = orig_iter(self)
+        try:
+            rec = getattr(self, "_ddpd_rec", None)
+            if rec is not None:
+                rec.epochs += 1
+                rec.steps_by_epoch.append(0)
+                s = rec.sampler
+                rec.sampler_epochs.append(getattr(s, "epoch", None))
+                if rec.length is None:
+                    try:
+                        rec.length = len(self)
+                    except Exception:
+                        rec.length = -1
+                ws = getattr(it, "_workers", None)
+                if ws:
+                    rec.worker_pids = [w.pid for w in ws if w.pid]
+                rec.iter_t = time.monotonic()
+                rec.first_batch_pending = True
+                it._ddpd_rec = rec
+                REC.progress += 1
+                REC.version += 1
+                REC.timeline.append((REC.now(), "epoch", 0, f"loader {rec.idx} epoch {rec.epochs - 1}"))
+        except Exception:
+            pass
+        return it
+
+    @functools.wraps(orig_next)
+    def __next__(self):
+        rec = getattr(self, "_ddpd_rec", None)
+        if rec is None:
+            return orig_next(self)
+        t = time.monotonic()
+        REC.in_data_wait = (rec, t)
+        try:
+            batch = orig_next(self)
+        finally:
+            REC.in_data_wait = None
+        try:
+            dt = time.monotonic() - t
+            rec.batches += 1
+            rec.data_wait_s += dt
+            rec.batch_wait.append(dt)
+            if REC.first_step_t is not None:
+                REC.data_wait_s += dt
+            REC.progress += 1
+            REC.last_loader = rec
+            if rec.first_batch_pending:
+                rec.first_batch_pending = False
+                rec.epoch_start_s.append(time.monotonic() - rec.iter_t)
+            if dt > 0.001:
+                REC.timeline.append((REC.now() - dt, "data_wait", dt, f"loader {rec.idx} batch {rec.batches}"))
+        except Exception:
+            pass
+        return batch
+
+    DataLoader.__init__ = __init__
+    DataLoader.__iter__ = __iter__
+    BaseIter.__next__ = __next__
+
+    DS = dist_mod.DistributedSampler
+    orig_set_epoch = DS.set_epoch
+
+    @functools.wraps(orig_set_epoch)
+    def set_epoch(self, epoch):
+        try:
+            self._ddpd_set_epoch_calls = getattr(self, "_ddpd_set_epoch_calls", 0) + 1
+        except Exception:
+            pass
+        return orig_set_epoch(self, epoch)
+
+    DS.set_epoch = set_epoch
+
+    if not hasattr(worker_mod._worker_loop, "__ddp_doctor_wrapped__"):
+        orig_loop = worker_mod._worker_loop
+        _worker_loop.__ddp_doctor_wrapped__ = orig_loop
+        worker_mod._worker_loop = _worker_loop
+
+
+def _worker_loop(*args, **kwargs):
+    """DataLoader worker entry: register the stack dump, then run torch's own loop.
+
+    Module-level so that a spawn/forkserver worker can unpickle it by name; there
+    the patch is absent and torch's loop is found directly."""
+    from torch.utils.data._utils import worker as worker_mod
+
+    _register_stack_dump("worker")
+    orig = getattr(_worker_loop, "__ddp_doctor_wrapped__", None) or worker_mod._worker_loop
+    return orig(*args, **kwargs)
+
+
+_dump_files: list = []
+
+
+def _register_stack_dump(kind: str) -> None:
+    """faulthandler on SIGUSR1 -> DIR/<kind>-<pid>.stack: stacks on request, even inside a blocked C call."""
+    try:
+        d = os.environ.get("DDP_DOCTOR_DIR")
+        if not d or not hasattr(signal, "SIGUSR1"):
+            return
+        f = open(os.path.join(d, f"{kind}-{os.getpid()}.stack"), "w")
+        _dump_files.append(f)
+        faulthandler.register(signal.SIGUSR1, file=f, all_threads=True, chain=False)
+    except Exception:
+        pass
+
+
+def _patch_optimizer() -> None:
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    def _post(opt, args, kwargs):
+        try:
+            REC.step()
+        except Exception:
+            pass
+
+    register_optimizer_step_post_hook(_post)
+
+
+def install(rec: Recorder) -> None:
+    """Install every hook once; a hook that cannot be installed is skipped (training unaffected)."""
+    global REC, _installed
+    REC = rec
+    if _installed:
+        return
+    _installed = True
+    try:
+        import torch
+
+        set_torch_dir(torch.__file__)
+    except Exception:
+        return
+    _register_stack_dump("rank")
+    for patch in (_patch_collectives, _patch_ddp, _patch_data, _patch_optimizer):
+        try:
+            patch()
+        except Exception as e:  # pragma: no cover - depends on torch version
+            print(f"ddp-doctor probe: could not install {patch.__name__}: {e!r}", file=sys.stderr)

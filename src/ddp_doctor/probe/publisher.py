@@ -1,0 +1,199 @@
+"""The probe's background thread: posts the rank's state to the watcher's TCPStore and answers stack requests.
+
+Keys (all under the ``ddpd/`` prefix of the side-channel store, never the user's):
+- ``ddpd/rank/<rank>``   JSON state (BOARD.md "PER-RANK EVIDENCE FORMAT"), every ~0.25 s
+- ``ddpd/req``           counter the watcher bumps to ask for stacks
+- ``ddpd/stack/<rank>/<req>``  JSON ``{"threads": [{"name", "main", "frames"}]}``
+- ``ddpd/ack/<rank>``    the watcher's go-ahead for a failing rank to exit
+- ``ddpd/stop``          the watcher is stopping the job
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+from ddp_doctor.probe.recorder import Recorder, frames_of, user_site
+
+INTERVAL = 0.25
+
+
+def _site(rec: Recorder, idx):
+    s = rec.sites[idx] if idx is not None and idx < len(rec.sites) else None
+    return None if s is None else {"path": s[0], "line": s[1], "function": s[2]}
+
+
+def _coll(rec: Recorder, entry) -> dict[str, Any] | None:
+    if entry is None:
+        return None
+    group, seq, op, shapes, dtypes, sidx, t, origin = entry
+    return {"group": group, "seq": seq, "op": op, "shapes": list(shapes), "dtypes": list(dtypes),
+            "site": _site(rec, sidx), "origin": origin,
+            "waiting_s": round(time.monotonic() - t, 3)}
+
+
+def _sampler_state(rec_l) -> dict[str, Any] | None:
+    s = rec_l.sampler
+    if s is None:
+        return None
+    return {
+        "type": type(s).__name__,
+        "epoch": getattr(s, "epoch", None),
+        "shuffle": getattr(s, "shuffle", None),
+        "drop_last": getattr(s, "drop_last", None),
+        "num_samples": getattr(s, "num_samples", None),
+        "set_epoch_calls": getattr(s, "_ddpd_set_epoch_calls", 0),
+        "epochs_seen": list(rec_l.sampler_epochs[-50:]),
+    }
+
+
+def snapshot(rec: Recorder, *, with_stack: bool = False) -> dict[str, Any]:
+    """The JSON-able state of this rank (cheap enough to build 4x a second)."""
+    epoch, step_in_epoch = rec.epoch_ctx()
+    tl = rec.train_loader
+    steps_time = sum(rec.step_times)
+    frame = sys._current_frames().get(rec.main_thread_id)
+    where = user_site(frame) if frame is not None else None
+    wait = rec.in_data_wait
+    state: dict[str, Any] = {
+        "rank": rec.rank, "local_rank": rec.local_rank, "host": rec.host, "pid": rec.pid,
+        "world_size": rec.world_size, "t": round(rec.now(), 3),
+        "epoch": epoch, "step": rec.steps, "step_in_epoch": step_in_epoch,
+        "forwards": rec.forwards, "backwards": rec.backwards, "progress": rec.progress,
+        "steps_by_epoch": list(tl.steps_by_epoch) if tl is not None else [],
+        "train_loader": tl.idx if tl is not None else None,
+        "step_times": [round(x, 5) for x in rec.step_times],
+        "cpu_s": round(time.process_time(), 3),
+        "where": None if where is None else {"path": where[0], "line": where[1], "function": where[2]},
+        "in_collective": _coll(rec, rec.cur),
+        "last_collective": _coll(rec, rec.last),
+        "in_data_wait": None if wait is None else {"loader": wait[0].idx, "waiting_s": round(time.monotonic() - wait[1], 3)},
+        "seq": dict(rec.seq),
+        "fingerprints": [[g, s, op, list(sh), list(dt), si, ep, st] for (g, s, op, sh, dt, si, ep, st) in list(rec.ring)],
+        "sites": [None if s is None else [s[0], s[1], s[2]] for s in rec.sites],
+        "site_counts": [[op, si, n] for (op, si), n in list(rec.site_counts.items())],
+        "timing": {
+            "steps": rec.steps, "step_time_s": round(steps_time, 4), "data_wait_s": round(rec.data_wait_s, 4),
+            "collective_s": round(rec.coll_time, 4),
+            "compute_s": round(max(0.0, steps_time - rec.data_wait_s - rec.coll_time), 4),
+        },
+        "collectives": {"count": rec.coll_count, "time_s": round(rec.coll_time, 4)},
+        "loaders": [{
+            "site": _site_dict(lr.site), "len": lr.length, **lr.settings,
+            "epochs": lr.epochs, "batches": lr.batches, "data_wait_s": round(lr.data_wait_s, 4),
+            "epoch_start_s": [round(x, 4) for x in lr.epoch_start_s],
+            "batch_wait_s": [round(x, 5) for x in lr.batch_wait],
+            "steps_by_epoch": list(lr.steps_by_epoch[-100:]),
+            "sampler": _sampler_state(lr), "worker_pids": list(lr.worker_pids),
+        } for lr in list(rec.loaders)],
+        "ddp": [dict(d) for d in rec.ddps],
+        "exc": rec.exc, "done": rec.done, "exit_code": rec.exit_code,
+    }
+    _ddp_unused(rec, state)
+    if with_stack:
+        state["timeline"] = [{"t": round(t, 4), "kind": k, "dur": round(d, 5), "label": lab} for (t, k, d, lab) in list(rec.timeline)]
+    return state
+
+
+def _ddp_unused(rec: Recorder, state: dict[str, Any]) -> None:
+    for d, obj in zip(state["ddp"], rec.ddp_objs):
+        if not d.get("find_unused_parameters"):
+            continue
+        try:
+            data = obj._get_ddp_logging_data()
+            d["unused_parameter_size"] = int(data.get("unused_parameter_size", 0))
+            d["unused_seen"] = d["unused_parameter_size"] > 0
+        except Exception:
+            pass
+
+
+def _site_dict(site):
+    return None if site is None else {"path": site[0], "line": site[1], "function": site[2]}
+
+
+def thread_stacks(rec: Recorder) -> list[dict[str, Any]]:
+    """Every thread's Python stack, main thread first (taken from this background thread: no signal needed)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    out = []
+    for ident, frame in sys._current_frames().items():
+        if ident == me:
+            continue
+        out.append({"name": names.get(ident, str(ident)), "main": ident == rec.main_thread_id,
+                    "frames": frames_of(frame)})
+    out.sort(key=lambda t: not t["main"])
+    return out
+
+
+class Publisher(threading.Thread):
+    """Daemon thread: connect to the watcher's store, post state, answer stack requests."""
+
+    def __init__(self, rec: Recorder, address: str) -> None:
+        super().__init__(name="ddp-doctor-probe", daemon=True)
+        self.rec = rec
+        host, _, port = address.rpartition(":")
+        self.host, self.port = host or "127.0.0.1", int(port)
+        self.store = None
+        self.lock = threading.Lock()
+        self.last_req = 0
+        self.stopped = threading.Event()
+
+    def _connect(self):
+        import torch.distributed as dist
+
+        return dist.TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=15),
+                             wait_for_workers=False)
+
+    def publish(self, *, final: bool = False) -> None:
+        data = json.dumps(snapshot(self.rec, with_stack=final), separators=(",", ":"), default=str)
+        with self.lock:
+            if self.store is None:
+                self.store = self._connect()
+            self.store.set(f"ddpd/rank/{self.rec.rank}", data)
+
+    def _answer_requests(self) -> None:
+        with self.lock:
+            req = self.store.add("ddpd/req", 0)
+        if req > self.last_req:
+            self.last_req = req
+            stacks = {"threads": thread_stacks(self.rec)}
+            data = json.dumps(snapshot(self.rec, with_stack=True), separators=(",", ":"), default=str)
+            with self.lock:
+                self.store.set(f"ddpd/rank/{self.rec.rank}", data)
+                self.store.set(f"ddpd/stack/{self.rec.rank}/{req}", json.dumps(stacks))
+
+    def run(self) -> None:
+        failures = 0
+        while not self.stopped.is_set():
+            try:
+                self.publish()
+                self._answer_requests()
+                failures = 0
+            except Exception:
+                failures += 1
+                with self.lock:
+                    self.store = None
+                if failures > 40:  # watcher gone for ~10 s: stay silent, training goes on
+                    return
+            self.stopped.wait(INTERVAL)
+
+    def final(self, wait_ack: float = 0.0) -> None:
+        """Post the final state synchronously; optionally wait for the watcher to have taken the others' stacks."""
+        try:
+            self.publish(final=True)
+            with self.lock:
+                if self.store.check(["ddpd/stop"]):
+                    wait_ack = 0.0  # the watcher has already decided; nobody will ack
+            if wait_ack > 0:
+                end = time.monotonic() + wait_ack
+                while time.monotonic() < end:
+                    with self.lock:
+                        if self.store.add(f"ddpd/ack/{self.rec.rank}", 0) > 0:
+                            break
+                    time.sleep(0.05)
+        except Exception:
+            pass

@@ -1,0 +1,199 @@
+"""The probe's in-memory record of one rank: counters, collective fingerprints, loaders, timeline.
+
+Everything here is written by the rank's own threads through cheap attribute
+updates (no locks on the hot path: the GIL makes single attribute/deque updates
+atomic enough for a monitor) and read by the publisher thread, which turns it
+into the JSON-able state posted on the side-channel store (see BOARD.md:
+"PER-RANK EVIDENCE FORMAT").
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import ddp_doctor
+
+_PKG_DIR = os.path.dirname(os.path.abspath(ddp_doctor.__file__)) + os.sep
+_SKIP_PREFIXES: tuple[str, ...] = (_PKG_DIR,)
+_RING = 256
+_TIMELINE = 2000
+
+
+def set_torch_dir(path: str) -> None:
+    """Frames under torch's package directory are library frames, not the user's."""
+    global _SKIP_PREFIXES
+    path = os.path.dirname(os.path.abspath(path)) + os.sep
+    if path not in _SKIP_PREFIXES:
+        _SKIP_PREFIXES = _SKIP_PREFIXES + (path,)
+
+
+def _is_library(filename: str) -> bool:
+    return filename.startswith(_SKIP_PREFIXES) or filename.startswith("<frozen") or filename.endswith(
+        ("runpy.py", "threading.py", "contextlib.py", "functools.py"))
+
+
+def user_site(frame) -> tuple[str, int, str] | None:
+    """(path, line, function) of the innermost frame outside torch, ddp_doctor and runpy."""
+    f = frame
+    while f is not None:
+        code = f.f_code
+        if not _is_library(code.co_filename):
+            return (code.co_filename, f.f_lineno, code.co_name)
+        f = f.f_back
+    return None
+
+
+def frames_of(frame, *, keep_library: bool = True) -> list[dict[str, Any]]:
+    """A stack as report frames, outermost first, innermost last; the probe's own frames dropped."""
+    out = []
+    f = frame
+    while f is not None:
+        code = f.f_code
+        fn = code.co_filename
+        if not fn.startswith(_PKG_DIR) and not fn.startswith("<frozen") and not fn.endswith("runpy.py"):
+            if keep_library or not _is_library(fn):
+                out.append({"path": fn, "line": f.f_lineno, "function": code.co_name})
+        f = f.f_back
+    out.reverse()
+    return out
+
+
+class LoaderRec:
+    """What the probe knows about one DataLoader (keyed by the object)."""
+
+    __slots__ = ("site", "settings", "length", "epochs", "batches", "data_wait_s", "epoch_start_s",
+                 "batch_wait", "steps_by_epoch", "sampler", "sampler_epochs", "worker_pids",
+                 "iter_t", "first_batch_pending", "idx")
+
+    def __init__(self, idx: int, site, settings: dict[str, Any], sampler) -> None:
+        self.idx = idx
+        self.site = site
+        self.settings = settings
+        self.length: int | None = None
+        self.epochs = 0
+        self.batches = 0
+        self.data_wait_s = 0.0
+        self.epoch_start_s: deque[float] = deque(maxlen=100)
+        self.batch_wait: deque[float] = deque(maxlen=200)
+        self.steps_by_epoch: list[int] = []
+        self.sampler = sampler
+        self.sampler_epochs: list[int | None] = []
+        self.worker_pids: list[int] = []
+        self.iter_t = 0.0
+        self.first_batch_pending = False
+
+
+class Recorder:
+    """All counters of one rank.  Only the hooks write; the publisher reads."""
+
+    def __init__(self) -> None:
+        env = os.environ
+        self.rank = int(env.get("RANK", "0"))
+        self.local_rank = int(env.get("LOCAL_RANK", "0"))
+        self.world_size = int(env.get("WORLD_SIZE", "1"))
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        try:
+            self.t0 = float(env.get("DDP_DOCTOR_T0", "")) or time.time()
+        except ValueError:
+            self.t0 = time.time()
+        self.main_thread_id = threading.main_thread().ident
+        self.seq: dict[str, int] = {}
+        # current collective: (group, seq, op, shapes, dtypes, site_idx, t_enter_monotonic, origin)
+        self.cur: tuple | None = None
+        self.last: tuple | None = None
+        self.failed_in: tuple | None = None  # the collective an exception escaped from
+        # fingerprints: (group, seq, op, shapes, dtypes, site_idx, epoch, step_in_epoch)
+        self.ring: deque[tuple] = deque(maxlen=_RING)
+        self.sites: list[tuple[str, int, str] | None] = []
+        self._site_idx: dict[Any, int] = {}
+        self.site_counts: dict[tuple[str, int], int] = {}  # (op, site_idx) -> calls
+        self.coll_count = 0
+        self.coll_time = 0.0
+        self.progress = 0
+        self.forwards = 0
+        self.backwards = 0
+        self.steps = 0
+        self.step_times: deque[float] = deque(maxlen=200)
+        self.last_step_t: float | None = None
+        self.first_step_t: float | None = None
+        self.loaders: list[LoaderRec] = []
+        self.train_loader: LoaderRec | None = None
+        self.last_loader: LoaderRec | None = None
+        self.data_wait_s = 0.0
+        self.in_data_wait: tuple[LoaderRec, float] | None = None
+        self.ddps: list[dict[str, Any]] = []
+        self.ddp_objs: list[Any] = []
+        self.pending_grad_sync: Any = None
+        self.timeline: deque[tuple] = deque(maxlen=_TIMELINE)
+        self.exc: dict[str, Any] | None = None
+        self.done = False
+        self.exit_code: int | None = None
+        self.version = 0  # bumped on notable changes (the publisher posts early)
+
+    # -- helpers -----------------------------------------------------------------
+    def site_index(self, site) -> int:
+        idx = self._site_idx.get(site)
+        if idx is None:
+            idx = len(self.sites)
+            self.sites.append(site)
+            self._site_idx[site] = idx
+        return idx
+
+    def now(self) -> float:
+        return time.time() - self.t0
+
+    def epoch_ctx(self) -> tuple[int | None, int | None]:
+        tl = self.train_loader
+        if tl is None or tl.epochs == 0:
+            return None, None
+        return tl.epochs - 1, (tl.steps_by_epoch[-1] if tl.steps_by_epoch else 0)
+
+    # -- events -----------------------------------------------------------------
+    def coll_enter(self, group: str, op: str, shapes, dtypes, site, origin: str = "user") -> tuple:
+        seq = self.seq.get(group, 0)
+        self.seq[group] = seq + 1
+        sidx = self.site_index(site)
+        entry = (group, seq, op, shapes, dtypes, sidx, time.monotonic(), origin)
+        self.cur = entry
+        ep, st = self.epoch_ctx()
+        self.ring.append((group, seq, op, shapes, dtypes, sidx, ep, st))
+        key = (op, sidx)
+        self.site_counts[key] = self.site_counts.get(key, 0) + 1
+        return entry
+
+    def coll_leave(self, entry: tuple) -> None:
+        dur = time.monotonic() - entry[6]
+        self.coll_count += 1
+        if self.first_step_t is not None:  # step-phase time only (not init/rendezvous waits)
+            self.coll_time += dur
+        self.progress += 1
+        self.last = entry
+        if self.cur is entry:
+            self.cur = None
+        if dur > 0.001 or self.coll_count % 16 == 0:
+            self.timeline.append((self.now() - dur, "collective", dur, entry[2]))
+
+    def step(self) -> None:
+        t = time.monotonic()
+        self.steps += 1
+        self.progress += 1
+        if self.last_step_t is not None:
+            dt = t - self.last_step_t
+            self.step_times.append(dt)
+            self.timeline.append((self.now() - dt, "step", dt, f"step {self.steps}"))
+        else:
+            self.first_step_t = t
+        self.last_step_t = t
+        lr = self.last_loader
+        if lr is not None:
+            if lr.steps_by_epoch:
+                lr.steps_by_epoch[-1] += 1
+            if self.train_loader is not lr:
+                self.train_loader = lr
+                self.version += 1

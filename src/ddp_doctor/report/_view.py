@@ -1,0 +1,243 @@
+"""Renderer-neutral helpers shared by the terminal and HTML renderers (no formatting here)."""
+from __future__ import annotations
+
+import os
+import sysconfig
+from typing import Any
+
+from ddp_doctor.report import LINT_SCHEMA_ID
+
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+GOOD_STATES = {"ok", "done", "finished", "completed", "exited_ok", "running", "training", "idle", "succeeded"}
+
+_LIB_MARKERS = ("site-packages", "dist-packages", "<frozen", "<string>", os.sep + "torch" + os.sep)
+_STDLIB = tuple(p for p in {sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")} if p)
+
+
+def normalize(report: dict[str, Any]) -> dict[str, Any]:
+    """Turn a lint/v1 document into a report-shaped dict; pass report/v1 through unchanged."""
+    if report.get("schema") != LINT_SCHEMA_ID:
+        if not report.get("ranks") and not report.get("world_size") and report.get("verdict") in (None, "ok") \
+                and all(f.get("source") == "lint" for f in report.get("findings") or []):
+            return dict(report, verdict=None)  # a lint-only report: no job ran
+        return report
+    findings = []
+    for f in report.get("findings") or []:
+        path = f.get("path")
+        findings.append({
+            "code": f.get("code", "DDP000"), "name": f.get("name", ""), "severity": f.get("severity", "info"),
+            "title": f.get("title") or _catalogue_title(f.get("code")), "message": f.get("message", ""),
+            "ranks": [], "evidence": {}, "fix": f.get("fix", ""), "source": "lint",
+            "location": {"path": path, "line": f.get("line"), "function": None} if path else None,
+        })
+    return {"schema": LINT_SCHEMA_ID, "verdict": None, "exit_code": 1 if findings else 0, "world_size": 0,
+            "findings": findings, "ranks": [], "errors": report.get("errors") or []}
+
+
+def _catalogue_title(code: Any) -> str:
+    try:
+        from ddp_doctor.findings import info
+        return info(str(code)).title
+    except KeyError:
+        return ""
+
+
+def _loc_key(f: dict[str, Any]) -> tuple:
+    loc = f.get("location") or {}
+    return (f.get("code"), os.path.basename(str(loc.get("path") or "")), loc.get("line"))
+
+
+def _file_key(f: dict[str, Any]) -> tuple:
+    loc = f.get("location") or {}
+    return (f.get("code"), os.path.basename(str(loc.get("path") or "")))
+
+
+def _lint_all(report: dict[str, Any]) -> list[dict[str, Any]]:
+    out = [f for f in report.get("findings") or [] if isinstance(f, dict) and f.get("source") == "lint"]
+    lint = report.get("lint")
+    if isinstance(lint, dict):
+        out += [f for f in lint.get("findings") or [] if isinstance(f, dict)]
+    return out
+
+
+def split_findings(report: dict[str, Any]) -> tuple[list[dict], list[dict]]:
+    """(runtime findings, lint-only findings), each sorted by severity.
+
+    A lint finding of a code the runtime raised in the same file is shown once, as
+    the runtime finding (lint may point at the caller, the runtime at the call
+    that ran).  For a lint-only report everything is in the second list.
+    """
+    runtime = [f for f in report.get("findings") or [] if isinstance(f, dict) and f.get("source") != "lint"]
+    raised = {_file_key(f) for f in runtime}
+    lint, seen = [], set()
+    for f in _lint_all(report):
+        if _file_key(f) in raised or _loc_key(f) in seen:
+            continue
+        seen.add(_loc_key(f))
+        lint.append(f)
+    key = lambda f: (SEVERITY_ORDER.get(f.get("severity"), 3), str(f.get("code")))  # noqa: E731
+    return sorted(runtime, key=key), sorted(lint, key=key)
+
+
+def lint_lines(report: dict[str, Any], f: dict[str, Any]) -> list[int]:
+    """Lines where lint flagged the same code in the same file as runtime finding ``f``."""
+    k = _file_key(f)
+    return sorted({(g.get("location") or {}).get("line") for g in _lint_all(report)
+                   if _file_key(g) == k and isinstance((g.get("location") or {}).get("line"), int)})
+
+
+def nnodes(report: dict[str, Any]) -> int:
+    """Node count from ``nnodes`` (an int or torchrun's "MIN:MAX" string); 1 when unknown."""
+    v = report.get("nnodes")
+    try:
+        return int(str(v).split(":")[-1]) if v is not None else 1
+    except ValueError:
+        return 1
+
+
+def is_library_frame(path: str | None) -> bool:
+    if not path:
+        return True
+    p = str(path)
+    if any(m in p for m in _LIB_MARKERS):
+        return True
+    if _STDLIB and p.startswith(_STDLIB):
+        return True
+    norm = p.replace("\\", "/")
+    if "/ddp_doctor/" in norm and "/ddp_doctor/demo/" not in norm:
+        return True
+    return False
+
+
+def stopped_at(r: dict[str, Any]) -> dict[str, Any] | None:
+    """Where a rank stopped: the runner's ``where`` if given, else the innermost user frame of its stack."""
+    w = r.get("where")
+    uf = user_frame(r.get("stack"))
+    if isinstance(w, dict) and w.get("path"):
+        if is_library_frame(w.get("path")) and uf and not is_library_frame(uf.get("path")):
+            return uf  # the runner's "where" fell inside a library: show the user's line
+        return w
+    return uf
+
+
+def user_frame(stack: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """The innermost frame of user code (stack is outermost first, as in a traceback)."""
+    if not stack:
+        return None
+    for fr in reversed(stack):
+        if isinstance(fr, dict) and not is_library_frame(fr.get("path")):
+            return fr
+    last = stack[-1]
+    return last if isinstance(last, dict) else None
+
+
+def frame_text(fr: dict[str, Any] | None, short: bool = True) -> str:
+    if not fr:
+        return ""
+    path = str(fr.get("path") or "?")
+    if short:
+        path = os.path.basename(path) or path
+    line = fr.get("line")
+    func = fr.get("function")
+    s = f"{path}:{line}" if line is not None else path
+    return f"{s} in {func}" if func else s
+
+
+def collective_text(c: Any) -> str:
+    """Compact text of a rank's last_collective (any dict shape)."""
+    if not c:
+        return ""
+    if not isinstance(c, dict):
+        return str(c)
+    op = c.get("op") or c.get("name") or c.get("kind") or "collective"
+    parts = [str(op)]
+    seq = c.get("seq", c.get("seq_no", c.get("sequence")))
+    if seq is not None:
+        parts.append(f"#{seq}")
+    extra = []
+    for k in ("shape", "dtype", "group", "state"):
+        if c.get(k) is not None and not (k == "group" and c[k] in ("world", "default_pg")):
+            v = c[k]
+            extra.append(f"{k}={'x'.join(map(str, v)) if k == 'shape' and isinstance(v, (list, tuple)) else v}")
+    if c.get("done") is False or c.get("in_progress"):
+        extra.append("waiting")
+    s = " ".join(parts)
+    return s + (f" ({', '.join(extra)})" if extra else "")
+
+
+def rank_is_bad(r: dict[str, Any]) -> bool:
+    state = str(r.get("state") or "").lower()
+    if r.get("signal") or (r.get("exit_code") not in (None, 0)):
+        return True
+    return bool(state) and state not in GOOD_STATES
+
+
+def exit_text(r: dict[str, Any]) -> str:
+    parts = []
+    if r.get("exit_code") is not None:
+        parts.append(f"exit {r['exit_code']}")
+    if r.get("signal"):
+        parts.append(str(r["signal"]))
+    return ", ".join(parts)
+
+
+def evidence_items(ev: Any, limit: int = 12, width: int = 120) -> list[tuple[str, str]]:
+    """Flatten evidence into short (key, value) pairs for display."""
+    if not isinstance(ev, dict):
+        return [("evidence", _short(ev, width))] if ev else []
+    out = []
+    for k, v in list(ev.items())[:limit]:
+        if isinstance(v, dict) and v and len(v) <= 16 and any(isinstance(x, dict) for x in v.values()):
+            for k2, v2 in v.items():  # e.g. per-rank calls: one line each
+                out.append((f"{k} {k2}", _short(v2, width)))
+            continue
+        out.append((str(k), _short(v, width)))
+    if len(ev) > limit:
+        out.append(("…", f"{len(ev) - limit} more"))
+    return out
+
+
+def compact(v: Any, depth: int = 0) -> str:
+    """Short human text of an evidence value: frames as file:line, dicts as k: v, no JSON quotes."""
+    if isinstance(v, dict):
+        if "path" in v and "line" in v and len(v) <= 4:
+            return frame_text(v)
+        items = [(k, x) for k, x in v.items() if x not in (None, [], {}, "")]
+        if depth >= 2:
+            return "{…}"
+        return "{" + ", ".join(f"{k}: {compact(x, depth + 1)}" for k, x in items) + "}"
+    if isinstance(v, (list, tuple)):
+        if depth >= 2 and v:
+            return "[…]"
+        shown = ", ".join(compact(x, depth + 1) for x in list(v)[:12])
+        return "[" + shown + (", …" if len(v) > 12 else "") + "]"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _short(v: Any, width: int) -> str:
+    s = " ".join(compact(v).split())
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def snippet_of(f: dict[str, Any], context: int = 2) -> dict[str, Any] | None:
+    loc = f.get("location")
+    if not isinstance(loc, dict):
+        return None
+    snip = loc.get("snippet")
+    if isinstance(snip, dict) and snip.get("lines"):
+        return snip
+    from ddp_doctor.report.snippets import read_snippet
+    return read_snippet(loc.get("path") or "", loc.get("line") or 0, context)
+
+
+def fmt_duration(s: Any) -> str:
+    try:
+        s = float(s)
+    except (TypeError, ValueError):
+        return ""
+    if s < 60:
+        return f"{s:.1f} s"
+    m, sec = divmod(int(round(s)), 60)
+    return f"{m} min {sec:02d} s" if m < 60 else f"{m // 60} h {m % 60:02d} min"

@@ -1,0 +1,74 @@
+"""Attach a few source lines around each finding's line, so renderers work without the file.
+
+``attach_snippets`` is best effort: a file that is missing, unreadable, binary or
+huge simply gets no snippet; it never raises.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable
+
+MAX_FILE_BYTES = 4 * 1024 * 1024
+MAX_LINE_CHARS = 300
+MAX_CONTEXT = 10
+
+
+def read_snippet(path: str, line: int, context: int = 2, _cache: dict | None = None) -> dict[str, Any] | None:
+    """``{"start": first_line_no, "lines": [...]}`` around 1-based ``line`` of ``path``, or None."""
+    try:
+        line = int(line)
+        context = max(0, min(int(context), MAX_CONTEXT))
+    except (TypeError, ValueError):
+        return None
+    if line < 1 or not path:
+        return None
+    lines = None if _cache is None else _cache.get(path)
+    if lines is None:
+        try:
+            if not os.path.isfile(path) or os.path.getsize(path) > MAX_FILE_BYTES:
+                return None
+            with open(path, "rb") as fh:
+                raw = fh.read(MAX_FILE_BYTES + 1)
+            if b"\0" in raw[:8192]:
+                return None
+            lines = raw.decode("utf-8", errors="replace").splitlines()
+        except (OSError, ValueError):
+            return None
+        if _cache is not None:
+            _cache[path] = lines
+    if line > len(lines):
+        return None
+    start = max(1, line - context)
+    end = min(len(lines), line + context)
+    out = [s.rstrip("\r\n")[:MAX_LINE_CHARS] for s in lines[start - 1:end]]
+    return {"start": start, "lines": out}
+
+
+def _all_findings(report: dict[str, Any]) -> Iterable[dict[str, Any]]:
+    for f in report.get("findings") or []:
+        yield f
+    lint = report.get("lint")
+    if isinstance(lint, dict):
+        for f in lint.get("findings") or []:
+            yield f
+
+
+def attach_snippets(report: dict[str, Any], context: int = 2) -> dict[str, Any]:
+    """Add ``location.snippet`` to every finding (runtime and folded lint) whose file can be read.
+
+    Existing snippets are kept.  Returns ``report`` (modified in place).
+    """
+    cache: dict[str, list[str]] = {}
+    try:
+        for f in _all_findings(report):
+            if not isinstance(f, dict):
+                continue
+            loc = f.get("location")
+            if not isinstance(loc, dict) or loc.get("snippet"):
+                continue
+            snip = read_snippet(loc.get("path") or "", loc.get("line") or 0, context, cache)
+            if snip:
+                loc["snippet"] = snip
+    except Exception:  # never let decoration break a report
+        pass
+    return report

@@ -1,0 +1,29 @@
+"""DDPDoctorCallback with the real Lightning package on 2 CPU ranks (skipped, visibly, without Lightning)."""
+import pytest
+
+pytest.importorskip("lightning", reason="lightning not installed (pip install 'ddp-doctor[lightning]')")
+from multirank import run_ranks  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_even_job_passes():
+    run = run_ranks("lightning_job.py", timeout=90, preload="lightning")
+    assert run.code == 0, run.stdout + run.stderr
+    res = run.results()
+    assert res[0] == res[1] == {"ok": True, "steps": [6, 6]}
+
+
+def test_uneven_iterable_raises_instead_of_hanging():
+    run = run_ranks("lightning_job.py", "--uneven", "iterable", timeout=90, preload="lightning")
+    res = run.results()
+    assert run.code != 124, "the job hung"
+    # rank 1 finished its 5 batches first and names rank 0 as still training
+    assert res[1]["ok"] is False and "DDP101" in res[1]["error"] and "[0]" in res[1]["error"], run.stdout
+
+
+def test_uneven_lengths_raise_on_every_rank_before_the_epoch():
+    run = run_ranks("lightning_job.py", "--uneven", "map", timeout=90, preload="lightning")
+    res = run.results()
+    assert res[0]["ok"] is False and res[1]["ok"] is False
+    assert "different lengths" in res[0]["error"] and "{0: 8, 1: 5}" in res[0]["error"]

@@ -1,0 +1,28 @@
+import report_samples as S
+from ddp_doctor.report.snippets import attach_snippets, read_snippet
+
+
+def test_attach(tmp_path):
+    src = tmp_path / "t.py"
+    src.write_text("".join(f"line{i}\n" for i in range(1, 11)))
+    r = S.get("lint_only")
+    r["findings"][0]["location"] = {"path": str(src), "line": 1, "function": None}
+    r["findings"][1]["location"] = {"path": str(src), "line": 10, "function": None}
+    attach_snippets(r, context=2)
+    assert r["findings"][0]["location"]["snippet"] == {"start": 1, "lines": ["line1", "line2", "line3"]}
+    assert r["findings"][1]["location"]["snippet"] == {"start": 8, "lines": ["line8", "line9", "line10"]}
+
+
+def test_never_raises(tmp_path):
+    (tmp_path / "bin.py").write_bytes(b"\0\1\2")
+    (tmp_path / "d").mkdir()
+    for path, line in [("/nonexistent/x.py", 3), (str(tmp_path / "bin.py"), 1), (str(tmp_path / "d"), 1),
+                       (None, None), ("x", "abc"), (str(tmp_path / "bin.py"), 99)]:
+        assert read_snippet(path, line) is None
+    r = S.get("hang")
+    r["findings"].append({"code": "DDP204", "location": {"path": str(tmp_path / "d"), "line": 1}})
+    r["findings"].append("garbage")
+    attach_snippets(r)
+    assert "snippet" not in r["findings"][1]["location"]
+    # existing snippets are kept
+    assert r["findings"][0]["location"]["snippet"]["start"] == 39

@@ -1,0 +1,429 @@
+"""The scenario library: what each training script in this folder does and what ddp-doctor must say about it.
+
+``scenarios.json`` (beside this file) holds one entry per script; this module is
+the only code that reads it.  Typical use from another test::
+
+    from tests.scenarios import manifest            # or: import manifest (sys.path)
+    argv = manifest.torchrun_argv("rank0_barrier")   # options + script + args
+    res = manifest.run_command([sys.executable, "-m", "ddp_doctor", "run",
+                                "--report", str(out), *argv], timeout=120)
+    assert not manifest.report_problems("rank0_barrier", json.loads(out.read_text()))
+    manifest.assert_no_leftovers(res.pgid)
+
+It also works as a small command-line tool::
+
+    python tests/scenarios/manifest.py list [--issue run|perf]
+    python tests/scenarios/manifest.py observe NAME... [--timeout S]   # plain torchrun, print what happens
+
+Only the standard library is needed at import time; ``psutil`` is imported when
+leftovers are checked.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable
+
+HERE = Path(__file__).resolve().parent
+MANIFEST_JSON = HERE / "scenarios.json"
+VERDICTS = ("ok", "hang", "crash", "desync")
+DEFAULT_PG_TIMEOUT_S = 90.0  # every script: init_process_group(timeout=DDP_TIMEOUT env, default 90 s)
+_MARKER = re.compile(r"#\s*expect:\s*((?:DDP\d{3}[\s,]*)+)")
+
+
+@lru_cache(maxsize=1)
+def _load() -> dict[str, dict[str, Any]]:
+    data = json.loads(MANIFEST_JSON.read_text())
+    entries = data["scenarios"] if isinstance(data, dict) else data
+    out: dict[str, dict[str, Any]] = {}
+    for entry in entries:
+        name = Path(entry["script"]).stem
+        if name in out:
+            raise ValueError(f"duplicate scenario {name!r} in {MANIFEST_JSON}")
+        out[name] = entry
+    return out
+
+
+def names(issue: str | None = None) -> list[str]:
+    """Scenario names (script stems), optionally only those of issue ``"run"`` or ``"perf"``."""
+    return [n for n, e in _load().items() if issue is None or e.get("issue") == issue]
+
+
+def entry(name: str) -> dict[str, Any]:
+    """The raw scenarios.json entry of ``name``."""
+    try:
+        return _load()[name]
+    except KeyError:
+        raise KeyError(f"unknown scenario {name!r}; known: {', '.join(sorted(_load()))}") from None
+
+
+def is_twin(name: str) -> bool:
+    """True for the clean twins (expected verdict ok and no error finding)."""
+    return bool(entry(name).get("twin_of"))
+
+
+def script_path(name: str) -> Path:
+    """Absolute path of the scenario's training script."""
+    return HERE / entry(name)["script"]
+
+
+def marker_lines(name: str, code: str) -> list[int]:
+    """Every 1-based line of the script carrying ``# expect: CODE`` (a line may name several codes)."""
+    lines = []
+    for no, text in enumerate(script_path(name).read_text().splitlines(), start=1):
+        m = _MARKER.search(text)
+        if m and code in re.findall(r"DDP\d{3}", m.group(1)):
+            lines.append(no)
+    return lines
+
+
+def marker_line(name: str, code: str) -> int:
+    """The (first) line of the script marked ``# expect: CODE``; KeyError if there is none."""
+    lines = marker_lines(name, code)
+    if not lines:
+        raise KeyError(f"{script_path(name).name} has no '# expect: {code}' marker")
+    return lines[0]
+
+
+def torchrun_argv(name: str, endpoint: str = "127.0.0.1:0", nnodes: int = 1, node_rank: int = 0,
+                  rdzv_id: str | None = None) -> list[str]:
+    """torchrun options + script + args (no launcher prefix).
+
+    Works both as ``python -m torch.distributed.run <argv>`` and ``ddp-doctor run <argv>``.
+    For a two-"node" job on this machine call it once per node with ``nnodes=2``,
+    ``node_rank=0/1``, the same fixed ``endpoint`` (e.g. ``127.0.0.1:30123``) and the same
+    ``rdzv_id``; each node then runs ``nproc // nnodes`` ranks, so the world size (and the
+    global ranks in the expectation) stay the same.
+    """
+    e = entry(name)
+    nproc = int(e.get("nproc", 2))
+    opts = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
+    if nnodes > 1:
+        if endpoint.endswith(":0"):
+            raise ValueError("a multi-node job needs a fixed rendezvous port")
+        if nproc % nnodes:
+            raise ValueError(f"{name}: nproc {nproc} is not divisible by nnodes {nnodes}")
+        opts += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--rdzv-id", rdzv_id or f"scenario-{name}"]
+        nproc //= nnodes
+    return ["--nproc-per-node", str(nproc), *opts, str(script_path(name)), *[str(a) for a in e.get("args", [])]]
+
+
+def scenario_env(name: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment to run ``name`` with: ``base`` (default os.environ) plus the entry's "env"."""
+    env = dict(os.environ if base is None else base)
+    env.update({k: str(v) for k, v in entry(name).get("env", {}).items()})
+    return env
+
+
+# ---------------------------------------------------------------- expectations
+
+
+def _expected_verdicts(exp: dict[str, Any]) -> list[str]:
+    v = exp.get("verdict", "ok")
+    return [v] if isinstance(v, str) else list(v)
+
+
+def _same_file(path: str | None, script: Path) -> bool:
+    if not path:
+        return False
+    try:
+        return Path(path).resolve() == script.resolve()
+    except OSError:
+        return Path(path).name == script.name
+
+
+def report_problems(name: str, report: dict[str, Any]) -> list[str]:
+    """Differences between a ddp-doctor report dict and what scenarios.json expects of ``name``.
+
+    An empty list means the report is right.  Rules:
+    - verdict is the expected one (an entry may list several acceptable verdicts);
+    - every expected finding is present with that code, with exactly the expected ranks
+      (unless the expectation says ``"ranks": null``), and, when ``"marker": true``,
+      with ``location`` in this script at a ``# expect: CODE`` line;
+    - no finding of a code listed in ``"forbid"`` appears;
+    - twins additionally: no finding of severity error at all;
+    - runtime findings only: findings with ``"source": "lint"`` / ``"check"`` are ignored;
+    - hang scenarios: if the report has ``duration_s``, it is below the scripts' process-group
+      timeout (the job must be stopped before gloo's own timeout fires).
+    Extra findings not forbidden are allowed (e.g. DDP203 next to the DDP201 that caused it).
+    """
+    exp = entry(name)["expect"]
+    script = script_path(name)
+    problems: list[str] = []
+    verdict = report.get("verdict")
+    if verdict not in _expected_verdicts(exp):
+        problems.append(f"verdict {verdict!r}, expected {' or '.join(_expected_verdicts(exp))}")
+    pg_timeout = float(entry(name).get("env", {}).get("DDP_TIMEOUT", DEFAULT_PG_TIMEOUT_S))
+    if "hang" in _expected_verdicts(exp) \
+            and isinstance(report.get("duration_s"), (int, float)) and report["duration_s"] >= pg_timeout:
+        problems.append(f"hang diagnosed after {report['duration_s']:.0f} s: not before the {pg_timeout:.0f} s "
+                        "process-group timeout")
+    findings = [f for f in report.get("findings", []) if f.get("source", "runtime") == "runtime"]
+    for want in exp.get("findings", []):
+        code = want["code"]
+        got = [f for f in findings if f.get("code") == code]
+        if not got:
+            problems.append(f"missing finding {code} (got {sorted({f.get('code') for f in findings})})")
+            continue
+        if want.get("ranks") is not None:
+            ranked = [f for f in got if sorted(f.get("ranks") or []) == sorted(want["ranks"])]
+            if not ranked:
+                problems.append(f"{code}: ranks {[f.get('ranks') for f in got]}, expected {sorted(want['ranks'])}")
+                continue
+            got = ranked
+        if want.get("marker"):
+            lines = marker_lines(name, code)
+            ok = [f for f in got if (f.get("location") or {}).get("line") in lines
+                  and _same_file((f.get("location") or {}).get("path"), script)]
+            if not ok:
+                locs = [(f.get("location") or {}) for f in got]
+                problems.append(f"{code}: location {[(loc.get('path'), loc.get('line')) for loc in locs]}, "
+                                f"expected {script.name}:{lines}")
+    for code in exp.get("forbid", []):
+        bad = [f for f in findings if f.get("code") == code]
+        if bad:
+            problems.append(f"forbidden finding {code} reported (ranks {[f.get('ranks') for f in bad]})")
+    if is_twin(name):
+        errors = [f.get("code") for f in findings if f.get("severity") == "error"]
+        if errors:
+            problems.append(f"clean twin reported error findings {errors}")
+    return problems
+
+
+# ---------------------------------------------------------------- running
+
+
+@dataclass
+class CommandResult:
+    """What :func:`run_command` observed."""
+
+    argv: list[str]
+    returncode: int | None          # None only if it could not be reaped
+    duration_s: float
+    timed_out: bool
+    stdout: str
+    stderr: str
+    pgid: int
+    pids: list[int] = field(default_factory=list)   # every process seen in the group while it ran
+    leftovers: list[str] = field(default_factory=list)  # processes still alive after the kill
+
+    @property
+    def signal(self) -> int | None:
+        return -self.returncode if self.returncode is not None and self.returncode < 0 else None
+
+
+def _group_members(pgid: int) -> list[Any]:
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid:
+                out.append(p)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            pass
+    return out
+
+
+def leftover_processes(pgid: int | None = None, pids: Iterable[int] = ()) -> list[str]:
+    """Descriptions of live (non-zombie) processes in group ``pgid`` or among ``pids``."""
+    import psutil
+
+    found: dict[int, Any] = {p.pid: p for p in (_group_members(pgid) if pgid else [])}
+    for pid in pids:
+        try:
+            found.setdefault(pid, psutil.Process(pid))
+        except psutil.Error:
+            pass
+    out = []
+    for pid, p in sorted(found.items()):
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            out.append(f"{pid} {' '.join(p.cmdline())[:200]}")
+        except psutil.Error:
+            pass
+    return out
+
+
+def assert_no_leftovers(pgid: int | CommandResult | None = None, pids: Iterable[int] = (), grace_s: float = 5.0) -> None:
+    """Fail (AssertionError) if any process of the group / pid list is still alive after ``grace_s``."""
+    if isinstance(pgid, CommandResult):
+        pids = list(pids) + pgid.pids
+        pgid = pgid.pgid
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = leftover_processes(pgid, pids)
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not left, "processes left behind:\n  " + "\n  ".join(left)
+
+
+def _kill_group(pgid: int) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        t = time.monotonic()
+        while time.monotonic() - t < 3:
+            if not leftover_processes(pgid):
+                return
+            time.sleep(0.1)
+
+
+def run_command(argv: list[str], timeout: float, env: dict[str, str] | None = None,
+                cwd: str | os.PathLike | None = None) -> CommandResult:
+    """Run ``argv`` in a new process group; on timeout kill the whole group (TERM, then KILL).
+
+    Never raises on failure or timeout: look at ``returncode`` / ``timed_out``.
+    ``leftovers`` lists group members still alive afterwards (always killed before returning).
+    """
+    import psutil
+
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=cwd, start_new_session=True)
+    pgid = proc.pid  # start_new_session: the child leads its own session and group
+    seen: set[int] = {proc.pid}
+    timed_out = False
+    out_chunks: list[str] = []
+    err_chunks: list[str] = []
+
+    import threading
+
+    def pump(stream, sink):
+        for line in stream:
+            sink.append(line)
+
+    readers = [threading.Thread(target=pump, args=(proc.stdout, out_chunks), daemon=True),
+               threading.Thread(target=pump, args=(proc.stderr, err_chunks), daemon=True)]
+    for r in readers:
+        r.start()
+    while True:
+        try:
+            proc.wait(timeout=0.5)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            seen.update(c.pid for c in psutil.Process(proc.pid).children(recursive=True))
+        except psutil.Error:
+            pass
+        if time.monotonic() - t0 > timeout:
+            timed_out = True
+            _kill_group(pgid)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            break
+    duration = time.monotonic() - t0
+    leftovers = leftover_processes(pgid, seen - {proc.pid})
+    if leftovers:
+        _kill_group(pgid)
+        for pid in seen:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    for r in readers:
+        r.join(timeout=2)
+    return CommandResult(argv=list(argv), returncode=proc.returncode, duration_s=round(duration, 1),
+                         timed_out=timed_out, stdout="".join(out_chunks), stderr="".join(err_chunks),
+                         pgid=pgid, pids=sorted(seen), leftovers=leftovers)
+
+
+def plain_torchrun(name: str, timeout: float = 180.0, env: dict[str, str] | None = None) -> CommandResult:
+    """Run ``name`` under plain ``python -m torch.distributed.run`` (the baseline without ddp-doctor)."""
+    return run_command([sys.executable, "-m", "torch.distributed.run", *torchrun_argv(name)],
+                       timeout=timeout, env=scenario_env(name, env))
+
+
+_INTERESTING = re.compile(r"(Error|error|Exception|EnforceNotMet|Timed out|timed out|Connection closed|"
+                          r"Signal|SIGKILL|SIGABRT|exitcode|ChildFailedError|rank\s*:|Traceback)")
+
+
+def summarize(res: CommandResult, lines: int = 12) -> str:
+    """A few lines describing how a run ended (for recording plain_torchrun behaviour)."""
+    err = [line.rstrip() for line in res.stderr.splitlines() if _INTERESTING.search(line)]
+    head = (f"rc={res.returncode} t={res.duration_s}s timed_out={res.timed_out} "
+            f"leftovers={len(res.leftovers)}")
+    return "\n".join([head, *err[-lines:], "--- stdout tail:", *res.stdout.splitlines()[-4:]])
+
+
+def _expect_text(e: dict[str, Any]) -> str:
+    exp = e["expect"]
+    verdict = exp["verdict"] if isinstance(exp["verdict"], str) else " or ".join(exp["verdict"])
+    parts = []
+    for f in exp.get("findings", []):
+        ranks = "any ranks" if f.get("ranks") is None else "ranks " + ",".join(map(str, f["ranks"]))
+        where = f" at line {marker_line(Path(e['script']).stem, f['code'])}" if f.get("marker") else ""
+        parts.append(f"{f['code']} ({ranks}{where})")
+    text = f"**{verdict}**" + (": " + "; ".join(parts) if parts else "")
+    if exp.get("forbid"):
+        text += "; never " + ", ".join(exp["forbid"])
+    return text
+
+
+def markdown_table() -> str:
+    """The scenario table of docs/scenarios.md, generated from scenarios.json."""
+    rows = ["| scenario | issue | twin | what it does | plain torchrun (observed) | ddp-doctor must report |",
+            "|---|---|---|---|---|---|"]
+    for n, e in _load().items():
+        twin = e.get("twin") or ("twin of " + ", ".join(e["twin_of"]) if e.get("twin_of") else "-")
+        cells = [f"`{e['script']}`", e["issue"], twin, e["why"],
+                 f"{e['plain_torchrun']} (rc {e['plain']['exit_code']}, ~{e['plain']['seconds']:.0f} s)",
+                 _expect_text(e)]
+        rows.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+    return "\n".join(rows)
+
+
+def _main(argv: list[str]) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="manifest.py")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    ls = sub.add_parser("list")
+    ls.add_argument("--issue", choices=["run", "perf"])
+    ob = sub.add_parser("observe", help="run scenarios under plain torchrun and print what happens")
+    ob.add_argument("names", nargs="+")
+    ob.add_argument("--timeout", type=float, default=180)
+    ob.add_argument("--save-dir", help="write each run's full stdout/stderr there")
+    sub.add_parser("table", help="print the markdown table of docs/scenarios.md")
+    a = ap.parse_args(argv)
+    if a.cmd == "table":
+        print(markdown_table())
+        return 0
+    if a.cmd == "list":
+        for n in names(a.issue):
+            e = entry(n)
+            print(f"{n:36} {e.get('issue'):5} {e['expect'].get('verdict')!s:8} "
+                  f"{','.join(f['code'] for f in e['expect'].get('findings', [])) or '-'}")
+        return 0
+    for n in a.names:
+        n = Path(n).stem
+        if n in _load():
+            res = plain_torchrun(n, timeout=a.timeout)
+        else:  # a script not (yet) in scenarios.json: default options
+            res = run_command([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                               "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(HERE / f"{n}.py")],
+                              timeout=a.timeout)
+        if a.save_dir:
+            Path(a.save_dir, f"{n}.err").write_text(res.stderr)
+            Path(a.save_dir, f"{n}.out").write_text(res.stdout)
+        print(f"=== {n}\n{summarize(res)}\n", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

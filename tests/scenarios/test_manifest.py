@@ -1,0 +1,152 @@
+"""Fast consistency checks of the scenario library (no process is launched)."""
+from __future__ import annotations
+
+import json
+import py_compile
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import manifest  # noqa: E402
+
+ALL = manifest.names()
+CODE = re.compile(r"^DDP\d{3}$")
+
+
+def test_manifest_is_not_empty_and_covers_both_issues():
+    assert len(ALL) >= 10
+    assert manifest.names("run") and set(manifest.names("run")) | set(manifest.names("perf")) == set(ALL)
+
+
+def test_every_script_in_the_folder_is_in_the_manifest():
+    helpers = {"manifest.py", "conftest.py", "__init__.py"}
+    on_disk = {p.stem for p in manifest.HERE.glob("*.py") if p.name not in helpers and not p.name.startswith("test_")}
+    assert on_disk == set(ALL)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_entry_is_well_formed(name):
+    e = manifest.entry(name)
+    assert manifest.script_path(name).is_file()
+    assert e["issue"] in ("run", "perf")
+    assert isinstance(e.get("args", []), list) and isinstance(e.get("env", {}), dict)
+    assert int(e.get("nproc", 2)) >= 2
+    exp = e["expect"]
+    verdicts = [exp["verdict"]] if isinstance(exp["verdict"], str) else exp["verdict"]
+    assert verdicts and set(verdicts) <= set(manifest.VERDICTS)
+    for f in exp.get("findings", []):
+        assert CODE.match(f["code"]), f
+        assert f["ranks"] is None or all(isinstance(r, int) for r in f["ranks"])
+        assert f["code"] not in exp.get("forbid", []), f"{f['code']} both expected and forbidden"
+    assert all(CODE.match(c) for c in exp.get("forbid", []))
+    assert e["plain_torchrun"] and e["why"]
+    assert e["plain"]["outcome"] in ("exit0", "crash", "hang-timeout", "killed")
+    assert isinstance(e["plain"]["exit_code"], int) and e["plain"]["seconds"] > 0
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_markers_exist_for_marker_findings(name):
+    for f in manifest.entry(name)["expect"].get("findings", []):
+        if f.get("marker"):
+            line = manifest.marker_line(name, f["code"])
+            assert "expect:" in manifest.script_path(name).read_text().splitlines()[line - 1]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_marker_in_a_script_is_expected(name):
+    codes_expected = {f["code"] for f in manifest.entry(name)["expect"].get("findings", []) if f.get("marker")}
+    codes_marked = set(re.findall(r"#\s*expect:\s*(DDP\d{3})", manifest.script_path(name).read_text()))
+    assert codes_marked == codes_expected
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_twins_exist_and_point_back(name):
+    e = manifest.entry(name)
+    if e.get("twin"):
+        assert e["twin"] in ALL, e["twin"]
+        assert name in manifest.entry(e["twin"]).get("twin_of", []), f"{e['twin']} does not list {name} in twin_of"
+        assert manifest.entry(e["twin"])["expect"]["verdict"] == "ok"
+    for bad in e.get("twin_of", []):
+        assert bad in ALL
+        assert e["expect"]["verdict"] == "ok" and e["plain"]["exit_code"] == 0
+        assert not [f for f in e["expect"].get("findings", []) if f["code"] in e["expect"].get("forbid", [])]
+    if not e.get("twin_of"):
+        assert e["expect"]["verdict"] != "ok" or e["expect"].get("findings"), "a scenario that is neither a twin nor expected to find anything"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_script_compiles(name, tmp_path):
+    py_compile.compile(str(manifest.script_path(name)), cfile=str(tmp_path / "x.pyc"), doraise=True)
+
+
+def test_torchrun_argv_shape():
+    argv = manifest.torchrun_argv(ALL[0])
+    assert argv[:2] == ["--nproc-per-node", str(manifest.entry(ALL[0]).get("nproc", 2))]
+    assert str(manifest.script_path(ALL[0])) in argv
+
+
+def _fake_report(name):
+    exp = manifest.entry(name)["expect"]
+    verdict = exp["verdict"] if isinstance(exp["verdict"], str) else exp["verdict"][0]
+    findings = []
+    for f in exp.get("findings", []):
+        loc = None
+        if f.get("marker"):
+            loc = {"path": str(manifest.script_path(name)), "line": manifest.marker_line(name, f["code"]), "function": "main"}
+        findings.append({"code": f["code"], "severity": "error", "ranks": f["ranks"] or [0], "location": loc})
+    return {"verdict": verdict, "findings": findings}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_report_problems_accepts_the_ideal_report(name):
+    assert manifest.report_problems(name, _fake_report(name)) == []
+
+
+def test_report_problems_catches_mistakes():
+    bad = next(n for n in ALL if any(f.get("marker") for f in manifest.entry(n)["expect"].get("findings", [])))
+    rep = _fake_report(bad)
+    rep["findings"][0]["location"]["line"] += 1
+    assert any("location" in p for p in manifest.report_problems(bad, rep))
+    rep = _fake_report(bad)
+    rep["findings"][0]["ranks"] = [7]
+    assert any("ranks" in p for p in manifest.report_problems(bad, rep))
+    rep = _fake_report(bad)
+    rep["verdict"] = "ok"
+    assert any("verdict" in p for p in manifest.report_problems(bad, rep))
+    twin = manifest.entry(bad)["twin"]
+    rep = {"verdict": "ok", "findings": [{"code": "DDP201", "severity": "error", "ranks": [0], "location": None}]}
+    problems = manifest.report_problems(twin, rep)
+    assert any("forbidden" in p for p in problems) and any("twin" in p for p in problems)
+    lint_only = {"verdict": "ok", "findings": [{"code": "DDP201", "severity": "error", "source": "lint", "ranks": [], "location": None}]}
+    assert manifest.report_problems(twin, lint_only) == []
+
+
+def test_run_command_kills_the_group_on_timeout():
+    res = manifest.run_command([sys.executable, "-c", "import subprocess, sys, time; "
+                                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"],
+                               timeout=1.5)
+    assert res.timed_out and res.returncode is not None
+    assert len(res.pids) >= 1
+    manifest.assert_no_leftovers(res)
+
+
+def test_json_is_valid_and_sorted_by_nothing_in_particular():
+    data = json.loads(manifest.MANIFEST_JSON.read_text())
+    assert data["schema"] == "ddp-doctor/scenarios/v1"
+
+
+def test_report_problems_wants_hangs_stopped_before_the_pg_timeout():
+    rep = _fake_report("rank0_barrier")
+    assert manifest.report_problems("rank0_barrier", dict(rep, duration_s=30.0)) == []
+    assert any("timeout" in p for p in manifest.report_problems("rank0_barrier", dict(rep, duration_s=95.0)))
+
+
+def test_torchrun_argv_two_nodes_keeps_the_world_size():
+    argv = manifest.torchrun_argv("rank0_barrier", endpoint="127.0.0.1:30123", nnodes=2, node_rank=1)
+    assert argv[:2] == ["--nproc-per-node", "1"]
+    assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--node-rank") + 1] == "1"
+    with pytest.raises(ValueError):
+        manifest.torchrun_argv("rank0_barrier", nnodes=2)
