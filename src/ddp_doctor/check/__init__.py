@@ -13,7 +13,7 @@ Rendering lives in :mod:`ddp_doctor.report.check_view`.
 """
 from __future__ import annotations
 
-CHECK_SCHEMA_ID = "ddp-doctor/check/v1"
+from ddp_doctor.report import CHECK_SCHEMA_ID  # noqa: E402,F401 - one constant, defined in report
 
 
 def _check_json_schema() -> dict:
