@@ -181,3 +181,22 @@ def test_check_report_matches_its_json_schema():
                                          "items": [{"pair": [r, (r + 1) % 3], "peer": 1, "ok": True, "time_s": 0.01}]}
     jsonschema.validate(build_report(snap, deadline=1.0), CHECK_JSON_SCHEMA)
     jsonschema.validate(build_report({"master": None, "data": {}}, deadline=1.0), CHECK_JSON_SCHEMA)
+
+
+# ----------------------------------------------------------------------------- CLI parsing
+def test_cli_splits_its_own_options_from_torchrun_options():
+    from ddp_doctor.cli.check import split_argv
+
+    ours, rest = split_argv(["--deadline", "3", "--nproc-per-node", "4", "--report=r.json", "--sizes", "1M",
+                             "--rdzv_endpoint", "h:1", "--verbose"])
+    assert ours["deadline"] == "3" and ours["report"] == "r.json" and ours["sizes"] == "1M" and ours["verbose"]
+    assert rest == ["--nproc-per-node", "4", "--rdzv_endpoint", "h:1"]
+
+
+@pytest.mark.parametrize("argv", [["--deadline", "0"], ["--deadline"], ["--sizes", "lots"], ["--backend", "mpi"],
+                                  ["--nproc-per-node", "2", "train.py"]])
+def test_cli_usage_errors_exit_2(argv, capsys):
+    from ddp_doctor.cli.check import main
+
+    assert main(argv) == 2
+    assert "usage: ddp-doctor check" in capsys.readouterr().err

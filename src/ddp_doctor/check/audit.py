@@ -152,7 +152,8 @@ def audit_node(facts: Mapping[str, Any], env: Mapping[str, str], *, local_ranks:
             continue
         if new in env and env[new] != env[old]:
             checks.append(_check(old, "fail", f"{old}={env[old]} {new}={env[new]}",
-                                 f"contradictory: {old} (deprecated) and {new} disagree; which one wins depends on the torch version",
+                                 f"contradictory: {old} (deprecated) and {new} disagree; "
+                                 "which one wins depends on the torch version",
                                  "DDP507", severity="error", fix=f"unset {old}; keep only {new}"))
         else:
             checks.append(_check(old, "warn", env[old], f"deprecated: torch reads {new}",
@@ -192,7 +193,8 @@ def audit_node(facts: Mapping[str, Any], env: Mapping[str, str], *, local_ranks:
     return checks
 
 
-def version_groups(hellos: list[Mapping[str, Any]], keys=("python", "torch", "cuda", "nccl")) -> dict[str, dict[str, list[int]]]:
+def version_groups(hellos: list[Mapping[str, Any]],
+                   keys=("python", "torch", "cuda", "nccl")) -> dict[str, dict[str, list[int]]]:
     """For each version key whose value differs across ranks: value -> ranks."""
     out: dict[str, dict[str, list[int]]] = {}
     for key in keys:

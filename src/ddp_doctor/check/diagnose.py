@@ -128,8 +128,9 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
                 entry = {"rank": r, "status": "hung", "duration_s": None,
                          "detail": f"no result within {deadline:g} s (+ grace); stopped by ddp-doctor"}
             elif r in exited and exited[r]["test"] == test:
+                sig = f" ({exited[r]['signal']})" if exited[r].get("signal") else ""
                 entry = {"rank": r, "status": "exited", "duration_s": None,
-                         "detail": f"exit code {exited[r].get('exitcode')}" + (f" ({exited[r]['signal']})" if exited[r].get("signal") else "")}
+                         "detail": f"exit code {exited[r].get('exitcode')}{sig}"}
             else:
                 entry = {"rank": r, "status": "not-run", "duration_s": None, "detail": ""}
             per_rank.append(entry)

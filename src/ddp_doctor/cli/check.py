@@ -21,7 +21,8 @@ USAGE = """usage: ddp-doctor check [--deadline S] [--report PATH] [--sizes 4K,25
                          [--batch-mb MB] [--backend gloo|nccl] [--verbose] [torchrun options]
 
 Pre-flight self-test of the environment and of every rank's links. Launches itself on the
-ranks/nodes that the torchrun options ask for (default: --nproc-per-node 2 --standalone) and runs
+ranks/nodes that the torchrun options ask for (default: one rank per GPU, 2 ranks without GPU;
+--standalone on one node) and runs
 rendezvous, ring and every-pair send/recv, barrier, broadcast from every source, all_gather and
 all_reduce (with correctness checks and bus bandwidth), plus an environment audit of every node.
 
@@ -92,7 +93,10 @@ def _torchrun_args(rest: list[str], rendezvous_timeout: float):
         if nn in ("1", "1:1"):
             args.standalone = True   # a free port: never collide with another job on 29500
     if "--nproc-per-node" not in given and "--nproc_per_node" not in given:
-        args.nproc_per_node = "2"
+        import torch
+
+        # one rank per GPU, as training would use; 2 CPU ranks otherwise (enough to test a link)
+        args.nproc_per_node = str(torch.cuda.device_count()) if torch.cuda.is_available() else "2"
     args.max_restarts = 0            # a restart would re-run the tests and hide the failure
     conf = args.rdzv_conf or ""
     if "join_timeout" not in conf:
@@ -179,7 +183,8 @@ def run_check(rest: list[str], *, deadline: float = 10.0, sizes=None, workers: i
 
     logdir = tempfile.mkdtemp(prefix="ddp-doctor-check-")
     monitor = Monitor(deadline, startup_timeout=rendezvous_timeout + 60.0, rendezvous_timeout=rendezvous_timeout)
-    config = {"store": monitor.address, "deadline": deadline, "rendezvous_timeout": rendezvous_timeout, "sizes": list(sizes or plan.DEFAULT_SIZES),
+    config = {"store": monitor.address, "deadline": deadline, "rendezvous_timeout": rendezvous_timeout,
+              "sizes": list(sizes or plan.DEFAULT_SIZES),
               "workers": workers, "batch_bytes": batch_bytes, "backend": backend, "logdir": logdir,
               "user_env": user_env}
     saved_env = dict(os.environ)
@@ -222,7 +227,8 @@ def run_check(rest: list[str], *, deadline: float = 10.0, sizes=None, workers: i
         if r["state"] != "ok":
             r["log_tail"] = _log_tail(logdir, r["rank"])
     report.update({"command": ["ddp-doctor", "check", *rest], "started_at": started_at,
-                   "duration_s": round(time.monotonic() - t0, 3), "stopped_processes": snapshot.get("killed", []) + leftovers})
+                   "duration_s": round(time.monotonic() - t0, 3),
+                   "stopped_processes": snapshot.get("killed", []) + leftovers})
     shutil.rmtree(logdir, ignore_errors=True)
     if report_path:
         from ddp_doctor.report import write_json

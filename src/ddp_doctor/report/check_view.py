@@ -96,7 +96,7 @@ def print_check(report: dict[str, Any], console: Console | None = None) -> None:
                    "size", "time/op", "algbw GB/s", "busbw GB/s", "correct")
         for row in bw:
             _row(t, _size(row["bytes"]), _secs(row["time_s"]), f"{row['algbw_GBps']:.3f}", f"{row['busbw_GBps']:.3f}",
-                      _status("pass" if row["ok"] else "fail"))
+                 _status("pass" if row["ok"] else "fail"))
         c.print(t)
     for node in report.get("audit", []):
         t = _table(f"Environment of node {node.get('node')} ({node.get('host')}, {node.get('local_ranks')} ranks)",
@@ -153,8 +153,8 @@ def _print_summary(c: Console, tests: list[dict[str, Any]], world: int, deadline
             note = f"{len(test['pairs']) - len(bad)}/{len(test['pairs'])} pairs ok"
         elif test["status"] == "skip":
             note = next((r.get("detail") or "" for r in ranks if r.get("detail")), "")
-        cells = [Text(_SHORT.get(r["status"], r["status"]), style=_STYLE.get(r["status"], "")) for r in ranks] \
-            if per_rank else []
+        cells = ([Text(_SHORT.get(r["status"], r["status"]), style=_STYLE.get(r["status"], "")) for r in ranks]
+                 if per_rank else [])
         cells += [Text("")] * ((world if per_rank else 0) - len(cells))
         _row(t, test["name"], _status(test["status"]), *cells, slowest, note)
     c.print(t)
@@ -187,7 +187,7 @@ def _print_test(c: Console, test: dict[str, Any]) -> None:
             if p["status"] == "pass":
                 continue
             _row(t, f"{p['pair'][0]} <-> {p['pair'][1]}", _status(p["status"]), _secs(p.get("time_s") or None),
-                      "; ".join(p.get("details", [])))
+                 "; ".join(p.get("details", [])))
         extra = [r for r in test["ranks"] if r["status"] in ("hung", "exited", "not-run", "skip")]
         for r in extra:
             _row(t, f"rank {r['rank']}", _status(r["status"]), "-", r.get("detail") or "")
