@@ -127,11 +127,19 @@ def _exchange(ctx: Ctx, send_to: int | None, recv_from: int | None, timeout_s: f
     t0 = time.monotonic()
     send_buf = torch.full((P2P_NUMEL,), float(ctx.rank + 1), device=ctx.device)
     recv_buf = torch.zeros(P2P_NUMEL, device=ctx.device)
-    works = []
+    ops = []
     if recv_from is not None:
-        works.append(("recv", recv_from, dist.irecv(recv_buf, recv_from, group=ctx.group(recv_from))))
+        ops.append(("recv", recv_from, dist.irecv, recv_buf))
     if send_to is not None and not ctx.dropped(send_to):
-        works.append(("send", send_to, dist.isend(send_buf, send_to, group=ctx.group(send_to))))
+        ops.append(("send", send_to, dist.isend, send_buf))
+    if ctx.device.type == "cuda":
+        # NCCL: a send and a recv issued one by one on both ends queue behind each other on the
+        # communicator's stream; batch them so both directions are in flight together
+        p2p = [dist.P2POp(fn, buf, peer, group=ctx.group(peer)) for _, peer, fn, buf in ops]
+        handles = dist.batch_isend_irecv(p2p) if p2p else []
+        works = [(kind, peer, h) for (kind, peer, _, _), h in zip(ops, handles)]
+    else:
+        works = [(kind, peer, fn(buf, peer, group=ctx.group(peer))) for kind, peer, fn, buf in ops]
     out: dict[int, dict[str, Any]] = {}
     for peer in (recv_from, send_to):
         if peer is not None:
