@@ -130,7 +130,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_two_nodes_on_this_machine_form_one_job(tmp_path):
+def _two_nodes(tmp_path, deadline, fault=None):
     port = _free_port()
     tag = uuid.uuid4().hex
     procs, paths = [], []
@@ -138,18 +138,32 @@ def test_two_nodes_on_this_machine_form_one_job(tmp_path):
         path = tmp_path / f"node{node}.json"
         paths.append(path)
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "ddp_doctor", "check", "--report", str(path), "--deadline", "10",
-             "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
+            [sys.executable, "-m", "ddp_doctor", "check", "--report", str(path), "--deadline", str(deadline),
+             "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1", "--sizes", "4K,64K",
              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", tag[:8]],
-            env=_env(tag=tag), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            env=_env(fault, tag=tag), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=150)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
     time.sleep(0.2)
     assert _leftovers(tag) == []
-    reports = [json.loads(p.read_text()) for p in paths]
+    return [p.returncode for p in procs], [json.loads(p.read_text()) for p in paths], outs
+
+
+def test_two_nodes_on_this_machine_form_one_job(tmp_path):
+    codes, reports, outs = _two_nodes(tmp_path, 10)
+    assert codes == [0, 0], outs
     for report in reports:
         assert report["world_size"] == 2 and report["nnodes"] == 2 and report["verdict"] == "ok"
         assert len(report["audit"]) == 2                      # both nodes audited, seen from either node
     summary = [[(t["name"], t["status"]) for t in r["tests"]] for r in reports]
     assert summary[0] == summary[1]
     assert dict(summary[0])["pairs"] == "skip"                # every-pair test is single-node only
+
+
+def test_two_nodes_agree_on_a_rank_that_hangs_on_node_1(tmp_path):
+    codes, reports, outs = _two_nodes(tmp_path, 3, fault="delay:rank=1:test=barrier")
+    assert codes == [1, 1], outs
+    for report in reports:
+        assert _errors(report) == [("DDP502", [1], "barrier")]
+        assert report["duration_s"] < 60
+    assert [[(t["name"], t["status"]) for t in r["tests"]] for r in reports][0] == \
+        [[(t["name"], t["status"]) for t in r["tests"]] for r in reports][1]

@@ -229,6 +229,8 @@ def run_check(rest: list[str], *, deadline: float = 10.0, sizes=None, workers: i
     report.update({"command": ["ddp-doctor", "check", *rest], "started_at": started_at,
                    "duration_s": round(time.monotonic() - t0, 3),
                    "stopped_processes": snapshot.get("killed", []) + leftovers})
+    if snapshot.get("watchdog"):
+        report["watchdog"] = snapshot["watchdog"]
     shutil.rmtree(logdir, ignore_errors=True)
     if report_path:
         from ddp_doctor.report import write_json
