@@ -200,3 +200,11 @@ def test_cli_usage_errors_exit_2(argv, capsys):
 
     assert main(argv) == 2
     assert "usage: ddp-doctor check" in capsys.readouterr().err
+
+
+def test_diagnose_two_ranks_on_one_gpu():
+    snap = _snapshot()
+    for r, uuid in ((0, "GPU-a"), (1, "GPU-a"), (2, "GPU-b")):
+        snap["data"][f"hello/{r}"]["device_uuid"] = uuid
+    report = build_report(snap, deadline=1.0)
+    assert [(f["code"], f["ranks"]) for f in report["findings"] if f["code"] == "DDP509"] == [("DDP509", [0, 1])]

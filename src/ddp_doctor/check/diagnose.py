@@ -179,6 +179,18 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
                                  "Run every node from the same image / lock file (same torch, CUDA, NCCL, Python).",
                                  [r for ranks in groups.values() for r in ranks], None, key=key, groups=groups))
 
+    # two ranks on one physical GPU (same host, same device UUID)
+    by_device: dict[tuple[str, str], list[int]] = {}
+    for h in hellos:
+        if h.get("device_uuid"):
+            by_device.setdefault((h.get("host"), h["device_uuid"]), []).append(int(h["rank"]))
+    for (host, uuid), ranks in sorted(by_device.items()):
+        if len(ranks) > 1:
+            findings.append(_finding(
+                "DDP509", f"{_ranks_str(ranks)} on {host} use the same GPU ({uuid})",
+                "Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) first, and do not give every rank the "
+                "same CUDA_VISIBLE_DEVICES.", ranks, None, host=host, device_uuid=uuid))
+
     # ---------------------------------------------------------------- ranks
     ranks_out = []
     for r in range(world):

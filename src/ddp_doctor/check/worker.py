@@ -382,6 +382,10 @@ def _hello(rank: int, local_rank: int, device, backend: str) -> dict[str, Any]:
     if device.type == "cuda":
         info["device_name"] = torch.cuda.get_device_name(device)
         try:
+            info["device_uuid"] = str(torch.cuda.get_device_properties(device).uuid)
+        except Exception:  # noqa: BLE001 - older torch
+            info["device_uuid"] = None
+        try:
             info["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
         except Exception:  # noqa: BLE001
             pass
