@@ -208,3 +208,9 @@ def test_diagnose_two_ranks_on_one_gpu():
         snap["data"][f"hello/{r}"]["device_uuid"] = uuid
     report = build_report(snap, deadline=1.0)
     assert [(f["code"], f["ranks"]) for f in report["findings"] if f["code"] == "DDP509"] == [("DDP509", [0, 1])]
+
+
+def test_every_pair_deadline_grows_with_the_number_of_rounds_only_when_needed():
+    assert plan.test_deadline("pairs", 10, 4) == 10 and plan.test_deadline("barrier", 10, 64) == 10
+    assert plan.test_deadline("pairs", 10, 64) == pytest.approx(0.5 * 63 / 0.9)
+    assert plan.test_deadline("pairs", 10, 64, nnodes=2) == 10

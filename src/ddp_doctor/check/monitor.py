@@ -127,7 +127,9 @@ class Monitor:
         for r, (test, since) in self.at_seen.items():
             if f"done/{r}" in self.data or f"res/{r}/{test}" in self.data:
                 continue
-            limit = (self.rendezvous_timeout if test == "rendezvous" else self.deadline) + 2 * gate_grace(self.deadline)
+            n, nodes = self.world_size() or 1, int((self.master or {}).get("group_world_size", 1))
+            test_limit = self.rendezvous_timeout if test == "rendezvous" else plan.test_deadline(test, self.deadline, n, nodes)
+            limit = test_limit + 2 * gate_grace(test_limit)
             if now - since > limit:
                 self.stuck.setdefault(r, test)
 

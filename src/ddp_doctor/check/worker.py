@@ -480,6 +480,7 @@ def main() -> int:
         if stopped_at:
             break
         ctx.test, ctx.op, ctx.waiting_for = name, "", []
+        ctx.deadline = plan.test_deadline(name, deadline, world, group_world)
         started = time.monotonic()
         ch.set(f"at/{rank}", {"test": name, "t": time.time()})
         _apply_start_faults(ctx)
