@@ -232,10 +232,17 @@ def run_check(rest: list[str], *, deadline: float = 10.0, sizes=None, workers: i
     if snapshot.get("watchdog"):
         report["watchdog"] = snapshot["watchdog"]
     shutil.rmtree(logdir, ignore_errors=True)
+    write_error = None
     if report_path:
         from ddp_doctor.report import write_json
 
-        write_json(report, report_path)
+        try:
+            write_json(report, report_path)
+        except OSError as exc:
+            write_error = f"ddp-doctor check: cannot write {report_path}: {exc.strerror or exc}"
     check_view.print_check(report, console=console)
     signal.signal(signal.SIGTERM, saved_sigterm if saved_sigterm is not None else signal.SIG_DFL)
+    if write_error:
+        print(write_error, file=sys.stderr)
+        return 2
     return int(report["exit_code"])

@@ -141,7 +141,7 @@ def _print_summary(c: Console, tests: list[dict[str, Any]], world: int, deadline
     """One row per test: overall result, each rank's result (up to 16 ranks), the slowest rank."""
     per_rank = world <= 16
     cols = ["test", "result"] + ([f"r{r}" for r in range(world)] if per_rank else []) + ["slowest", "note"]
-    t = _table(f"Tests ({world} ranks" + (f", deadline {deadline:g} s per test)" if deadline else ")"), *cols)
+    t = _table(f"Tests ({world} rank{'s' if world != 1 else ''}" + (f", deadline {deadline:g} s per test)" if deadline else ")"), *cols)
     for test in tests:
         ranks = test.get("ranks", [])
         timed = [r for r in ranks if r.get("duration_s") is not None]
