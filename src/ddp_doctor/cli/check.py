@@ -166,6 +166,13 @@ def run_check(rest: list[str], *, deadline: float = 10.0, sizes=None, workers: i
     from ddp_doctor.check import audit, plan
     from ddp_doctor.check.worker import CONFIG_ENV
 
+    from ddp_doctor.check import faults
+
+    try:
+        faults.from_env()
+    except ValueError as exc:
+        print(f"ddp-doctor check: error: {exc}", file=sys.stderr)
+        return 2
     user_env = audit.user_env()      # before torchrun adds its own (OMP_NUM_THREADS, ...)
     if not verbose:
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
