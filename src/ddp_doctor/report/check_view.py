@@ -214,5 +214,13 @@ def _print_verdict(c: Console, report: dict[str, Any]) -> None:
         c.print(Text(f"PASS: {passed}/{len(tests)} tests passed on {report.get('world_size')} ranks{tail}"
                      + (f"; {warnings} warning(s)" if warnings else ""), style="bold green"))
     else:
-        what = f"failed: {', '.join(failed)}" if failed else "no test ran"
+        not_run = [t["name"] for t in tests if t["status"] == "not-run"]
+        if failed:
+            what = f"failed: {', '.join(failed)}"
+        elif not_run and len(not_run) == len(tests):
+            what = "no test ran"
+        elif not_run:
+            what = f"not run: {', '.join(not_run)}"
+        else:
+            what = f"{passed}/{len(tests)} tests passed, but the environment has errors"
         c.print(Text(f"FAIL: {what}; {errors} error(s), {warnings} warning(s){tail}", style="bold red"))
