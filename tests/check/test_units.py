@@ -168,3 +168,49 @@ def test_diagnose_no_rank_came():
 def test_every_check_code_is_in_the_catalogue():
     for code in ("DDP501", "DDP502", "DDP503", "DDP504", "DDP505", "DDP506", "DDP507", "DDP508", "DDP509"):
         assert code in CATALOGUE
+
+
+def test_check_report_matches_its_json_schema():
+    import jsonschema
+
+    from ddp_doctor.check import CHECK_JSON_SCHEMA
+
+    snap = _snapshot()
+    for r in range(3):
+        snap["data"][f"res/{r}/ring"] = {"status": "pass", "duration_s": 0.1,
+                                         "items": [{"pair": [r, (r + 1) % 3], "peer": 1, "ok": True, "time_s": 0.01}]}
+    jsonschema.validate(build_report(snap, deadline=1.0), CHECK_JSON_SCHEMA)
+    jsonschema.validate(build_report({"master": None, "data": {}}, deadline=1.0), CHECK_JSON_SCHEMA)
+
+
+# ----------------------------------------------------------------------------- CLI parsing
+def test_cli_splits_its_own_options_from_torchrun_options():
+    from ddp_doctor.cli.check import split_argv
+
+    ours, rest = split_argv(["--deadline", "3", "--nproc-per-node", "4", "--report=r.json", "--sizes", "1M",
+                             "--rdzv_endpoint", "h:1", "--verbose"])
+    assert ours["deadline"] == "3" and ours["report"] == "r.json" and ours["sizes"] == "1M" and ours["verbose"]
+    assert rest == ["--nproc-per-node", "4", "--rdzv_endpoint", "h:1"]
+
+
+@pytest.mark.parametrize("argv", [["--deadline", "0"], ["--deadline"], ["--sizes", "lots"], ["--backend", "mpi"],
+                                  ["--nproc-per-node", "2", "train.py"]])
+def test_cli_usage_errors_exit_2(argv, capsys):
+    from ddp_doctor.cli.check import main
+
+    assert main(argv) == 2
+    assert "usage: ddp-doctor check" in capsys.readouterr().err
+
+
+def test_diagnose_two_ranks_on_one_gpu():
+    snap = _snapshot()
+    for r, uuid in ((0, "GPU-a"), (1, "GPU-a"), (2, "GPU-b")):
+        snap["data"][f"hello/{r}"]["device_uuid"] = uuid
+    report = build_report(snap, deadline=1.0)
+    assert [(f["code"], f["ranks"]) for f in report["findings"] if f["code"] == "DDP509"] == [("DDP509", [0, 1])]
+
+
+def test_every_pair_deadline_grows_with_the_number_of_rounds_only_when_needed():
+    assert plan.test_deadline("pairs", 10, 4) == 10 and plan.test_deadline("barrier", 10, 64) == 10
+    assert plan.test_deadline("pairs", 10, 64) == pytest.approx(0.5 * 63 / 0.9)
+    assert plan.test_deadline("pairs", 10, 64, nnodes=2) == 10

@@ -66,6 +66,13 @@ def _check(name: str, status: str, value: str, detail: str = "", code: str | Non
             "code": code, "severity": severity, "fix": fix}
 
 
+def _cpu_fix(cpus: int, local_ranks: int) -> str:
+    per_rank = cpus // max(1, local_ranks) - 1
+    if per_rank >= 1:
+        return f"num_workers <= {per_rank} per rank (or more CPUs)"
+    return f"{cpus} CPUs cannot feed {local_ranks} ranks: fewer ranks per node or more CPUs; num_workers 0-1"
+
+
 def _int_env(env: Mapping[str, str], name: str) -> int | None:
     try:
         return int(env[name])
@@ -95,45 +102,44 @@ def audit_node(facts: Mapping[str, Any], env: Mapping[str, str], *, local_ranks:
                              "DDP504", fix="mount a tmpfs at /dev/shm (docker: --shm-size=16g or --ipc=host)"))
     elif workers and free < need:
         checks.append(_check(
-            "/dev/shm", "fail", f"{_mib(free)} free of {_mib(total)}",
+            "/dev/shm", "fail", f"{_mib(free)} free",
             f"DataLoader workers need about {_mib(need)} ({local_ranks} ranks x {workers} workers x "
             f"prefetch {PREFETCH_FACTOR} x {_mib(batch_bytes)} batches); they will die with 'Bus error'",
             "DDP504", fix="docker run --shm-size=16g (or --ipc=host), or fewer workers / smaller prefetch_factor"))
     else:
-        checks.append(_check("/dev/shm", "ok", f"{_mib(free)} free of {_mib(total)}", f"need ~{_mib(need)}"))
+        checks.append(_check("/dev/shm", "ok", f"{_mib(free)} free", f"of {_mib(total)}; workers need ~{_mib(need)}"))
 
     # open files / processes
     procs = local_ranks * (1 + workers)
     nofile_soft = (facts.get("nofile") or [None])[0]
     need_files = max(4096, procs * 256)
     if nofile_soft is not None and nofile_soft < need_files:
-        checks.append(_check("open files (ulimit -n)", "warn", str(nofile_soft),
+        checks.append(_check("ulimit -n (open files)", "warn", str(nofile_soft),
                              f"{procs} processes (ranks + workers) want ~{need_files}: 'Too many open files' later",
                              "DDP505", fix=f"ulimit -n {max(65536, need_files)} (docker: --ulimit nofile=65536:65536)"))
     else:
-        checks.append(_check("open files (ulimit -n)", "ok", "unlimited" if nofile_soft is None else str(nofile_soft)))
+        checks.append(_check("ulimit -n (open files)", "ok", "unlimited" if nofile_soft is None else str(nofile_soft)))
     nproc_soft = (facts.get("nproc") or [None])[0]
     need_threads = procs * 64
     if nproc_soft is not None and nproc_soft < need_threads:
-        checks.append(_check("processes (ulimit -u)", "warn", str(nproc_soft),
+        checks.append(_check("ulimit -u (processes)", "warn", str(nproc_soft),
                              f"{procs} processes with ~64 threads each: 'can't start new thread' later",
                              "DDP505", fix="ulimit -u unlimited (or raise nproc in /etc/security/limits.conf)"))
     else:
-        checks.append(_check("processes (ulimit -u)", "ok", "unlimited" if nproc_soft is None else str(nproc_soft)))
+        checks.append(_check("ulimit -u (processes)", "ok", "unlimited" if nproc_soft is None else str(nproc_soft)))
 
     # CPUs vs ranks x (1 + workers), and intra-op threads
     cpus = int(facts.get("cpus") or 1)
     if procs > cpus:
-        checks.append(_check("CPUs vs ranks x (1 + workers)", "warn", f"{cpus} CPUs, {procs} busy processes",
-                             f"{local_ranks} ranks x (1 + {workers} workers) > {cpus} CPUs: data loading and ranks compete",
-                             "DDP506", fix=f"num_workers <= {max(0, cpus // max(1, local_ranks) - 1)} per rank, or more CPUs"))
+        checks.append(_check("CPUs", "warn", f"{cpus} for {procs} processes",
+                             f"{local_ranks} ranks x (1 + {workers} DataLoader workers) > {cpus} CPUs: loading and ranks compete",
+                             "DDP506", fix=_cpu_fix(cpus, local_ranks)))
     else:
-        checks.append(_check("CPUs vs ranks x (1 + workers)", "ok", f"{cpus} CPUs, {procs} busy processes"))
+        checks.append(_check("CPUs", "ok", f"{cpus} for {procs} processes", f"{local_ranks} ranks x (1 + {workers} workers)"))
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         n = _int_env(env, var)
         if n is None:
-            value = "unset" + (" (torchrun sets 1)" if var == "OMP_NUM_THREADS" and local_ranks > 1 else "")
-            checks.append(_check(var, "ok", value))
+            checks.append(_check(var, "ok", "unset", "torchrun sets 1" if var == "OMP_NUM_THREADS" and local_ranks > 1 else ""))
         elif n * local_ranks > cpus:
             checks.append(_check(var, "warn", str(n), f"{local_ranks} ranks x {n} threads > {cpus} CPUs",
                                  "DDP506", fix=f"{var}={max(1, cpus // max(1, local_ranks))}"))
@@ -146,7 +152,8 @@ def audit_node(facts: Mapping[str, Any], env: Mapping[str, str], *, local_ranks:
             continue
         if new in env and env[new] != env[old]:
             checks.append(_check(old, "fail", f"{old}={env[old]} {new}={env[new]}",
-                                 f"contradictory: {old} (deprecated) and {new} disagree; which one wins depends on the torch version",
+                                 f"contradictory: {old} (deprecated) and {new} disagree; "
+                                 "which one wins depends on the torch version",
                                  "DDP507", severity="error", fix=f"unset {old}; keep only {new}"))
         else:
             checks.append(_check(old, "warn", env[old], f"deprecated: torch reads {new}",
@@ -186,7 +193,8 @@ def audit_node(facts: Mapping[str, Any], env: Mapping[str, str], *, local_ranks:
     return checks
 
 
-def version_groups(hellos: list[Mapping[str, Any]], keys=("python", "torch", "cuda", "nccl")) -> dict[str, dict[str, list[int]]]:
+def version_groups(hellos: list[Mapping[str, Any]],
+                   keys=("python", "torch", "cuda", "nccl")) -> dict[str, dict[str, list[int]]]:
     """For each version key whose value differs across ranks: value -> ranks."""
     out: dict[str, dict[str, list[int]]] = {}
     for key in keys:

@@ -92,6 +92,8 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
             continue
         if r in exited and exited[r]["test"] == "rendezvous":
             continue  # reported as an exit below
+        if exited and r not in stuck:
+            continue  # stopped by the launcher because another rank exited: a victim, not a cause
         rdzv_bad.append(r)
         culprits.add(r)
         started = data.get(f"started/{r}")
@@ -126,13 +128,16 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
                 entry = {"rank": r, "status": "hung", "duration_s": None,
                          "detail": f"no result within {deadline:g} s (+ grace); stopped by ddp-doctor"}
             elif r in exited and exited[r]["test"] == test:
+                sig = f" ({exited[r]['signal']})" if exited[r].get("signal") else ""
                 entry = {"rank": r, "status": "exited", "duration_s": None,
-                         "detail": f"exit code {exited[r].get('exitcode')}" + (f" ({exited[r]['signal']})" if exited[r].get("signal") else "")}
+                         "detail": f"exit code {exited[r].get('exitcode')}{sig}"}
             else:
                 entry = {"rank": r, "status": "not-run", "duration_s": None, "detail": ""}
             per_rank.append(entry)
         statuses = {e["status"] for e in per_rank}
-        if statuses <= {"pass", "skip"}:
+        if not statuses:
+            status = "not-run"
+        elif statuses <= {"pass", "skip"}:
             status = "skip" if statuses == {"skip"} else "pass"
         elif statuses == {"not-run"}:
             status = "not-run"
@@ -174,6 +179,18 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
                                  "Run every node from the same image / lock file (same torch, CUDA, NCCL, Python).",
                                  [r for ranks in groups.values() for r in ranks], None, key=key, groups=groups))
 
+    # two ranks on one physical GPU (same host, same device UUID)
+    by_device: dict[tuple[str, str], list[int]] = {}
+    for h in hellos:
+        if h.get("device_uuid"):
+            by_device.setdefault((h.get("host"), h["device_uuid"]), []).append(int(h["rank"]))
+    for (host, uuid), ranks in sorted(by_device.items()):
+        if len(ranks) > 1:
+            findings.append(_finding(
+                "DDP509", f"{_ranks_str(ranks)} on {host} use the same GPU ({uuid})",
+                "Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) first, and do not give every rank the "
+                "same CUDA_VISIBLE_DEVICES.", ranks, None, host=host, device_uuid=uuid))
+
     # ---------------------------------------------------------------- ranks
     ranks_out = []
     for r in range(world):
@@ -195,7 +212,8 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
     findings.sort(key=lambda f: (-f.severity.rank, f.code, f.ranks))
     failed_tests = [t["name"] for t in tests_out if t["status"] == "fail"]
     errors = [f for f in findings if f.severity is Severity.ERROR]
-    verdict = "fail" if (errors or failed_tests or world == 0) else "ok"
+    incomplete = [t["name"] for t in tests_out if t["status"] not in ("pass", "skip")]
+    verdict = "fail" if (errors or failed_tests or incomplete or world == 0) else "ok"
     out_findings = []
     for f in findings:
         d = f.to_report_dict()

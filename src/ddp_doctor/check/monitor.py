@@ -9,6 +9,8 @@ snapshot for :mod:`.diagnose` — whether the ranks finished, hung or died.
 """
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from typing import Any
@@ -33,6 +35,12 @@ class Monitor:
         self.started_at = time.monotonic()
         self.snapshot: dict[str, Any] = {}
         self.finalized = threading.Event()
+        # after the verdict, torch's agent may still wait for other nodes (its exit barrier waits
+        # 300 s for a node whose ranks failed): the watchdog interrupts it after ``exit_grace_s``
+        self.exit_grace_s = deadline + 15.0
+        self.launch_returned = False
+        self.watchdog_fired = False
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="ddp-doctor-check-monitor", daemon=True)
         # cache
         self.master: dict[str, Any] | None = None
@@ -119,7 +127,9 @@ class Monitor:
         for r, (test, since) in self.at_seen.items():
             if f"done/{r}" in self.data or f"res/{r}/{test}" in self.data:
                 continue
-            limit = (self.rendezvous_timeout if test == "rendezvous" else self.deadline) + 2 * gate_grace(self.deadline)
+            n, nodes = self.world_size() or 1, int((self.master or {}).get("group_world_size", 1))
+            test_limit = self.rendezvous_timeout if test == "rendezvous" else plan.test_deadline(test, self.deadline, n, nodes)
+            limit = test_limit + 2 * gate_grace(test_limit)
             if now - since > limit:
                 self.stuck.setdefault(r, test)
 
@@ -152,6 +162,26 @@ class Monitor:
             self._finish()
         finally:
             self.finalized.set()
+        self._watchdog()
+
+    def mark_launch_returned(self) -> None:
+        with self._lock:
+            self.launch_returned = True
+
+    def _watchdog(self) -> None:
+        """SIGTERM this process once, if torch's launcher is still waiting long after the verdict.
+
+        The elastic agent turns SIGTERM into ``SignalException`` in the main thread (the
+        ``launch`` call), after stopping its workers: ``run_check`` catches it and reports.
+        """
+        if self.job_ended.wait(self.exit_grace_s):
+            return
+        with self._lock:
+            if self.launch_returned:
+                return
+            self.watchdog_fired = True
+            self.snapshot["watchdog"] = f"launcher still waiting {self.exit_grace_s:g} s after the verdict: interrupted"
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def _finish(self) -> None:
         channel.Channel(self.lstore, self.gstore).set("ack", {"t": time.time()})

@@ -127,11 +127,19 @@ def _exchange(ctx: Ctx, send_to: int | None, recv_from: int | None, timeout_s: f
     t0 = time.monotonic()
     send_buf = torch.full((P2P_NUMEL,), float(ctx.rank + 1), device=ctx.device)
     recv_buf = torch.zeros(P2P_NUMEL, device=ctx.device)
-    works = []
+    ops = []
     if recv_from is not None:
-        works.append(("recv", recv_from, dist.irecv(recv_buf, recv_from, group=ctx.group(recv_from))))
+        ops.append(("recv", recv_from, dist.irecv, recv_buf))
     if send_to is not None and not ctx.dropped(send_to):
-        works.append(("send", send_to, dist.isend(send_buf, send_to, group=ctx.group(send_to))))
+        ops.append(("send", send_to, dist.isend, send_buf))
+    if ctx.device.type == "cuda":
+        # NCCL: a send and a recv issued one by one on both ends queue behind each other on the
+        # communicator's stream; batch them so both directions are in flight together
+        p2p = [dist.P2POp(fn, buf, peer, group=ctx.group(peer)) for _, peer, fn, buf in ops]
+        handles = dist.batch_isend_irecv(p2p) if p2p else []
+        works = [(kind, peer, h) for (kind, peer, _, _), h in zip(ops, handles)]
+    else:
+        works = [(kind, peer, fn(buf, peer, group=ctx.group(peer))) for kind, peer, fn, buf in ops]
     out: dict[int, dict[str, Any]] = {}
     for peer in (recv_from, send_to):
         if peer is not None:
@@ -374,6 +382,10 @@ def _hello(rank: int, local_rank: int, device, backend: str) -> dict[str, Any]:
     if device.type == "cuda":
         info["device_name"] = torch.cuda.get_device_name(device)
         try:
+            info["device_uuid"] = str(torch.cuda.get_device_properties(device).uuid)
+        except Exception:  # noqa: BLE001 - older torch
+            info["device_uuid"] = None
+        try:
             info["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
         except Exception:  # noqa: BLE001
             pass
@@ -413,8 +425,9 @@ def main() -> int:
         "addr": os.environ["MASTER_ADDR"], "port": int(os.environ["MASTER_PORT"]), "world_size": world,
         "group_world_size": group_world, "run_id": os.environ.get("TORCHELASTIC_RUN_ID", ""),
         "restart": os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")}))
-    ch.set(f"started/{rank}", {"rank": rank, "pid": os.getpid(), "local_rank": local_rank,
-                               "group_rank": group_rank, "host": socket.gethostname()})
+    started_info = {"rank": rank, "pid": os.getpid(), "local_rank": local_rank,
+                    "group_rank": group_rank, "host": socket.gethostname()}
+    ch.set(f"started/{rank}", started_info)
     device, backend = _device(local_rank, cfg.get("backend"))
     ctx = Ctx(rank, world, device, deadline, faults, group_world)
 
@@ -435,6 +448,7 @@ def main() -> int:
                              prefix=channel.job_prefix(os.environ.get("TORCHELASTIC_RUN_ID", ""),
                                                        os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     ch.add(gstore)
+    ch.set(f"started/{rank}", started_info)   # now also visible to the other nodes' launchers
     hello = _hello(rank, local_rank, device, backend)
     ch.set(f"hello/{rank}", hello)
     ch.set(f"res/{rank}/rendezvous", {"status": "pass", "duration_s": time.monotonic() - t0, "detail": ""})
@@ -466,6 +480,7 @@ def main() -> int:
         if stopped_at:
             break
         ctx.test, ctx.op, ctx.waiting_for = name, "", []
+        ctx.deadline = plan.test_deadline(name, deadline, world, group_world)
         started = time.monotonic()
         ch.set(f"at/{rank}", {"test": name, "t": time.time()})
         _apply_start_faults(ctx)

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -20,7 +21,8 @@ USAGE = """usage: ddp-doctor check [--deadline S] [--report PATH] [--sizes 4K,25
                          [--batch-mb MB] [--backend gloo|nccl] [--verbose] [torchrun options]
 
 Pre-flight self-test of the environment and of every rank's links. Launches itself on the
-ranks/nodes that the torchrun options ask for (default: --nproc-per-node 2 --standalone) and runs
+ranks/nodes that the torchrun options ask for (default: one rank per GPU, 2 ranks without GPU;
+--standalone on one node) and runs
 rendezvous, ring and every-pair send/recv, barrier, broadcast from every source, all_gather and
 all_reduce (with correctness checks and bus bandwidth), plus an environment audit of every node.
 
@@ -91,7 +93,10 @@ def _torchrun_args(rest: list[str], rendezvous_timeout: float):
         if nn in ("1", "1:1"):
             args.standalone = True   # a free port: never collide with another job on 29500
     if "--nproc-per-node" not in given and "--nproc_per_node" not in given:
-        args.nproc_per_node = "2"
+        import torch
+
+        # one rank per GPU, as training would use; 2 CPU ranks otherwise (enough to test a link)
+        args.nproc_per_node = str(torch.cuda.device_count()) if torch.cuda.is_available() else "2"
     args.max_restarts = 0            # a restart would re-run the tests and hide the failure
     conf = args.rdzv_conf or ""
     if "join_timeout" not in conf:
@@ -110,6 +115,14 @@ def _failures(exc) -> dict[int, dict]:
         out[int(rank)] = {"local_rank": f.local_rank, "pid": f.pid, "exitcode": f.exitcode,
                           "signal": sig, "timestamp": f.timestamp}
     return out
+
+
+def _describe(exc: BaseException, rendezvous_timeout: float, nnodes) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    error = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    if "Rendezvous" in type(exc).__name__ and "Timeout" in type(exc).__name__:
+        error += f" — not all nodes joined within --rendezvous-timeout {rendezvous_timeout:g} s (--nnodes {nnodes})"
+    return error
 
 
 def _log_tail(logdir: str, rank: int, lines: int = 12) -> list[str] | None:
@@ -153,6 +166,13 @@ def run_check(rest: list[str], *, deadline: float = 10.0, sizes=None, workers: i
     from ddp_doctor.check import audit, plan
     from ddp_doctor.check.worker import CONFIG_ENV
 
+    from ddp_doctor.check import faults
+
+    try:
+        faults.from_env()
+    except ValueError as exc:
+        print(f"ddp-doctor check: error: {exc}", file=sys.stderr)
+        return 2
     user_env = audit.user_env()      # before torchrun adds its own (OMP_NUM_THREADS, ...)
     if not verbose:
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
@@ -170,7 +190,8 @@ def run_check(rest: list[str], *, deadline: float = 10.0, sizes=None, workers: i
 
     logdir = tempfile.mkdtemp(prefix="ddp-doctor-check-")
     monitor = Monitor(deadline, startup_timeout=rendezvous_timeout + 60.0, rendezvous_timeout=rendezvous_timeout)
-    config = {"store": monitor.address, "deadline": deadline, "rendezvous_timeout": rendezvous_timeout, "sizes": list(sizes or plan.DEFAULT_SIZES),
+    config = {"store": monitor.address, "deadline": deadline, "rendezvous_timeout": rendezvous_timeout,
+              "sizes": list(sizes or plan.DEFAULT_SIZES),
               "workers": workers, "batch_bytes": batch_bytes, "backend": backend, "logdir": logdir,
               "user_env": user_env}
     saved_env = dict(os.environ)
@@ -180,15 +201,24 @@ def run_check(rest: list[str], *, deadline: float = 10.0, sizes=None, workers: i
     check_view.print_start(args, deadline, console=console)
     if not verbose:
         logging.disable(logging.CRITICAL)
+    saved_sigterm = signal.getsignal(signal.SIGTERM)
     monitor.start()
     failures: dict[int, dict] = {}
     error = None
     try:
-        launch(args, "ddp_doctor.check.worker")
-    except ChildFailedError as exc:
-        failures = _failures(exc)
-    except Exception as exc:  # noqa: BLE001 - rendezvous timeout, store errors: report, don't crash
-        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        try:
+            launch(args, "ddp_doctor.check.worker")
+        except ChildFailedError as exc:
+            failures = _failures(exc)
+        except Exception as exc:  # noqa: BLE001 - rendezvous timeout, store errors: report, don't crash
+            if not monitor.watchdog_fired:
+                error = _describe(exc, rendezvous_timeout, args.nnodes)
+        finally:
+            monitor.mark_launch_returned()
+            # torch's agent left its SIGTERM handler installed: a late signal must not raise here
+            signal.signal(signal.SIGTERM, lambda *_: None)
+    except Exception:  # noqa: BLE001 - the watchdog's SIGTERM arriving on the way out
+        pass
     finally:
         logging.disable(logging.NOTSET)
         os.environ.clear()
@@ -204,11 +234,22 @@ def run_check(rest: list[str], *, deadline: float = 10.0, sizes=None, workers: i
         if r["state"] != "ok":
             r["log_tail"] = _log_tail(logdir, r["rank"])
     report.update({"command": ["ddp-doctor", "check", *rest], "started_at": started_at,
-                   "duration_s": round(time.monotonic() - t0, 3), "stopped_processes": snapshot.get("killed", []) + leftovers})
+                   "duration_s": round(time.monotonic() - t0, 3),
+                   "stopped_processes": snapshot.get("killed", []) + leftovers})
+    if snapshot.get("watchdog"):
+        report["watchdog"] = snapshot["watchdog"]
     shutil.rmtree(logdir, ignore_errors=True)
+    write_error = None
     if report_path:
         from ddp_doctor.report import write_json
 
-        write_json(report, report_path)
+        try:
+            write_json(report, report_path)
+        except OSError as exc:
+            write_error = f"ddp-doctor check: cannot write {report_path}: {exc.strerror or exc}"
     check_view.print_check(report, console=console)
+    signal.signal(signal.SIGTERM, saved_sigterm if saved_sigterm is not None else signal.SIG_DFL)
+    if write_error:
+        print(write_error, file=sys.stderr)
+        return 2
     return int(report["exit_code"])

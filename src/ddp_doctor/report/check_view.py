@@ -53,10 +53,13 @@ def _row(table: Table, *cells) -> None:
     table.add_row(*(Text(c) if isinstance(c, str) else c for c in cells))
 
 
+_NOWRAP = {"slowest", "time", "time/op", "status", "result", "pair", "size"}
+
+
 def _table(title: str, *columns: str) -> Table:
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, title_style="bold")
     for col in columns:
-        t.add_column(col, overflow="fold")
+        t.add_column(col, overflow="fold", no_wrap=col in _NOWRAP)
     return t
 
 
@@ -77,21 +80,23 @@ def print_check(report: dict[str, Any], console: Console | None = None) -> None:
             c.print(Text("  " + line, style="dim"))
         if all((r.get("device") or "cpu") == "cpu" for r in ranks if r.get("device")):
             c.print("[dim]  GPU: none visible to torch — gloo on CPU; device and NCCL checks skipped.[/]")
-    not_run = []
-    for test in report.get("tests", []):
-        if test["status"] == "not-run":
-            not_run.append(test["name"])
-            continue
-        _print_test(c, test)
-    if not_run:
-        c.print(Text(f"not run (stopped after a failure): {', '.join(not_run)}", style="dim"))
+    tests = report.get("tests", [])
+    world = int(report.get("world_size") or 0)
+    if tests and world:
+        _print_summary(c, tests, world, report.get("deadline_s"))
+        matrices = [t for t in tests if t.get("pairs") and 2 < world <= 16 and t["status"] != "skip"]
+        for test in matrices[-1:]:   # every-pair when it ran (single node), else the ring
+            _print_pair_matrix(c, test, world)
+        for test in tests:
+            if test["status"] == "fail":
+                _print_test(c, test)
     bw = report.get("bandwidth") or []
     if bw:
-        t = _table(f"all_reduce bus bandwidth ({report.get('world_size')} ranks; busbw = algbw x 2(n-1)/n)",
+        t = _table("all_reduce bandwidth (busbw = algbw x 2(n-1)/n)",
                    "size", "time/op", "algbw GB/s", "busbw GB/s", "correct")
         for row in bw:
             _row(t, _size(row["bytes"]), _secs(row["time_s"]), f"{row['algbw_GBps']:.3f}", f"{row['busbw_GBps']:.3f}",
-                      _status("pass" if row["ok"] else "fail"))
+                 _status("pass" if row["ok"] else "fail"))
         c.print(t)
     for node in report.get("audit", []):
         t = _table(f"Environment of node {node.get('node')} ({node.get('host')}, {node.get('local_ranks')} ranks)",
@@ -128,9 +133,50 @@ def print_check(report: dict[str, Any], console: Console | None = None) -> None:
     _print_verdict(c, report)
 
 
+_SHORT = {"pass": "ok", "skip": "skip", "not-run": "-", "timeout": "TIMEOUT", "error": "ERROR", "fail": "WRONG",
+          "hung": "HUNG", "exited": "EXITED"}
+
+
+def _print_summary(c: Console, tests: list[dict[str, Any]], world: int, deadline: float | None = None) -> None:
+    """One row per test: overall result, each rank's result (up to 16 ranks), the slowest rank."""
+    per_rank = world <= 16
+    cols = ["test", "result"] + ([f"r{r}" for r in range(world)] if per_rank else []) + ["slowest", "note"]
+    t = _table(f"Tests ({world} rank{'s' if world != 1 else ''}" + (f", deadline {deadline:g} s per test)" if deadline else ")"), *cols)
+    for test in tests:
+        ranks = test.get("ranks", [])
+        timed = [r for r in ranks if r.get("duration_s") is not None]
+        slow = max(timed, key=lambda r: r["duration_s"]) if timed else None
+        slowest = f"{_secs(slow['duration_s'])} r{slow['rank']}" if slow else "-"
+        note = ""
+        if test.get("pairs"):
+            bad = [p for p in test["pairs"] if p["status"] != "pass"]
+            note = f"{len(test['pairs']) - len(bad)}/{len(test['pairs'])} pairs ok"
+        elif test["status"] == "skip":
+            note = next((r.get("detail") or "" for r in ranks if r.get("detail")), "")
+        cells = ([Text(_SHORT.get(r["status"], r["status"]), style=_STYLE.get(r["status"], "")) for r in ranks]
+                 if per_rank else [])
+        cells += [Text("")] * ((world if per_rank else 0) - len(cells))
+        _row(t, test["name"], _status(test["status"]), *cells, slowest, note)
+    c.print(t)
+
+
+def _print_pair_matrix(c: Console, test: dict[str, Any], world: int) -> None:
+    """Which pairs of ranks could exchange data: a bad link stands out as one cell pair."""
+    status = {tuple(p["pair"]): p["status"] for p in test["pairs"]}
+    t = _table(f"{test['name']}: send/recv", "", *[str(r) for r in range(world)])
+    for a in range(world):
+        cells = []
+        for b in range(world):
+            st = status.get((min(a, b), max(a, b)))
+            cells.append(Text("." if a == b or st is None else _SHORT.get(st, st),
+                              style=_STYLE.get(st or "", "dim") if a != b else "dim"))
+        _row(t, str(a), *cells)
+    c.print(t)
+
+
 def _print_test(c: Console, test: dict[str, Any]) -> None:
     longest = max((r.get("duration_s") or 0 for r in test.get("ranks", [])), default=0)
-    title = Text(f"{test['name']}  ")
+    title = Text(f"{test['name']} failures  ")
     title.append_text(_status(test["status"]))
     title.append(f"  ({_secs(longest)})")
     pairs = test.get("pairs")
@@ -138,8 +184,10 @@ def _print_test(c: Console, test: dict[str, Any]) -> None:
         t = _table("", "pair", "status", "time", "detail")
         t.title = title
         for p in pairs:
-            _row(t, f"{p['pair'][0]} <-> {p['pair'][1]}", _status(p["status"]), _secs(p.get("time_s")),
-                      "; ".join(p.get("details", [])))
+            if p["status"] == "pass":
+                continue
+            _row(t, f"{p['pair'][0]} <-> {p['pair'][1]}", _status(p["status"]), _secs(p.get("time_s") or None),
+                 "; ".join(p.get("details", [])))
         extra = [r for r in test["ranks"] if r["status"] in ("hung", "exited", "not-run", "skip")]
         for r in extra:
             _row(t, f"rank {r['rank']}", _status(r["status"]), "-", r.get("detail") or "")
@@ -148,6 +196,8 @@ def _print_test(c: Console, test: dict[str, Any]) -> None:
     t = _table("", "rank", "status", "time", "detail")
     t.title = title
     for r in test.get("ranks", []):
+        if r["status"] in ("pass", "skip"):
+            continue
         _row(t, str(r["rank"]), _status(r["status"]), _secs(r.get("duration_s")), r.get("detail") or "")
     c.print(t)
 
@@ -164,5 +214,13 @@ def _print_verdict(c: Console, report: dict[str, Any]) -> None:
         c.print(Text(f"PASS: {passed}/{len(tests)} tests passed on {report.get('world_size')} ranks{tail}"
                      + (f"; {warnings} warning(s)" if warnings else ""), style="bold green"))
     else:
-        what = f"failed: {', '.join(failed)}" if failed else "no test ran"
+        not_run = [t["name"] for t in tests if t["status"] == "not-run"]
+        if failed:
+            what = f"failed: {', '.join(failed)}"
+        elif not_run and len(not_run) == len(tests):
+            what = "no test ran"
+        elif not_run:
+            what = f"not run: {', '.join(not_run)}"
+        else:
+            what = f"{passed}/{len(tests)} tests passed, but the environment has errors"
         c.print(Text(f"FAIL: {what}; {errors} error(s), {warnings} warning(s){tail}", style="bold red"))
