@@ -164,3 +164,9 @@ def test_epoch_start_waits_are_ddp403_not_ddp401():
 ])
 def test_partial_evidence_never_raises(state):
     assert diagnose_perf(evidence(dict(state, rank=0), dict(state, rank=1))) == []
+
+
+def test_all_ranks_data_bound_is_not_a_straggler():
+    ev = evidence(rank_state(0, data=0.02, compute=0.01, coll=0.015), rank_state(1, data=0.035, compute=0.01, coll=0.0))
+    found = codes(ev)
+    assert "DDP401" in found and "DDP404" not in found

@@ -36,7 +36,12 @@ def diagnose_perf(evidence: dict[str, Any]) -> list[Finding]:
     """All performance findings for a job (most important first)."""
     out: list[Finding] = []
     out += diagnose_data_bound(evidence)
-    out += diagnose_straggler(evidence)
+    bound = {r for f in out for r in f.ranks}
+    for f in diagnose_straggler(evidence):
+        # every rank waits on its loader: the slower loader is DDP401's story, not a straggler rank
+        if f.evidence.get("phase") == "data" and bound and bound >= set(_ranks(evidence)):
+            continue
+        out.append(f)
     out += diagnose_worker_restarts(evidence)
     out += diagnose_unused_parameters(evidence)
     out += diagnose_gpu_memory(evidence)
@@ -260,7 +265,8 @@ def diagnose_data_bound(ev: dict[str, Any]) -> list[Finding]:
         data, step = sp["data_s"], sp["step_s"]
         other = max(step - data, 1e-9)
         split = ", ".join(f"rank {r}: {_split_str(splits[r])}" for r in sorted(rs))
-        msg = (f"{_ranks_str(rs)} spend{'s' if len(rs) == 1 else ''} {share:.0%} of each training step waiting for the next batch "
+        verb = "spends" if len(rs) == 1 else "spend"
+        msg = (f"{_ranks_str(rs)} {verb} {share:.0%} of each training step waiting for the next batch "
                f"({_ms(data)} of {_ms(step)} per step, over {sp['steps']} steps) from the DataLoader at "
                f"{_where(ld.get('site'))} ({_settings_str(settings)}). The GPU idles meanwhile, and every other "
                f"rank waits for the slowest loader at each all-reduce. Per-step split: {split}.")
