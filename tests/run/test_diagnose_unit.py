@@ -100,3 +100,36 @@ Current thread 0x00007e (most recent call first):
 """
     st = parse_faulthandler(text)
     assert st[0]["function"] == "<module>" and st[-1]["function"] == "all_reduce" and st[1]["line"] == 41
+
+
+def _barrier_vs_training(epoch_of_rank1, lint):
+    """Rank 1 in a barrier at line 55 (epoch ``epoch_of_rank1``) while rank 0 trains in epoch 3."""
+    ev = {"lint": lint, "ranks": {
+        0: rank(0, sites=[[S, 42, "main"], [S, 55, "main"]],
+                site_counts=[["ddp.backward(allreduce_grads)", 0, 13]]),
+        1: rank(1, sites=[[S, 42, "main"], [S, 55, "main"]],
+                site_counts=[["ddp.backward(allreduce_grads)", 0, 12], ["barrier", 1, 1]])}}
+    for r in ev["ranks"].values():
+        r["sites_seen"] = [[op, ["train.py", r["sites"][i][1], "main"]] for op, i, _ in r["site_counts"]]
+    calls = {0: {"op": "ddp.backward(allreduce_grads)", "site": site(42), "epoch": 3, "step_in_epoch": 0},
+             1: {"op": "barrier", "site": site(55), "epoch": epoch_of_rank1, "step_in_epoch": 4}}
+    return diagnose(ev, {"reason": "desync", "kind": "op", "group": "world", "seq": 13, "calls": calls,
+                         "blocked": True})
+
+
+def test_rank_that_left_the_loop_early_is_ddp101_at_the_break_lint_found():
+    verdict, fs = _barrier_vs_training(2, [{"code": "DDP101", "path": S, "line": 53}])
+    assert fs[0].code == "DDP101" and fs[0].ranks == [1] and fs[0].location.line == 53
+
+
+def test_epoch_end_barrier_under_rank_guard_stays_ddp201():
+    # same runtime picture, but the script's barrier itself is rank-conditional (lint says so)
+    verdict, fs = _barrier_vs_training(2, [{"code": "DDP201", "path": S, "line": 55},
+                                           {"code": "DDP101", "path": S, "line": 53}])
+    assert fs[0].code == "DDP201" and fs[0].location.line == 55
+    # and without a statically located exit from the loop, the runtime does not guess DDP101
+    verdict, fs = _barrier_vs_training(2, [])
+    assert fs[0].code == "DDP201"
+    # same epoch: nobody left the loop
+    verdict, fs = _barrier_vs_training(3, [{"code": "DDP101", "path": S, "line": 53}])
+    assert fs[0].code == "DDP201"

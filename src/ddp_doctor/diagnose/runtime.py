@@ -216,6 +216,43 @@ def _finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group
     return Finding(code, msg, fix, location=loc(site), ranks=sorted(fault), evidence=ev)
 
 
+def _left_loop_early(ranks, calls, fault, site, lint, group, seq) -> Finding | None:
+    """DDP101, not DDP201, when the ranks "calling alone" are in an earlier epoch than the others.
+
+    A collective after the training loop (a final barrier, a metric all_reduce) reached by a rank that
+    broke out early (local early stopping) pairs with the others' gradient all-reduces: the collective is
+    reached by every rank in the code, the cause is the rank-local exit from the loop.
+    """
+    eps = {r: c.get("epoch") for r, c in calls.items() if c}
+    others = [r for r in eps if r not in fault]
+    if not others or any(e is None for e in eps.values()):
+        return None
+    last, now = max(eps[r] for r in fault), min(eps[o] for o in others)
+    if last >= now:
+        return None
+    # At this instant a rank that left the loop looks like one that has not begun the next epoch yet (an
+    # epoch-end barrier under `if rank == 0`): the script decides. Only when lint located a rank-local exit
+    # from the loop, and did not flag this collective itself as rank-conditional, is it DDP101.
+    location = _lint_line(lint or [], "DDP101", site, (site or {}).get("path"))
+    flagged_here = site and any(f.get("code") == "DDP201" and f.get("line") == site.get("line")
+                                and os.path.basename(f.get("path") or "") == os.path.basename(site.get("path") or "")
+                                for f in lint or [])
+    if location is None or flagged_here:
+        return None
+    rs, os_ = ", ".join(map(str, fault)), ", ".join(map(str, others))
+    op = calls[fault[0]]["op"]
+    their = "; ".join(f"rank {o}: {calls[o]['op']} at {where(calls[o].get('site'))}" for o in others)
+    msg = (f"Rank {rs} left the training loop in epoch {last} while rank {os_} went on training (epoch {now}): "
+           f"rank {rs}'s {op}() at {where(site)} paired with the others' training collectives ({their}; "
+           f"collective #{seq} on {group}). DDP all-reduces gradients every step, so a rank-local early stop or "
+           "`break` leaves the others waiting, or averaging gradients with an unrelated call, until the job hangs "
+           "or crashes. Detected as it happened, before any timeout.")
+    msg += " The line shown is where ddp-doctor lint located the rank-local exit from the loop."
+    return Finding("DDP101", msg, FIX_101, location=loc(location), ranks=sorted(fault),
+                   evidence={"group": group, "seq": seq, "calls": {str(r): c for r, c in calls.items()},
+                             "epoch_at_collective": {str(r): e for r, e in eps.items()}, **_step_evidence(ranks)})
+
+
 def diagnose_desync(ev: dict[str, Any], d: dict[str, Any]) -> list[Finding]:
     ranks = _ranks(ev)
     kind = d.get("kind")
@@ -240,6 +277,10 @@ def diagnose_desync(ev: dict[str, Any], d: dict[str, Any]) -> list[Finding]:
         f.evidence.update({"group": d["group"], "seq": d["seq"], "calls": {str(r): c for r, c in calls.items()}})
         return [f]
     code, fault, site = classify_calls(calls, ranks)
+    if code == "DDP201":
+        early = _left_loop_early(ranks, calls, fault, site, lint, d["group"], d["seq"])
+        if early:
+            return [early]
     return [_finding_for_calls(code, fault, site, calls, ranks, d["group"], d["seq"],
                                "Detected as it happened, before any timeout")]
 
