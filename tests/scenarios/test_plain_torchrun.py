@@ -67,8 +67,10 @@ def test_rank0_only_barrier_hangs_until_the_process_group_timeout():
     assert res.duration_s < SHORT_PG_TIMEOUT_S + 60
 
 
-@pytest.mark.skipif(os.environ.get("SCENARIO_BASELINE") != "all", reason="set SCENARIO_BASELINE=all to run every scenario")
-@pytest.mark.timeout(0)
-@pytest.mark.parametrize("name", manifest.names())
-def test_every_scenario_behaves_as_recorded(name):
-    _check_plain(name)
+# The full plain-torchrun baseline (~10 min) is opt-in: SCENARIO_BASELINE=all. Not generated otherwise,
+# so a normal run shows no wall of skips.
+if os.environ.get("SCENARIO_BASELINE") == "all":
+    @pytest.mark.timeout(0)
+    @pytest.mark.parametrize("name", manifest.names())
+    def test_every_scenario_behaves_as_recorded(name):
+        _check_plain(name)
