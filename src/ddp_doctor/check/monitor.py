@@ -17,6 +17,7 @@ from typing import Any
 
 from ddp_doctor.check import channel, plan
 from ddp_doctor.check.worker import gate_grace
+from ddp_doctor.procs import descendants, terminate
 
 
 class Monitor:
@@ -199,40 +200,13 @@ class Monitor:
         self.snapshot["failures"] = failures
 
 
-def _descendants() -> dict[int, Any]:
-    import psutil
-
-    try:
-        return {p.pid: p for p in psutil.Process().children(recursive=True)}
-    except psutil.Error:
-        return {}
-
-
 def stop_processes(pids: list[int], grace_s: float = 3.0) -> list[dict[str, Any]]:
     """SIGTERM then SIGKILL each pid that is a descendant of this process; returns what was done."""
-    import psutil
-
-    mine = _descendants()
-    procs = [mine[pid] for pid in pids if pid in mine]
-    done = []
-    for p in procs:
-        try:
-            p.terminate()
-            done.append({"pid": p.pid, "signal": "SIGTERM"})
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-            for entry in done:
-                if entry["pid"] == p.pid:
-                    entry["signal"] = "SIGKILL"
-        except psutil.Error:
-            pass
-    return done
+    mine = {p.pid: p for p in descendants()}
+    how = terminate([mine[pid] for pid in pids if pid in mine], grace_s)
+    return [{"pid": pid, "signal": h} for pid, h in how.items() if h != "gone"]
 
 
 def stop_all_descendants(grace_s: float = 3.0) -> list[dict[str, Any]]:
     """Leave nothing behind: stop every process this one started that is still running."""
-    return stop_processes(list(_descendants()), grace_s)
+    return stop_processes([p.pid for p in descendants()], grace_s)

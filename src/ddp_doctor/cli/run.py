@@ -20,6 +20,8 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
+from ddp_doctor.procs import descendants, terminate
+
 OWN_USAGE = """usage: ddp-doctor run [--hang-timeout S] [--report PATH] [--html PATH] [--no-lint]
                       [--watch-port PORT] [torchrun options] SCRIPT|-m MODULE [ARGS...]
 
@@ -108,32 +110,8 @@ def _lint(script: str, module: bool) -> list:
         return []
 
 
-def _descendants() -> list:
-    import psutil
-
-    try:
-        return psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def _kill_all(procs, grace: float) -> list[int]:
-    """SIGTERM every process (and its process group), SIGKILL after ``grace``; returns pids still alive."""
-    import psutil
-
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _gone, alive = psutil.wait_procs(procs, timeout=grace)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    _gone, alive = psutil.wait_procs(alive, timeout=2.0)
-    return [p.pid for p in alive]
+def _leftovers(how: dict[int, str]) -> list[int]:
+    return [pid for pid, h in how.items() if h == "alive"]
 
 
 class Job:
@@ -214,7 +192,7 @@ class Job:
             return
         self.stop_requested.set()
         self.stop_t = time.monotonic()
-        self.procs = _descendants()
+        self.procs = descendants()
         # torch's own shutdown path: the agent's SIGTERM handler raises SignalException in the main
         # thread and the agent terminates every rank's process group (ranks + loader workers).
         with self.stop_lock:
@@ -224,7 +202,7 @@ class Job:
 
     def _reap(self) -> None:
         time.sleep(self.grace)
-        self.leftovers = _kill_all([p for p in self.procs if p.is_running()], 1.0)
+        self.leftovers = _leftovers(terminate([p for p in self.procs if p.is_running()], 1.0))
 
     def follower_loop(self) -> None:
         """On a node that does not host the store: stop when the host says so."""
@@ -273,8 +251,8 @@ class Job:
             job_error = e
             self.failures = _failures(e)
             if isinstance(e, KeyboardInterrupt) or (type(e).__name__ == "SignalException" and not self.stop_requested.is_set()):
-                self.procs = _descendants()
-                self.leftovers = _kill_all(self.procs, self.grace)
+                self.procs = descendants()
+                self.leftovers = _leftovers(terminate(self.procs, self.grace))
         t_end = time.monotonic()
         live_stop.set()
         self.watcher.stopping.set()
