@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -267,7 +268,11 @@ class Job:
             self.watcher.read_states()
         except Exception:
             pass
-        report = self.build_report(job_error, lint_findings, t_end)
+        try:
+            report = self.build_report(job_error, lint_findings, t_end)
+        finally:
+            # the stack dumps are in the report now: leave nothing behind in the temp dir
+            shutil.rmtree(run_dir, ignore_errors=True)
         return self.emit(report, is_host)
 
     def _live(self, stop: threading.Event) -> None:

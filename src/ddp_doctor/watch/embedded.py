@@ -11,7 +11,9 @@ and DataLoader workers, so the launcher sees the job fail instead of hanging unt
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -32,10 +34,13 @@ def start_in_rank0(address: str) -> None:
     store, _ = host_store(int(address.rpartition(":")[2]))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     ht = os.environ.get("DDP_DOCTOR_HANG_TIMEOUT")
+    own_dir = not os.environ.get("DDP_DOCTOR_DIR")
     run_dir = os.environ.get("DDP_DOCTOR_DIR") or tempfile.mkdtemp(prefix="ddp-doctor-")
+    if own_dir:
+        atexit.register(shutil.rmtree, run_dir, True)
     t0 = time.time()
     w = Watcher(store, world_size=world, hang_timeout=float(ht) if ht else None, run_dir=run_dir, is_host=True)
-    w.on_decision = lambda decision: _report_and_stop(w, store, decision, t0)
+    w.on_decision = lambda decision: _report_and_stop(w, store, decision, t0, run_dir if own_dir else None)
     w.start()
     _keep.append((store, w))
 
@@ -43,7 +48,7 @@ def start_in_rank0(address: str) -> None:
 _keep: list[Any] = []
 
 
-def _report_and_stop(w, store, decision: dict[str, Any], t0: float) -> None:
+def _report_and_stop(w, store, decision: dict[str, Any], t0: float, scratch: str | None = None) -> None:
     try:
         from ddp_doctor.cli.run import Job
 
@@ -57,6 +62,8 @@ def _report_and_stop(w, store, decision: dict[str, Any], t0: float) -> None:
         job.emit(report, True)
     except Exception as e:  # never let the watcher take the job down silently
         print(f"ddp-doctor: embedded watcher could not write the report: {e!r}", file=sys.stderr)
+    if scratch:
+        shutil.rmtree(scratch, ignore_errors=True)
     try:
         store.set("ddpd/stop", "1")
     except Exception:
