@@ -225,6 +225,11 @@ def _terminates(body: list[ast.stmt]) -> str | None:
     if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
         fn = dotted(last.value.func)
         if fn in ("sys.exit", "exit", "quit", "os._exit"):
+            args = last.value.args
+            if args and not (isinstance(args[0], ast.Constant) and args[0].value in (0, None)):
+                # a failing exit is a crash like an uncaught exception: torchrun's agent sees the
+                # non-zero status and tears the other ranks down, so it cannot leave them waiting
+                return "raise"
             return "exit"
     return None
 
@@ -423,16 +428,17 @@ class ModuleModel:
                 continue
             if isinstance(stmt, (ast.Continue, ast.Break, ast.Return, ast.Raise)):
                 scope.jumps.append(Jump(stmt, type(stmt).__name__.lower(), conds, loops, scope))
-            elif isinstance(stmt, ast.Expr) and _terminates([stmt]) == "exit":
-                scope.jumps.append(Jump(stmt, "exit", conds, loops, scope))
+            elif isinstance(stmt, ast.Expr) and _terminates([stmt]) in ("exit", "raise"):
+                scope.jumps.append(Jump(stmt, _terminates([stmt]), conds, loops, scope))
             if isinstance(stmt, ast.If):
                 lvl = len(loops)
                 self._walk(scope, stmt.body, conds + (Cond(stmt.test, True, lvl, stmt),), loops)
                 self._walk(scope, stmt.orelse, conds + (Cond(stmt.test, False, lvl, stmt),), loops)
-                # early exit: `if C: return` -> the rest of this block runs only when not C
-                if not stmt.orelse and _terminates(stmt.body):
+                # early exit: `if C: return` -> the rest of this block runs only when not C.  A raise is
+                # not one: the failing rank's exit makes the launcher stop the others (no silent wait).
+                if not stmt.orelse and _terminates(stmt.body) not in (None, "raise"):
                     conds = conds + (Cond(stmt.test, False, lvl, stmt),)
-                elif stmt.orelse and not _terminates(stmt.body) and _terminates(stmt.orelse):
+                elif stmt.orelse and not _terminates(stmt.body) and _terminates(stmt.orelse) not in (None, "raise"):
                     conds = conds + (Cond(stmt.test, True, lvl, stmt),)
             elif isinstance(stmt, LoopNode):
                 scope.loops.append((stmt, conds, loops))
