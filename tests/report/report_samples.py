@@ -170,6 +170,24 @@ def xss_report() -> dict:
     return r
 
 
+def restarted_report() -> dict:
+    """--max-restarts 1: attempt 0 crashed (rank 1 raised), torch's agent restarted, attempt 1 finished."""
+    rep = ok_perf_report()
+    rep["findings"] = []
+    rep["attempt"] = 1
+    rep["restarts"] = [{
+        "attempt": 0, "verdict": "crash",
+        "findings": [{"code": "DDP204", "name": "rank-exited", "severity": "error",
+                      "title": "A rank exited while the others wait",
+                      "message": "Rank 1 raised OSError: stale file handle at train.py:52 (load_batch).",
+                      "ranks": [1], "location": {"path": TRAIN, "line": 52, "function": "load_batch"},
+                      "evidence": {"exception": {"type": "OSError"}}, "fix": "Fix the exception on that line.",
+                      "source": "runtime"}],
+        "ranks": [{"rank": r, "state": "crashed" if r == 1 else "stopped", "epoch": 0, "step": 5,
+                   "last_collective": None, "stack": [], "exit_code": 1, "signal": None} for r in range(4)]}]
+    return rep
+
+
 ALL = {"hang": hang_report, "desync": desync_report, "ok_perf": ok_perf_report, "lint_only": lint_only_report}
 
 

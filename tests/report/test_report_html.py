@@ -156,3 +156,13 @@ def test_browser_crash_without_timeline(tmp_path):
     assert 'data-rendered="1"' in dom and 'data-code="DDP203"' in dom
     assert "No timeline was recorded" in dom and "No step timing was recorded" in dom
     assert 'id="rank-0"' in dom and 'id="rank-1"' in dom
+
+
+def test_restarted_attempt_has_its_own_section(tmp_path):
+    from ddp_doctor.report.html import render_html
+
+    page = render_html(S.restarted_report())
+    assert '<a href="#restarts">Earlier attempts</a>' in page
+    section = page.split('<section id="restarts">', 1)[1].split("</section>", 1)[0]
+    assert "Attempt 0 ended in CRASH" in section and 'data-code="DDP204"' in section
+    assert "stale file handle" in section

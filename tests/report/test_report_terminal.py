@@ -124,3 +124,14 @@ def test_live_view_tty_and_log():
     assert "r0 e1 s12 3.5/s dw 40% running" in log.getvalue() and "\x1b" not in log.getvalue()
     with LiveView(2, file=io.StringIO()) as lv:
         lv.update([{"rank": "x", "steps_per_s": "nan?"}])  # garbage rows never raise
+
+
+def test_restarted_attempt_is_shown_after_the_last_attempts_findings():
+    rep = S.restarted_report()
+    jsonschema.validate(rep, REPORT_JSON_SCHEMA)
+    out = render(rep)
+    assert "OK" in out.splitlines()[1] or "OK" in out
+    head, _, tail = out.partition("Attempt 0 ended in CRASH; torch's agent restarted the job (the run above is attempt 1)")
+    assert tail, out
+    assert "DDP204 rank-exited" in tail and "rank 1" in tail and "stale file handle" in tail
+    assert "DDP204" not in head

@@ -133,3 +133,59 @@ def test_epoch_end_barrier_under_rank_guard_stays_ddp201():
     # same epoch: nobody left the loop
     verdict, fs = _barrier_vs_training(3, [{"code": "DDP101", "path": S, "line": 53}])
     assert fs[0].code == "DDP201"
+
+
+def test_barrier_before_first_step_blames_the_rank_that_never_trained():
+    """Rank 0 waits in a rank-0-only barrier before any step; rank 1 is in its first backward. Neither has
+    run the other's line: the rank with no DDP forward at all is the odd one out (DDP201), not DDP202."""
+    ev = {"ranks": {
+        0: rank(0, step=0, forwards=0, steps_by_epoch=[],
+                in_collective={"group": "world", "seq": 1, "op": "barrier", "site": site(13)},
+                sites=[[S, 10, "main"], [S, 13, "main"]],
+                site_counts=[["ddp.init(broadcast_params)", 0, 1], ["barrier", 1, 1]]),
+        1: rank(1, step=0, forwards=1, steps_by_epoch=[],
+                in_collective={"group": "world", "seq": 1, "op": "ddp.backward(allreduce_grads)", "site": site(17)},
+                sites=[[S, 10, "main"], [S, 15, "main"], [S, 17, "main"]],
+                site_counts=[["ddp.init(broadcast_params)", 0, 1], ["ddp.forward", 1, 1],
+                             ["ddp.backward(allreduce_grads)", 2, 1]])}}
+    for r in ev["ranks"].values():
+        r["sites_seen"] = [[op, ["train.py", r["sites"][i][1], "main"]] for op, i, _ in r["site_counts"]]
+    calls = {r: st["in_collective"] for r, st in ev["ranks"].items()}
+    verdict, fs = diagnose(ev, {"reason": "desync", "kind": "op", "group": "world", "seq": 1, "calls": calls,
+                                "blocked": True})
+    assert verdict == "hang"
+    assert fs[0].code == "DDP201" and fs[0].ranks == [0] and fs[0].location.line == 13
+
+
+def test_restarted_ranks_that_cannot_connect_are_ddp501():
+    """Attempt >= 1 with the agent's shared store: a connect failure in init_process_group is the stale store."""
+    tb = [site(18), {"path": "/t/torch/distributed/distributed_c10d.py", "line": 1899, "function": "init_process_group"}]
+    exc = {"type": "RuntimeError", "message": "Gloo connectFullMesh failed with ... timed out connecting: SO_ERROR: "
+           "Connection refused, remote=[127.0.0.1]:49076", "location": site(18), "traceback": tb, "collective": None,
+           "t": 9.0}
+    ev = {"ranks": {0: rank(0, step=0, forwards=0, attempt=1, agent_store=True, exc=exc,
+                            exit={"exit_code": 1, "signal": None}),
+                    1: rank(1, step=0, forwards=0, attempt=1, agent_store=True)}}
+    verdict, fs = diagnose(ev, {"reason": "exit", "rank": 0})
+    assert verdict == "crash"
+    assert fs[0].code == "DDP501" and fs[0].ranks == [0] and fs[0].location.line == 18
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in fs[0].fix
+    # the same failure in the first attempt (no stale keys), or with a fresh store per attempt, is not that
+    for kw in ({"attempt": 0}, {"agent_store": False}):
+        ev0 = {"ranks": {0: rank(0, step=0, forwards=0, exc=exc, exit={"exit_code": 1, "signal": None},
+                                 **{"attempt": 1, "agent_store": True, **kw}),
+                         1: rank(1, step=0, forwards=0)}}
+        _, fs0 = diagnose(ev0, {"reason": "exit", "rank": 0})
+        assert fs0[0].code == "DDP204", fs0[0]
+
+
+def test_restarted_ranks_stuck_connecting_are_ddp501():
+    """The stale address's port may belong to another process by now: the connect then blocks, a hang."""
+    stack = [site(18), {"path": "/t/torch/distributed/distributed_c10d.py", "line": 1899,
+                        "function": "init_process_group"}]
+    ev = {"ranks": {r: rank(r, step=0, forwards=0, attempt=2, agent_store=True, stack=stack, where=site(18))
+                    for r in (0, 1)}}
+    verdict, fs = diagnose(ev, {"reason": "hang", "stalled_s": 300, "limit_s": 300})
+    assert verdict == "hang"
+    assert fs[0].code == "DDP501" and fs[0].ranks == [0, 1] and fs[0].location.line == 18
+    assert "attempt 2" in fs[0].message

@@ -184,8 +184,6 @@ class Job:
             self.store.set("ddpd/stop", json.dumps({"reason": decision.get("reason")}))
         except Exception:
             pass
-        if decision.get("reason") == "exit" and not decision.get("finished") and self.args.max_restarts > 0:
-            return  # a rank failed and restarts are allowed: torch's agent restarts the job itself
         self.stop()
 
     def stop(self) -> None:
@@ -230,7 +228,8 @@ class Job:
         os.environ["DDP_DOCTOR_T0"] = repr(self.t0)
         a.monitor_interval = max(float(a.monitor_interval), 1.0)  # let the watcher see an exit first
         self.watcher = Watcher(self.store, world_size=_world_size_hint(a), hang_timeout=self.hang_timeout,
-                               run_dir=run_dir, is_host=is_host, on_decision=self.on_decision)
+                               run_dir=run_dir, is_host=is_host, on_decision=self.on_decision,
+                               max_restarts=int(a.max_restarts or 0))
         self.watcher.start()
         if not is_host:
             threading.Thread(target=self.follower_loop, daemon=True).start()
@@ -362,12 +361,25 @@ class Job:
                 stats["detect_to_stacks_s"] = round(decision["t_stacks"] - t_detect, 3)
                 stats["detect_to_stopped_s"] = round(t_end - t_detect, 3)
             report["detection"] = stats
+        if getattr(w, "earlier", None):
+            report["attempt"] = w.attempt
+            report["restarts"] = [self._earlier_attempt(e, evidence["lint"]) for e in w.earlier]
         if self.leftovers:
             report["leftover_pids"] = self.leftovers
         return report
 
-    def _rank_entry(self, r: int, st: dict[str, Any]) -> dict[str, Any]:
-        ex = st.get("exit") or self.failures.get(r) or {}
+    def _earlier_attempt(self, earlier: dict[str, Any], lint: list[dict]) -> dict[str, Any]:
+        """The diagnosis of an attempt torch's agent restarted after a failure (``--max-restarts``)."""
+        from ddp_doctor.diagnose import diagnose
+
+        evidence = {**earlier["evidence"], "lint": lint}
+        verdict, findings = diagnose(evidence, earlier["decision"], {})
+        return {"attempt": earlier["attempt"], "verdict": verdict,
+                "findings": [f.to_report_dict() | {"source": "runtime"} for f in findings],
+                "ranks": [self._rank_entry(r, st, failures={}) for r, st in sorted(evidence["ranks"].items())]}
+
+    def _rank_entry(self, r: int, st: dict[str, Any], failures: dict[int, dict] | None = None) -> dict[str, Any]:
+        ex = st.get("exit") or (self.failures if failures is None else failures).get(r) or {}
         stack = st.get("stack") or []
         if not stack and st.get("exc"):
             stack = st["exc"].get("traceback") or []

@@ -1,5 +1,5 @@
 """One function per runtime code family: DDP101/102 (steps, sampler), DDP201/202/203 (collectives),
-DDP204 (rank exit), DDP205 (stall).  Evidence in, :class:`Finding` objects out."""
+DDP204 (rank exit; DDP501 when restarted ranks cannot connect), DDP205 (stall).  Evidence in, :class:`Finding` objects out."""
 from __future__ import annotations
 
 import os
@@ -54,7 +54,7 @@ def doing(st: dict[str, Any]) -> str:
         c = e.get("collective")
         if c:
             return (f"waited in {c['op']} at {where(c.get('site'))}, then failed with {e['type']}: "
-                    f"{e['message'][:120]} (a consequence)")
+                    f"{_gist(e['message'])} (a consequence)")
         return f"raised {e['type']} at {where(e.get('location'))}"
     if ex.get("signal"):
         return f"was killed by {ex['signal']}"
@@ -68,6 +68,14 @@ def doing(st: dict[str, Any]) -> str:
     if st.get("in_data_wait"):
         return f"waits for a batch from its DataLoader at {where(rank_site(st))}"
     return f"is at {where(rank_site(st))}"
+
+
+def _gist(message: str, limit: int = 160) -> str:
+    """The first sentence of an error message, cut at ``limit`` characters."""
+    text = " ".join((message or "").split())
+    i = text.find(". ")
+    text = text[: i + 1] if 0 < i < limit else text
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _ranks(ev) -> dict[int, dict[str, Any]]:
@@ -164,14 +172,20 @@ def classify_calls(calls: dict[int, dict], ranks: dict[int, dict]) -> tuple[str,
         others = [o for o in calls if o != r and calls[o] is not None and o in reliable]
         return bool(others) and all(k not in seen[o] for o in others)
 
-    subset = [r for r, c in calls.items() if c and c["op"].startswith("ddp.forward") and unseen_by_others(r, c)]
+    def others_ran_ddp(r):
+        # "the DDP model where the others never run it" needs others that did run it: a rank that has not
+        # made a single DDP forward yet (stuck in a collective before training) is the odd one out instead
+        return all((ranks.get(o, {}).get("forwards") or 0) > 0 for o in calls if o != r and calls[o] is not None)
+
+    subset = [r for r, c in calls.items() if c and c["op"].startswith("ddp.forward") and unseen_by_others(r, c)
+              and others_ran_ddp(r)]
     if subset:
         return "DDP202", subset, calls[subset[0]].get("site")
     subset, site = ddp_subset_forwards({r: ranks.get(r, {}) for r in ranks})
     if subset and any(c and c["op"].startswith("ddp.") for c in calls.values()):
         return "DDP202", subset, site
     subset = [r for r, c in calls.items() if c and c["op"].startswith("ddp.") and c["op"] != "ddp.init(broadcast_params)"
-              and unseen_by_others(r, c)]
+              and unseen_by_others(r, c) and others_ran_ddp(r)]
     if subset and len(subset) < len(calls):
         return "DDP202", subset, calls[subset[0]].get("site")
     subset = [r for r, c in calls.items() if c and not c["op"].startswith("ddp.") and unseen_by_others(r, c)]
@@ -384,6 +398,9 @@ def diagnose_sampler(ev: dict[str, Any]) -> list[Finding]:
 # -- hang: DDP201/202/203/205 from where the ranks are stuck -----------------------------------
 def diagnose_hang(ev: dict[str, Any], d: dict[str, Any]) -> list[Finding]:
     ranks = _ranks(ev)
+    stale = _restart_cannot_connect(ranks)
+    if stale is not None:
+        return [stale]
     live = {r: st for r, st in ranks.items() if not st.get("missing") and not st.get("done")
             and not st.get("exc") and not (st.get("exit") or {})}
     stall = {"stalled_s": d.get("stalled_s"), "hang_limit_s": d.get("limit_s"), "hang_limit_how": d.get("limit_how")}
@@ -550,10 +567,57 @@ def finished_case(ranks: dict[int, dict], d: dict[str, Any] | None) -> bool:
     return True
 
 
+_CONNECT_WORDS = ("connectfullmesh", "connection refused", "failed to connect", "timed out connecting",
+                  "connect timeout", "socket timeout", "connection reset")
+
+
+def _restart_cannot_connect(ranks: dict[int, dict]) -> Finding | None:
+    """Ranks restarted by torch's agent fail to connect their process group: the stale rendezvous store.
+
+    With ``TORCHELASTIC_USE_AGENT_STORE`` the ranks' process-group keys live in the agent's TCPStore,
+    which outlives an attempt; a restarted rank can read a peer's address from the failed attempt and
+    connect to a dead port (gloo connectFullMesh / NCCL "connection refused"), so every restart fails.
+    """
+    def in_init(frames):
+        return any(f.get("function") in ("init_process_group", "new_group", "_new_process_group_helper")
+                   for f in frames or [])
+
+    failed, stuck = [], []
+    for r, st in ranks.items():
+        if not (st.get("attempt") and st.get("agent_store")):
+            continue
+        e = st.get("exc") or {}
+        if e and in_init(e.get("traceback")) and any(w in (e.get("message") or "").lower() for w in _CONNECT_WORDS):
+            failed.append(r)
+        elif not e and not st.get("exit") and in_init(st.get("stack")):
+            stuck.append(r)  # still connecting (to a stale address whose port something else now holds)
+    hit = failed or stuck
+    if not hit:
+        return None
+    st0 = ranks[hit[0]]
+    attempt = st0["attempt"]
+    e = st0.get("exc")
+    site = e.get("location") if e else user_frame(st0.get("stack"))
+    what = (f"failed to connect the process group at {where(site)}: {e['type']}: {_gist(e['message'], 200)}"
+            if e else f"never finished connecting the process group at {where(site)}.")
+    msg = (f"torch's agent restarted the job (attempt {attempt}) and rank{'s' if len(hit) > 1 else ''} "
+           f"{', '.join(map(str, hit))} then {what} The restarted ranks share the launcher's rendezvous store "
+           "(TORCHELASTIC_USE_AGENT_STORE=True), which still holds the failed attempt's connection keys: a rank "
+           "can read a dead peer's address and connect to nothing (a known torch issue, pytorch/pytorch#135712). "
+           "Every restart can fail this way, so --max-restarts does not help.")
+    fix = ("Launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in the environment (for `ddp-doctor run` and for "
+           "torchrun alike): each attempt then gets a fresh store and the restart connects.")
+    return Finding("DDP501", msg, fix, location=loc(site), ranks=hit,
+                   evidence={"attempt": attempt, "agent_store": True, **({"exception": e} if e else {})})
+
+
 def diagnose_exit(ev: dict[str, Any], d: dict[str, Any]) -> list[Finding]:
     ranks = _ranks(ev)
     lint = ev.get("lint") or []
     out: list[Finding] = []
+    stale = _restart_cannot_connect(ranks)
+    if stale is not None:
+        return [stale]
     if finished_case(ranks, d):
         done = sorted(r for r, st in ranks.items() if st.get("done") or (st.get("exit") or {}).get("exit_code") == 0)
         waiting = {r: st for r, st in ranks.items() if r not in done}

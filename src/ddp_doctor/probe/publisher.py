@@ -4,7 +4,7 @@ Keys (all under the ``ddpd/`` prefix of the side-channel store, never the user's
 - ``ddpd/rank/<rank>``   JSON state (BOARD.md "PER-RANK EVIDENCE FORMAT"), every ~0.25 s
 - ``ddpd/req``           counter the watcher bumps to ask for stacks
 - ``ddpd/stack/<rank>/<req>``  JSON ``{"threads": [{"name", "main", "frames"}]}``
-- ``ddpd/ack/<rank>``    the watcher's go-ahead for a failing rank to exit
+- ``ddpd/ack/<attempt>/<rank>``  the watcher's go-ahead for a failing rank to exit
 - ``ddpd/stop``          the watcher is stopping the job
 """
 from __future__ import annotations
@@ -20,6 +20,11 @@ from typing import Any
 from ddp_doctor.probe.recorder import Recorder, frames_of, user_site
 
 INTERVAL = 0.25
+# torch's elastic agent restarts the whole worker group after a failure (--max-restarts); the
+# watcher tells a restarted rank's states from its predecessor's by this number
+ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+# the ranks' process group keys live in the agent's rendezvous store, which outlives an attempt
+AGENT_STORE = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
 
 
 def _site(rec: Recorder, idx):
@@ -61,6 +66,7 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> dict[str, Any]:
     wait = rec.in_data_wait
     state: dict[str, Any] = {
         "rank": rec.rank, "local_rank": rec.local_rank, "host": rec.host, "pid": rec.pid,
+        "attempt": ATTEMPT, "agent_store": AGENT_STORE,
         "world_size": rec.world_size, "t": round(rec.now(), 3),
         "epoch": epoch, "step": rec.steps, "step_in_epoch": step_in_epoch,
         "forwards": rec.forwards, "backwards": rec.backwards, "progress": rec.progress,
@@ -220,7 +226,7 @@ class Publisher(threading.Thread):
                 end = time.monotonic() + wait_ack
                 while time.monotonic() < end:
                     with self.lock:
-                        if self.store.add(f"ddpd/ack/{self.rec.rank}", 0) > 0:
+                        if self.store.add(f"ddpd/ack/{ATTEMPT}/{self.rec.rank}", 0) > 0:
                             break
                     time.sleep(0.05)
         except Exception:

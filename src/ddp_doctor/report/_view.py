@@ -34,6 +34,21 @@ def normalize(report: dict[str, Any]) -> dict[str, Any]:
             "findings": findings, "ranks": [], "errors": report.get("errors") or []}
 
 
+def restarts(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The attempts torch's agent restarted (``--max-restarts``): [{"title", "verdict", "findings"}]."""
+    out = []
+    final = report.get("attempt")
+    for past in report.get("restarts") or []:
+        if not isinstance(past, dict):
+            continue
+        verdict = str(past.get("verdict") or "?").upper()
+        title = f"Attempt {past.get('attempt')} ended in {verdict}; torch's agent restarted the job" + (
+            f" (the run above is attempt {final})" if final is not None else "")
+        out.append({"title": title, "verdict": past.get("verdict"),
+                    "findings": [f for f in past.get("findings") or [] if isinstance(f, dict)]})
+    return out
+
+
 def _catalogue_title(code: Any) -> str:
     try:
         from ddp_doctor.findings import info
@@ -186,6 +201,7 @@ def evidence_items(ev: Any, limit: int = 12, width: int = 120) -> list[tuple[str
     if not isinstance(ev, dict):
         return [("evidence", _short(ev, width))] if ev else []
     out = []
+    ev = {k: v for k, v in ev.items() if k != "lint"}  # the message already says lint saw it coming
     for k, v in list(ev.items())[:limit]:
         if isinstance(v, dict) and v and len(v) <= 16 and any(isinstance(x, dict) for x in v.values()):
             for k2, v2 in v.items():  # e.g. per-rank calls: one line each

@@ -117,6 +117,9 @@ def render_html(report: dict[str, Any]) -> str:
     charts = has_ranks and (report.get("schema") != "ddp-doctor/check/v1"
                             or any(r.get("timeline") or r.get("timing") for r in report.get("ranks") or []))
     toc = ([("timeline", "Timeline"), ("breakdown", "Step time")] if charts else []) + [("findings", "Findings")]
+    past = _view.restarts(report)
+    if past:
+        toc.append(("restarts", "Earlier attempts"))
     if lint and runtime:
         toc.append(("lint", "Seen in the source"))
     if has_ranks:
@@ -144,6 +147,15 @@ def render_html(report: dict[str, Any]) -> str:
                                              if verdict == "ok" else "No specific cause was identified; see where each "
                                              "rank stopped in the timeline and the rank table.") + "</p>")
         out += [_finding_html(f, i, _view.lint_lines(report, f)) for i, f in enumerate(runtime)]
+        out.append("</section>")
+    if past:
+        out.append('<section id="restarts"><h2>Earlier attempts</h2><p class="hint">Attempts that failed and that '
+                   "torch's agent restarted (--max-restarts); the sections above describe the last attempt.</p>")
+        n = len(runtime) + len(lint)
+        for p in past:
+            out.append(f"<h3>{_e(p['title'])}</h3>")
+            out += [_finding_html(f, n + i) for i, f in enumerate(p["findings"])]
+            n += len(p["findings"])
         out.append("</section>")
     if lint:
         sec_id = "lint" if runtime or has_ranks else "findings"

@@ -51,6 +51,9 @@ def _all_findings(report: dict[str, Any]) -> Iterable[dict[str, Any]]:
     if isinstance(lint, dict):
         for f in lint.get("findings") or []:
             yield f
+    for past in report.get("restarts") or []:  # attempts torch's agent restarted
+        if isinstance(past, dict):
+            yield from past.get("findings") or []
 
 
 def attach_snippets(report: dict[str, Any], context: int = 2) -> dict[str, Any]:

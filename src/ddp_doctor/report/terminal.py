@@ -87,6 +87,10 @@ def _print_report(con: Console, report: dict[str, Any]) -> None:
     elif report.get("verdict") not in (None, "ok") and not is_lint_only:
         con.print("No specific cause was identified; see where each rank stopped below.")
         con.print()
+    for past in _view.restarts(report):
+        con.print(Text(past["title"], style="bold underline"))
+        for f in past["findings"]:
+            _finding(con, f)
     if lint:
         path = (report.get("lint") or {}).get("path") if isinstance(report.get("lint"), dict) else None
         title = "Seen in the source" + (f" (lint of {path})" if path else "") + f": {len(lint)}"

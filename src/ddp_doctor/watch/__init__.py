@@ -8,6 +8,9 @@ rank's state a few times a second, and decides when the job is lost:
              or their step counts per epoch differ (even while gloo still pairs them);
 - ``hang``   no rank progressed for the hang limit (adaptive unless ``--hang-timeout``).
 
+A rank failure that torch's agent will answer with a restart (``--max-restarts``) is not the end:
+the watcher keeps that attempt's evidence in ``earlier`` and watches the restarted ranks afresh.
+
 Then it collects every rank's stack (the probe's thread, falling back to
 faulthandler on SIGUSR1) and the DataLoader workers' stacks, and hands the
 evidence to ``ddp_doctor.diagnose``; the caller stops the job.  No formatting here.
@@ -132,7 +135,8 @@ class Watcher(threading.Thread):
     """Poll the store, decide; ``on_decision(decision)`` is called once from this thread."""
 
     def __init__(self, store, *, world_size: int, hang_timeout: float | None, run_dir: str,
-                 is_host: bool = True, on_decision: Callable[[dict], None] | None = None) -> None:
+                 is_host: bool = True, on_decision: Callable[[dict], None] | None = None,
+                 max_restarts: int = 0) -> None:
         super().__init__(name="ddp-doctor-watch", daemon=True)
         self.store = store
         self.world_size = world_size
@@ -152,6 +156,10 @@ class Watcher(threading.Thread):
         self.acked: set[int] = set()
         self.last_limit = 0.0
         self.not_started_since: float | None = None
+        self.attempt = 0                     # torch's restart count of the ranks being watched
+        self.restarts_left = max_restarts
+        self.failed_attempt: dict[str, Any] | None = None  # the decision awaiting torch's restart
+        self.earlier: list[dict[str, Any]] = []  # {"attempt", "decision", "evidence"} per failed attempt
 
     # -- reading -------------------------------------------------------------------
     def _get(self, key: str) -> str | None:
@@ -172,6 +180,12 @@ class Watcher(threading.Thread):
                 state = json.loads(raw)
             except ValueError:
                 continue
+            attempt = int(state.get("attempt") or 0)
+            if attempt < self.attempt:
+                continue  # the failed attempt's last word; its successor has not posted yet
+            if attempt > self.attempt:
+                self.begin_attempt(attempt)
+                now = time.monotonic()
             if self.first_state_t is None:
                 self.first_state_t = now
             ws = state.get("world_size")
@@ -184,7 +198,7 @@ class Watcher(threading.Thread):
                 self.local_pids[state["pid"]] = r
         for r, v in self.views.items():
             if v.exit is None:
-                raw = self._get(f"ddpd/exit/{r}")
+                raw = self._get(f"ddpd/exit/{self.attempt}/{r}")
                 if raw:
                     v.exit = json.loads(raw)
 
@@ -209,12 +223,25 @@ class Watcher(threading.Thread):
                 continue
             self.exit_posted.add(rank)
             try:
-                self.store.set(f"ddpd/exit/{rank}", json.dumps(info))
+                self.store.set(f"ddpd/exit/{self.attempt}/{rank}", json.dumps(info))
             except Exception:
                 pass
             self.views[rank].exit = info
             if info.get("signal") in FATAL:
                 self.views[rank].stack = self.fatal_stack(child.pid)
+
+    def begin_attempt(self, attempt: int) -> None:
+        """torch's agent restarted the ranks: keep the failed attempt's evidence, watch the new ones afresh."""
+        self.earlier.append({"attempt": self.attempt, "evidence": self.evidence(),
+                             "decision": self.failed_attempt or {"reason": "exit"}})
+        self.attempt = attempt
+        self.failed_attempt = None
+        self.views = {r: RankView(r) for r in range(self.world_size)}
+        self.local_pids.clear()
+        self.exit_posted.clear()
+        self.acked.clear()
+        self.first_state_t = None
+        self.not_started_since = None
 
     # -- stacks --------------------------------------------------------------------
     def collect_stacks(self, wait_s: float = 1.5) -> None:
@@ -406,11 +433,16 @@ class Watcher(threading.Thread):
         with self.lock:
             self.read_states()
             self.check_local_exits()
-            if not self.is_host:
-                return None
+            if not self.is_host or self.failed_attempt is not None:
+                return None  # (a failed attempt: nothing to decide until torch's agent restarts the ranks)
             return self.decide()
 
     def run(self) -> None:
+        self._watch()
+        if self.decision is None and self.failed_attempt is not None:
+            self.decision = self.failed_attempt  # the job ended without the restart torch's agent owed us
+
+    def _watch(self) -> None:
         while not self.stopping.is_set():
             try:
                 decision = self.poll_once()
@@ -426,6 +458,12 @@ class Watcher(threading.Thread):
                     self.collect_stacks()
                     self.ack_all()
                 decision["t_stacks"] = time.monotonic()
+                decision["attempt"] = self.attempt
+                if decision.get("reason") == "exit" and not decision.get("finished") and self.restarts_left > 0:
+                    # torch's agent restarts every rank after a failure: keep watching the next attempt
+                    self.restarts_left -= 1
+                    self.failed_attempt = decision
+                    continue
                 if decision.get("reason") == "desync" and "calls" in decision:
                     # still blocked at the mismatch -> the job hangs; moved on -> gloo paired them silently
                     decision["blocked"] = all(
@@ -441,7 +479,7 @@ class Watcher(threading.Thread):
         for r, v in self.views.items():
             if (v.state or {}).get("exc") and r not in self.acked:
                 try:
-                    self.store.add(f"ddpd/ack/{r}", 1)
+                    self.store.add(f"ddpd/ack/{self.attempt}/{r}", 1)
                     self.acked.add(r)
                 except Exception:
                     pass
