@@ -189,3 +189,14 @@ def test_restarted_ranks_stuck_connecting_are_ddp501():
     assert verdict == "hang"
     assert fs[0].code == "DDP501" and fs[0].ranks == [0, 1] and fs[0].location.line == 18
     assert "attempt 2" in fs[0].message
+
+
+def test_lint_confirmation_needs_the_same_hazard():
+    """A runtime DDP102 on a DataLoader line does not "confirm" lint's DDP401 on that line; lint's DDP201 at a
+    line the runtime names DDP202/203 does (the same ranks-out-of-step hazard)."""
+    from ddp_doctor.cli.run import _same_hazard
+
+    assert _same_hazard("DDP102", "DDP102")
+    assert not _same_hazard("DDP401", "DDP102")
+    assert _same_hazard("DDP201", "DDP203") and _same_hazard("DDP101", "DDP204")
+    assert not _same_hazard("DDP303", "DDP204")

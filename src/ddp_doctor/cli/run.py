@@ -111,6 +111,15 @@ def _lint(script: str, module: bool) -> list:
         return []
 
 
+# the ranks-fall-out-of-step family: lint's guess at the cause and the runtime's name for what happened
+# may differ (lint DDP201 at a line the runtime calls DDP202/DDP203); other codes confirm only themselves
+_STEP_FAMILY = {"DDP101", "DDP201", "DDP202", "DDP203", "DDP204"}
+
+
+def _same_hazard(lint_code: str, runtime_code: str) -> bool:
+    return lint_code == runtime_code or {lint_code, runtime_code} <= _STEP_FAMILY
+
+
 def _leftovers(how: dict[int, str]) -> list[int]:
     return [pid for pid, h in how.items() if h == "alive"]
 
@@ -332,12 +341,14 @@ class Job:
                 continue
             for lf in lint:
                 ll = lf.get("location") or {}
-                if ll.get("line") == loc.get("line") and os.path.basename(ll.get("path", "")) == os.path.basename(loc["path"]):
+                if ll.get("line") == loc.get("line") and os.path.basename(ll.get("path", "")) == os.path.basename(loc["path"]) \
+                        and _same_hazard(lf["code"], rf["code"]):
                     lf["severity"] = "error"
                     lf["confirmed_by_runtime"] = rf["code"]
                     rf["evidence"]["lint"] = {"code": lf["code"], "message": lf["message"]}
                     rf["message"] += (f" ddp-doctor lint flagged this line before the run ({lf['code']}): "
                                       "the static warning came true.")
+                    break
         report: dict[str, Any] = {
             "schema": "ddp-doctor/report/v1",
             "verdict": verdict,
