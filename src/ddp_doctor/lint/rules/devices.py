@@ -37,7 +37,7 @@ class LoadWithoutMapLocation(Rule):
         for scope in m.scopes.values():
             for site in scope.sites:
                 call = site.call
-                if m.qual(call.func) != "torch.load":
+                if m.qual(call.func) != "torch.load" or A.single_process_only(m, site.conds, scope):
                     continue
                 if arg_or_kw(call, 1, "map_location") is not None or any(k.arg is None for k in call.keywords):
                     continue
@@ -98,7 +98,7 @@ class CudaBeforeSetDevice(Rule):
                 if site.call.lineno >= first:
                     continue
                 what = _current_device_alloc(m, site.call)
-                if what:
+                if what and not A.single_process_only(m, site.conds, scope):
                     ctx.report(
                         self.code, site.call,
                         f"{what} runs before `torch.cuda.set_device(...)` (line {first}): at this point the "
@@ -134,7 +134,8 @@ def _callers_all_guarded(m: ModuleModel, fn: ast.AST) -> bool | None:
     if not sites:
         return None
     for s in sites:
-        if not (m.rank_conds(s.conds, s.scope) or s.scope.rank_guarded_all):
+        if not (m.rank_conds(s.conds, s.scope) or s.scope.rank_guarded_all or
+                A.single_process_only(m, s.conds, s.scope)):
             if s.scope.is_module or not _in_guarded_fn(m, s.scope):
                 return False
     return True
@@ -144,7 +145,8 @@ def _in_guarded_fn(m: ModuleModel, scope: Scope) -> bool:
     if scope.rank_guarded_all:
         return True
     sites = m.call_sites_of(scope.node)
-    return bool(sites) and all(m.rank_conds(s.conds, s.scope) or s.scope.rank_guarded_all for s in sites)
+    return bool(sites) and all(m.rank_conds(s.conds, s.scope) or s.scope.rank_guarded_all or
+                               A.single_process_only(m, s.conds, s.scope) for s in sites)
 
 
 def _training_function(m: ModuleModel, scope: Scope) -> bool:
@@ -186,8 +188,8 @@ class SaveOnEveryRank(Rule):
     @staticmethod
     def _guarded(m: ModuleModel, site: Site) -> bool:
         scope = site.scope
-        if m.rank_conds(site.conds, scope) or scope.rank_guarded_all:
-            return True
+        if m.rank_conds(site.conds, scope) or scope.rank_guarded_all or A.single_process_only(m, site.conds, scope):
+            return True  # rank-guarded, or never run under DDP (`if local_rank == -1:`)
         if scope.is_module:
             return False
         callers = _callers_all_guarded(m, scope.node)

@@ -178,8 +178,8 @@ class UnevenSteps(Rule):
             tainted = tainted_names(m, scope)
             bws = A.backward_sites(m, scope)
             for jump in scope.jumps:
-                if jump.kind == "raise":
-                    continue
+                if jump.kind == "raise" or A.single_process_only(m, jump.conds, scope):
+                    continue  # a crash stops every rank; `rank == -1` code never runs under DDP
                 for loop in loops:
                     if loop not in jump.loops:
                         continue
