@@ -56,6 +56,9 @@ _GROUP_POS = {"barrier": 0, "monitored_barrier": 0, "all_reduce": 2, "broadcast"
               "broadcast_object_list": 2}
 # collectives that write their result into their first argument
 INPLACE_COLLECTIVES = {"all_reduce", "broadcast", "reduce", "all_reduce_coalesced"}
+# collectives whose first argument is an output every rank receives in full (the same on every rank)
+GATHER_OUTPUT_COLLECTIVES = {"all_gather", "all_gather_object", "all_gather_into_tensor", "_all_gather_base",
+                             "broadcast_object_list", "all_gather_coalesced"}
 FABRIC_COLLECTIVES = {"barrier", "all_reduce", "broadcast", "all_gather", "save"}
 ACCEL_COLLECTIVES = {"wait_for_everyone", "gather", "gather_for_metrics", "reduce", "pad_across_processes"}
 ACCEL_FUNCS = {"accelerate.utils." + n for n in ("gather", "broadcast", "reduce", "wait_for_everyone",
@@ -146,6 +149,52 @@ def const_value(node: ast.AST | None) -> Any:
 
 
 NOTCONST = object()
+
+# arguments that say *where* a value lives, not *what* it is: the rank in them does not make the
+# result differ between ranks (``torch.zeros(3, device=f"cuda:{rank}")``, ``x.to(local_rank)``)
+_DEVICE_KWARGS = {"device", "device_ids", "output_device", "map_location", "non_blocking", "device_id"}
+_DEVICE_CALLS = {"to", "cuda", "device", "set_device", "pin_memory"}
+
+
+def is_predicate(node: ast.AST) -> bool:
+    """A boolean test: ``rank == 0``, ``local_rank not in [-1, 0]``, ``not is_main``, ``fabric.is_global_zero``."""
+    if isinstance(node, (ast.Compare, ast.BoolOp)) or isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return True
+    if isinstance(node, ast.Call):
+        node = node.func
+    name = final_name(node)
+    return bool(name) and is_main_name(name)
+
+
+def non_data_args(call: ast.Call) -> list[ast.expr]:
+    """Arguments of ``call`` that do not make its result differ between ranks even when they hold the
+    rank: device placement (``device=``, ``.to(rank)``, ``torch.device("cuda", rank)``) and rank
+    predicates passed as keyword flags (``tqdm(loader, disable=rank != 0)``,
+    ``MNIST(root, download=is_main)``, ``verbose=rank == 0``).  A per-rank *value*
+    (``batch_size=sizes[rank]``, ``shards[rank]``, ``loader_for(rank)``) is data and not listed."""
+    if final_name(call.func) in _DEVICE_CALLS and isinstance(call.func, ast.Attribute):
+        return [*call.args, *(k.value for k in call.keywords)]
+    return [k.value for k in call.keywords
+            if k.arg is not None and (k.arg in _DEVICE_KWARGS or is_predicate(k.value))]
+
+
+def data_names(node: ast.AST) -> set[str]:
+    """The names ``node`` reads, leaving out those only in :func:`non_data_args` positions."""
+    out: set[str] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, ast.Name):
+            out.add(n.id)
+            continue
+        skip = {id(a) for a in non_data_args(n)} if isinstance(n, ast.Call) else ()
+        for ch in ast.iter_child_nodes(n):
+            if isinstance(ch, ast.keyword):
+                if id(ch.value) not in skip:
+                    stack.append(ch.value)
+            elif id(ch) not in skip:
+                stack.append(ch)
+    return out
 
 # ------------------------------------------------------------- scopes ----
 FuncNode = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -1093,7 +1142,10 @@ class _Eval:
         if self.collect and not self.hit:
             sub = _Eval(m, self.scope, self.r, self.sigma, collect=True)
             sub.visiting = self.visiting
+            skip = {id(a) for a in non_data_args(node)}
             for a in (*node.args, *(k.value for k in node.keywords)):
+                if id(a) in skip:
+                    continue  # a device or a rank flag: not what the call returns
                 try:
                     sub.ev(a, depth + 1)
                 except Exception:  # noqa: BLE001
