@@ -896,6 +896,65 @@ class ModuleModel:
         self._cache[key] = res
         return res
 
+    def rank_param_args(self, scope: Scope, name: str) -> list[tuple[ast.expr, Scope]] | str | None:
+        """The arguments the same-file callers pass for parameter ``name`` of ``scope``'s function, when
+        at least one of them carries the rank (``main(rank, ...)`` -> ``Trainer(model, rank)``); else None.
+        "spawn" for the first parameter of an ``mp.spawn`` target (the process index: the local rank).
+        Followed one level: the callers' own parameters are not traced back further."""
+        key = ("rankparam", id(scope), name)
+        if key in self._cache:
+            return self._cache[key]
+        self._cache[key] = None  # recursion guard
+        res = None
+        fn = scope.node
+        a = getattr(fn, "args", None)
+        if a is not None and name not in (getattr(a.vararg, "arg", None), getattr(a.kwarg, "arg", None)):
+            idx = scope.params.index(name)
+            if scope.cls is not None and a.args and a.args[0].arg in ("self", "cls"):
+                idx -= 1
+            if name in [x.arg for x in a.kwonlyargs]:
+                idx = 1 << 20  # keyword only
+            if idx == 0 and self._spawn_target(fn):
+                self._cache[key] = "spawn"  # mp.spawn(main_worker, ...): the first argument is the process index
+                return "spawn"
+            sites = self.call_sites_of(fn) if idx >= 0 else []
+            got = []
+            for site in sites[:8]:
+                arg = arg_or_kw(site.call, idx, name)
+                if arg is not None and site.scope is not scope:
+                    got.append((arg, site.scope))
+            if got and any(self._mentions_rank_shallow(arg, sc) for arg, sc in got):
+                res = got
+        self._cache[key] = res
+        return res
+
+    def _spawn_target(self, fn: ast.AST) -> bool:
+        """``fn`` is started by ``torch.multiprocessing.spawn(fn, ...)`` (or ``start_processes``), which
+        passes the process index (the local rank) as its first argument."""
+        name = getattr(fn, "name", None)
+        if name is None or self.def_parent.get(fn) is not self.tree:
+            return False
+        for scope in self.scopes.values():
+            for site in scope.sites:
+                call = site.call
+                q = self.qual(call.func) or ""
+                if q.rsplit(".", 1)[-1] not in ("spawn", "start_processes") or "multiprocessing" not in q:
+                    continue
+                target = arg_or_kw(call, 0, "fn")
+                if isinstance(target, ast.Name) and target.id == name:
+                    return True
+        return False
+
+    def _mentions_rank_shallow(self, expr: ast.expr, scope: Scope) -> bool:
+        """Does ``expr`` carry the rank without looking through the caller's own parameters?"""
+        ev = _Eval(self, scope, 0, {}, collect=True)
+        ev.no_params = True
+        try:
+            ev.ev(expr, 0)
+        except Exception:  # noqa: BLE001
+            pass
+        return ev.hit
+
     def rank_conds(self, conds: Iterable[Cond], scope: Scope) -> list[Cond]:
         return [c for c in conds if self.is_rank_condition(c.test, scope)]
 
@@ -912,6 +971,7 @@ class _Eval:
         self.atoms: list[str] = []
         self.hit = False
         self.visiting: set = set()
+        self.no_params = False  # parameters stay unknowns (no look at the callers)
 
     def atom(self, node: ast.AST) -> set:
         key = dotted(node) or ast.dump(node)
@@ -1066,13 +1126,54 @@ class _Eval:
     def _assigned(self, node: ast.expr, depth: int) -> set:
         vals = self.m.values_of(node, self.scope)
         key = (dotted(node), id(self.scope))
+        if not vals and isinstance(node, ast.Name) and node.id in self.scope.params and not self.no_params and \
+                key not in self.visiting:
+            return self._param(node, depth)
         if not vals or len(vals) > 4 or key in self.visiting:
             return self.atom(node)
         self.visiting.add(key)
         try:
             out: set = set()
             for v in vals:
-                out |= self.ev(v, depth + 1)
+                vscope = self.m.scope_of_value(v, self.scope)
+                if vscope is self.scope:
+                    out |= self.ev(v, depth + 1)
+                else:  # self.gpu_id = gpu_id in __init__: the value is read in the method that assigned it
+                    sub = self._sub(vscope)
+                    out |= sub.ev(v, depth + 1)
+                    self.hit = self.hit or sub.hit
+        finally:
+            self.visiting.discard(key)
+        if len(out) > 16:
+            raise _Unknown
+        return out
+
+    def _sub(self, scope: "Scope", collect: bool | None = None) -> "_Eval":
+        sub = _Eval(self.m, scope, self.r, self.sigma, self.collect if collect is None else collect)
+        if collect is None:
+            sub.atoms = self.atoms
+        sub.visiting = self.visiting
+        sub.no_params = self.no_params
+        return sub
+
+    def _param(self, node: ast.Name, depth: int) -> set:
+        """A parameter that the same-file callers fill with the rank (``Trainer(model, rank)`` ->
+        ``__init__(self, model, gpu_id)``): one level, and only when some call passes a rank-valued
+        argument; otherwise the parameter stays an unknown, the same on every rank."""
+        m, scope = self.m, self.scope
+        args = m.rank_param_args(scope, node.id)
+        if args == "spawn":
+            return self.rank()
+        if not args:
+            return self.atom(node)
+        key = (node.id, id(scope))
+        self.visiting.add(key)
+        try:
+            out: set = set()
+            for a, ascope in args:
+                sub = self._sub(ascope)
+                out |= sub.ev(a, depth + 1)
+                self.hit = self.hit or sub.hit
         finally:
             self.visiting.discard(key)
         if len(out) > 16:
@@ -1129,9 +1230,7 @@ class _Eval:
             inner = m.scopes[fn]
             rets = [s.value for s in m.returns_of(fn) if s.value is not None]
             if rets and len(rets) <= 4:
-                sub = _Eval(m, inner, self.r, self.sigma, self.collect)
-                sub.atoms = self.atoms
-                sub.visiting = self.visiting
+                sub = self._sub(inner)
                 out: set = set()
                 for r in rets:
                     out |= sub.ev(r, depth + 1)
