@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import re
 
 from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import ModuleModel, Scope, Site, arg_or_kw, final_name, kwarg
@@ -52,9 +53,33 @@ class LoadWithoutMapLocation(Rule):
                 )
 
 
+# helpers of other modules that, by their name, set up the process group and the device
+# (DINO/DeiT/MAE/torchvision `utils.init_distributed_mode(args)`, `setup_distributed`, `init_dist`, ...)
+_SETUP_HELPER_RE = re.compile(
+    r"(?i)^_?(?:init|setup|set_up|initialize|initialise|prepare)_?(?:\w+_)?"
+    r"(?:dist|distributed|ddp|device|devices|gpu|gpus|cuda|process_group|for_distributed)(?:_\w+)?$"
+    r"|^_?(?:dist|ddp|distributed)_?(?:init|setup|initialize)(?:_\w+)?$")
+
+
+def _is_setup_helper(m: ModuleModel, call: ast.Call, scope: Scope) -> bool:
+    """A call into another module's helper named like a distributed/device setup: it may well call
+    ``torch.cuda.set_device`` inside (we cannot see it), so it counts as one.  A bare ``setup(...)``
+    counts when it is given the rank (``setup(rank, world_size)``)."""
+    q = m.qual(call.func) or ""
+    if q.startswith("torch.") or m.resolve_function(call.func, scope) is not None:
+        return False
+    name = final_name(call.func) or ""
+    if _SETUP_HELPER_RE.match(name):
+        return True
+    return name in ("setup", "init", "initialize") and any(
+        m.mentions_rank(a, scope) for a in (*call.args, *(k.value for k in call.keywords)))
+
+
 def _is_set_device(m: ModuleModel, call: ast.Call, scope: Scope, depth: int = 0) -> bool:
     q = m.qual(call.func) or ""
     if q in ("torch.cuda.set_device", "torch.cuda.device") or (q == "" and final_name(call.func) == "set_device"):
+        return True
+    if _is_setup_helper(m, call, scope):
         return True
     if depth == 0:
         fn = m.resolve_function(call.func, scope)
