@@ -764,9 +764,16 @@ class ModuleModel:
                  "accelerate", "torch.utils.data.DistributedSampler", "torch.utils.data.distributed",
                  "deepspeed", "torch.multiprocessing", "horovod")
         res = any(q == r or q.startswith(r + ".") for q in self.imports.values() for r in roots)
-        if not res and "torch.distributed" in self.source:  # `import torch` ... `torch.distributed.barrier()`
-            res = any((self.qual(s.call.func) or "").startswith("torch.distributed.")
-                      for sc in self.scopes.values() for s in sc.sites)
+        if not res and any(w in self.source for w in ("distributed", "Distributed", "multiprocessing")):
+            # fully qualified uses with a plain `import torch` (MAE, DINO): `torch.distributed.barrier()`,
+            # `torch.nn.parallel.DistributedDataParallel(...)`, `torch.utils.data.DistributedSampler(...)`,
+            # also references that are not calls (`sampler_cls = torch.utils.data.DistributedSampler`)
+            for node in ast.walk(self.tree):
+                if isinstance(node, ast.Attribute):
+                    q = self.qual(node) or ""
+                    if any(q == r or q.startswith(r + ".") for r in roots):
+                        res = True
+                        break
         self._cache["distributed"] = res
         return res
 
