@@ -42,6 +42,8 @@ class LoadWithoutMapLocation(Rule):
                     continue
                 if arg_or_kw(call, 1, "map_location") is not None or any(k.arg is None for k in call.keywords):
                     continue
+                if _loads_data_cache(call, site.stmt):
+                    continue
                 ctx.report(
                     self.code, call,
                     "`torch.load` without `map_location` puts every tensor back on the device it was saved from "
@@ -73,6 +75,39 @@ def _is_setup_helper(m: ModuleModel, call: ast.Call, scope: Scope) -> bool:
         return True
     return name in ("setup", "init", "initialize") and any(
         m.mentions_rank(a, scope) for a in (*call.args, *(k.value for k in call.keywords)))
+
+
+# what a preprocessed-data cache is called: its pickles hold Python objects / CPU tensors, not a
+# checkpoint saved from cuda:0 (`dataset, _ = torch.load(cache_path)`, `features = torch.load(cached_file)`)
+_CACHE_WORD_RE = re.compile(r"(?i)cache")
+_DATA_NAME_RE = re.compile(r"(?i)(?:^|_)(?:datasets?|features|examples|cache|cached)(?:_|$)")
+
+
+def _bound_names(target: ast.expr) -> list[str]:
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for e in target.elts for n in _bound_names(e)]
+    if isinstance(target, ast.Starred):
+        return _bound_names(target.value)
+    name = final_name(target)
+    return [name] if name else []
+
+
+def _loads_data_cache(call: ast.Call, stmt: ast.stmt) -> bool:
+    """``torch.load`` of a dataset / feature cache: bound to such a name, or from a path that names a cache."""
+    path = arg_or_kw(call, 0, "f")
+    if path is not None:
+        for n in ast.walk(path):
+            text = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else \
+                n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) else None
+            if text and _CACHE_WORD_RE.search(text):
+                return True
+    targets: list[ast.expr] = []
+    if isinstance(stmt, ast.Assign) and stmt.value is call:
+        targets = stmt.targets
+    elif isinstance(stmt, ast.AnnAssign) and stmt.value is call:
+        targets = [stmt.target]
+    names = [n for t in targets for n in _bound_names(t) if n != "_"]
+    return bool(names) and all(_DATA_NAME_RE.search(n) for n in names)
 
 
 def _is_set_device(m: ModuleModel, call: ast.Call, scope: Scope, depth: int = 0) -> bool:
