@@ -651,7 +651,31 @@ class ModuleModel:
         if not isinstance(call, ast.Call):
             return False
         q = self.qual(call.func)
-        return q in DIST_SAMPLERS or (q is None and final_name(call.func) == "DistributedSampler")
+        if q in DIST_SAMPLERS or (q is None and final_name(call.func) == "DistributedSampler"):
+            return True
+        return isinstance(call.func, ast.Name) and q is None and call.func.id in self._sampler_aliases()
+
+    def _is_sampler_class(self, node: ast.AST) -> bool:
+        q = self.qual(node)
+        return q in DIST_SAMPLERS or (q is None and final_name(node) == "DistributedSampler")
+
+    def _sampler_aliases(self) -> set[str]:
+        """Names bound to the DistributedSampler class itself, possibly in one branch:
+        ``train_sampler = RandomSampler if args.local_rank == -1 else DistributedSampler``."""
+        got = self._cache.get("sampler_aliases")
+        if got is None:
+            got = set()
+            for scope in self.scopes.values():
+                for name, vals in scope.assigns.items():
+                    if "." in name:
+                        continue
+                    for v, _c in vals:
+                        branches = [v.body, v.orelse] if isinstance(v, ast.IfExp) else \
+                            v.values if isinstance(v, ast.BoolOp) else [v]
+                        if any(self._is_sampler_class(b) for b in branches):
+                            got.add(name)
+            self._cache["sampler_aliases"] = got
+        return got
 
     def is_dataloader_call(self, call: ast.AST) -> bool:
         if not isinstance(call, ast.Call):
