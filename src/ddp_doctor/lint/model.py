@@ -886,12 +886,29 @@ class ModuleModel:
         return ev.atoms
 
     def mentions_rank(self, expr: ast.expr, scope: Scope) -> bool:
+        key = ("mentions", id(expr), id(scope))
+        got = self._cache.get(key)
+        if got is not None and got[0] is expr:
+            return got[1]
         ev = _Eval(self, scope, 0, {}, collect=True)
         try:
             ev.ev(expr, 0)
         except Exception:  # noqa: BLE001
             pass
+        self._cache[key] = (expr, ev.hit)  # holding expr keeps its id from being reused
         return ev.hit
+
+    def atom_key(self, node: ast.AST) -> str:
+        d = dotted(node)
+        if d is not None:
+            return d
+        key = ("dump", id(node))
+        got = self._cache.get(key)
+        if got is not None and got[0] is node:
+            return got[1]
+        text = ast.dump(node)
+        self._cache[key] = (node, text)
+        return text
 
     def sigmas(self, atoms: list[str], exprs: Iterable[ast.AST] = ()) -> Iterator[dict[str, Any]]:
         """Values to try for the unknowns: a few small ones, plus the integers the conditions compare with
@@ -1005,7 +1022,7 @@ class _Eval:
         self.no_params = False  # parameters stay unknowns (no look at the callers)
 
     def atom(self, node: ast.AST) -> set:
-        key = dotted(node) or ast.dump(node)
+        key = self.m.atom_key(node)
         if self.collect:
             if key not in self.atoms:
                 self.atoms.append(key)
