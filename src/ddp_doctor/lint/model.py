@@ -615,15 +615,19 @@ class ModuleModel:
         out = []
         parent = self.def_parent.get(fn)
         ctor_of = parent.name if isinstance(parent, ast.ClassDef) and getattr(fn, "name", "") == "__init__" else None
-        for scope in self.scopes.values():
-            for site in scope.sites:
-                name = final_name(site.call.func)
-                if name == getattr(fn, "name", None):
-                    if self.resolve_function(site.call.func, scope) is fn:
-                        out.append(site)
-                elif ctor_of is not None and name == ctor_of and isinstance(site.call.func, ast.Name) and \
-                        self.classes.get(ctor_of) is parent:
-                    out.append(site)  # Trainer(model, loader): a call of Trainer.__init__
+        fname = getattr(fn, "name", None)
+        cands = self._sites_named(fname) if fname else []
+        if ctor_of is not None and ctor_of != fname:
+            seq = self._cache["site_seq"]  # keep the module's walk order, as before the index
+            cands = sorted(cands + self._sites_named(ctor_of), key=lambda st: seq[id(st)])
+        for site in cands:
+            name = final_name(site.call.func)
+            if name == fname:
+                if self.resolve_function(site.call.func, site.scope) is fn:
+                    out.append(site)
+            elif ctor_of is not None and name == ctor_of and isinstance(site.call.func, ast.Name) and \
+                    self.classes.get(ctor_of) is parent:
+                out.append(site)  # Trainer(model, loader): a call of Trainer.__init__
         self._cache[key] = out
         return out
 
@@ -982,16 +986,32 @@ class ModuleModel:
         name = getattr(fn, "name", None)
         if name is None or self.def_parent.get(fn) is not self.tree:
             return False
-        for scope in self.scopes.values():
-            for site in scope.sites:
-                call = site.call
-                q = self.qual(call.func) or ""
-                if q.rsplit(".", 1)[-1] not in ("spawn", "start_processes") or "multiprocessing" not in q:
-                    continue
-                target = arg_or_kw(call, 0, "fn")
-                if isinstance(target, ast.Name) and target.id == name:
-                    return True
-        return False
+        targets = self._cache.get("spawn_targets")
+        if targets is None:
+            targets = set()
+            for site in self._sites_named("spawn") + self._sites_named("start_processes"):
+                q = self.qual(site.call.func) or ""
+                target = arg_or_kw(site.call, 0, "fn")
+                if "multiprocessing" in q and isinstance(target, ast.Name):
+                    targets.add(target.id)
+            self._cache["spawn_targets"] = targets
+        return name in targets
+
+    def _sites_named(self, name: str) -> list[Site]:
+        """Call sites whose callee's final name is ``name`` (an index built once per module)."""
+        index = self._cache.get("sites_by_name")
+        if index is None:
+            index = {}
+            seq: dict[int, int] = {}
+            for scope in self.scopes.values():
+                for site in scope.sites:
+                    seq[id(site)] = len(seq)
+                    n = final_name(site.call.func)
+                    if n is not None:
+                        index.setdefault(n, []).append(site)
+            self._cache["sites_by_name"] = index
+            self._cache["site_seq"] = seq
+        return index.get(name, [])
 
     def _mentions_rank_shallow(self, expr: ast.expr, scope: Scope) -> bool:
         """Does ``expr`` carry the rank without looking through the caller's own parameters?"""
