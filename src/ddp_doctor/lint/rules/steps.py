@@ -5,7 +5,8 @@ import ast
 
 from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import (
-    AGREE_FUNCS, GATHER_OUTPUT_COLLECTIVES, INPLACE_COLLECTIVES, ModuleModel, Scope, data_names, dotted, final_name, kwarg,
+    AGREE_FUNCS, GATHER_OUTPUT_COLLECTIVES, INPLACE_COLLECTIVES, ModuleModel, Scope, data_names, dotted,
+    final_name, kwarg,
 )
 from ddp_doctor.lint.rules.base import Context, Rule
 
