@@ -317,10 +317,75 @@ def balanced(model: ModuleModel, group: list[tuple[tuple[Cond, ...], Scope]]) ->
     return evaluated
 
 
+def _negative_const(node: ast.AST) -> bool:
+    v = const_value(node)
+    return type(v) is int and v < 0
+
+
+def _is_rank_value(model: ModuleModel, expr: ast.expr, scope: Scope) -> bool:
+    """``RANK``, ``args.local_rank``, ``int(os.environ["LOCAL_RANK"])``: the rank itself (not ``rank % 8``)."""
+    while isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "int" and \
+            len(expr.args) == 1:
+        expr = expr.args[0]
+    if not isinstance(expr, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
+        return False
+    return model.mentions_rank(expr, scope)
+
+
+def _says_single_process(model: ModuleModel, test: ast.expr, positive: bool, scope: Scope) -> bool:
+    """Holding ``test`` (or its negation) implies ``rank == -1`` (or another negative rank): the
+    "not distributed" convention of torchrun-era scripts (``LOCAL_RANK`` defaults to -1)."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _says_single_process(model, test.operand, not positive, scope)
+    if isinstance(test, ast.BoolOp):
+        # a conjunction holds only if each conjunct holds; a disjunction fails only if each disjunct fails
+        if isinstance(test.op, ast.And) and positive or isinstance(test.op, ast.Or) and not positive:
+            return any(_says_single_process(model, v, positive, scope) for v in test.values)
+        return all(_says_single_process(model, v, positive, scope) for v in test.values)
+    if not isinstance(test, ast.Compare) or len(test.ops) != 1:
+        return False
+    left, op, right = test.left, test.ops[0], test.comparators[0]
+    if _negative_const(left) and isinstance(op, (ast.Eq, ast.NotEq)):
+        left, right = right, left
+    if positive:
+        eq, within = (ast.Eq, ast.Is), ast.In
+    else:
+        eq, within = (ast.NotEq, ast.IsNot), ast.NotIn
+    if isinstance(op, eq):
+        hit = _negative_const(right)
+    elif isinstance(op, within):
+        hit = isinstance(right, (ast.List, ast.Tuple, ast.Set)) and bool(right.elts) and \
+            all(_negative_const(e) for e in right.elts)
+    elif positive and isinstance(op, ast.Lt):
+        hit = const_value(right) == 0 or _negative_const(right)
+    elif not positive and isinstance(op, ast.GtE):
+        hit = const_value(right) == 0
+    else:
+        hit = False
+    return hit and _is_rank_value(model, left, scope)
+
+
+def single_process_only(model: ModuleModel, conds: Iterable[Cond], scope: Scope) -> bool:
+    """One of the conditions says "not distributed" (``local_rank == -1``, ``RANK == -1 and ...``,
+    ``not (args.local_rank != -1)``, the else branch of ``if rank != -1:``): under torchrun /
+    mp.spawn every rank is >= 0, so the code never runs in a DDP job.  Shared by every rule that
+    asks whether code runs on some ranks only."""
+    for c in conds:
+        key = ("single", id(c.test), c.positive, id(scope))
+        got = model._cache.get(key)
+        if got is None:
+            got = model._cache[key] = _says_single_process(model, c.test, c.positive, scope)
+        if got:
+            return True
+    return False
+
+
 def never_runs(model: ModuleModel, conds: tuple[Cond, ...], scope: Scope) -> bool:
     """The conditions are False on every rank whatever the unknowns (dead code in a distributed run)."""
     if not conds:
         return False
+    if single_process_only(model, conds, scope):
+        return True
     atoms: list[str] = []
     for c in conds:
         for a in model.atoms(c.test, scope):
@@ -343,5 +408,5 @@ def literal(node):
 __all__ = [
     "ModuleModel", "loader_uses", "training_loops", "resolve_loaders", "fn_collectives", "ddp_forward_in_fn",
     "balanced", "never_runs", "backward_sites", "forward_target", "loader_passed_to_wrapper", "literal",
-    "in_no_grad", "no_buffer_broadcast",
+    "in_no_grad", "no_buffer_broadcast", "single_process_only",
 ]

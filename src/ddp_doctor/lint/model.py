@@ -56,6 +56,9 @@ _GROUP_POS = {"barrier": 0, "monitored_barrier": 0, "all_reduce": 2, "broadcast"
               "broadcast_object_list": 2}
 # collectives that write their result into their first argument
 INPLACE_COLLECTIVES = {"all_reduce", "broadcast", "reduce", "all_reduce_coalesced"}
+# collectives whose first argument is an output every rank receives in full (the same on every rank)
+GATHER_OUTPUT_COLLECTIVES = {"all_gather", "all_gather_object", "all_gather_into_tensor", "_all_gather_base",
+                             "broadcast_object_list", "all_gather_coalesced"}
 FABRIC_COLLECTIVES = {"barrier", "all_reduce", "broadcast", "all_gather", "save"}
 ACCEL_COLLECTIVES = {"wait_for_everyone", "gather", "gather_for_metrics", "reduce", "pad_across_processes"}
 ACCEL_FUNCS = {"accelerate.utils." + n for n in ("gather", "broadcast", "reduce", "wait_for_everyone",
@@ -146,6 +149,52 @@ def const_value(node: ast.AST | None) -> Any:
 
 
 NOTCONST = object()
+
+# arguments that say *where* a value lives, not *what* it is: the rank in them does not make the
+# result differ between ranks (``torch.zeros(3, device=f"cuda:{rank}")``, ``x.to(local_rank)``)
+_DEVICE_KWARGS = {"device", "device_ids", "output_device", "map_location", "non_blocking", "device_id"}
+_DEVICE_CALLS = {"to", "cuda", "device", "set_device", "pin_memory"}
+
+
+def is_predicate(node: ast.AST) -> bool:
+    """A boolean test: ``rank == 0``, ``local_rank not in [-1, 0]``, ``not is_main``, ``fabric.is_global_zero``."""
+    if isinstance(node, (ast.Compare, ast.BoolOp)) or isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return True
+    if isinstance(node, ast.Call):
+        node = node.func
+    name = final_name(node)
+    return bool(name) and is_main_name(name)
+
+
+def non_data_args(call: ast.Call) -> list[ast.expr]:
+    """Arguments of ``call`` that do not make its result differ between ranks even when they hold the
+    rank: device placement (``device=``, ``.to(rank)``, ``torch.device("cuda", rank)``) and rank
+    predicates passed as keyword flags (``tqdm(loader, disable=rank != 0)``,
+    ``MNIST(root, download=is_main)``, ``verbose=rank == 0``).  A per-rank *value*
+    (``batch_size=sizes[rank]``, ``shards[rank]``, ``loader_for(rank)``) is data and not listed."""
+    if final_name(call.func) in _DEVICE_CALLS and isinstance(call.func, ast.Attribute):
+        return [*call.args, *(k.value for k in call.keywords)]
+    return [k.value for k in call.keywords
+            if k.arg is not None and (k.arg in _DEVICE_KWARGS or is_predicate(k.value))]
+
+
+def data_names(node: ast.AST) -> set[str]:
+    """The names ``node`` reads, leaving out those only in :func:`non_data_args` positions."""
+    out: set[str] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, ast.Name):
+            out.add(n.id)
+            continue
+        skip = {id(a) for a in non_data_args(n)} if isinstance(n, ast.Call) else ()
+        for ch in ast.iter_child_nodes(n):
+            if isinstance(ch, ast.keyword):
+                if id(ch.value) not in skip:
+                    stack.append(ch.value)
+            elif id(ch) not in skip:
+                stack.append(ch)
+    return out
 
 # ------------------------------------------------------------- scopes ----
 FuncNode = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -566,15 +615,19 @@ class ModuleModel:
         out = []
         parent = self.def_parent.get(fn)
         ctor_of = parent.name if isinstance(parent, ast.ClassDef) and getattr(fn, "name", "") == "__init__" else None
-        for scope in self.scopes.values():
-            for site in scope.sites:
-                name = final_name(site.call.func)
-                if name == getattr(fn, "name", None):
-                    if self.resolve_function(site.call.func, scope) is fn:
-                        out.append(site)
-                elif ctor_of is not None and name == ctor_of and isinstance(site.call.func, ast.Name) and \
-                        self.classes.get(ctor_of) is parent:
-                    out.append(site)  # Trainer(model, loader): a call of Trainer.__init__
+        fname = getattr(fn, "name", None)
+        cands = self._sites_named(fname) if fname else []
+        if ctor_of is not None and ctor_of != fname:
+            seq = self._cache["site_seq"]  # keep the module's walk order, as before the index
+            cands = sorted(cands + self._sites_named(ctor_of), key=lambda st: seq[id(st)])
+        for site in cands:
+            name = final_name(site.call.func)
+            if name == fname:
+                if self.resolve_function(site.call.func, site.scope) is fn:
+                    out.append(site)
+            elif ctor_of is not None and name == ctor_of and isinstance(site.call.func, ast.Name) and \
+                    self.classes.get(ctor_of) is parent:
+                out.append(site)  # Trainer(model, loader): a call of Trainer.__init__
         self._cache[key] = out
         return out
 
@@ -602,7 +655,31 @@ class ModuleModel:
         if not isinstance(call, ast.Call):
             return False
         q = self.qual(call.func)
-        return q in DIST_SAMPLERS or (q is None and final_name(call.func) == "DistributedSampler")
+        if q in DIST_SAMPLERS or (q is None and final_name(call.func) == "DistributedSampler"):
+            return True
+        return isinstance(call.func, ast.Name) and q is None and call.func.id in self._sampler_aliases()
+
+    def _is_sampler_class(self, node: ast.AST) -> bool:
+        q = self.qual(node)
+        return q in DIST_SAMPLERS or (q is None and final_name(node) == "DistributedSampler")
+
+    def _sampler_aliases(self) -> set[str]:
+        """Names bound to the DistributedSampler class itself, possibly in one branch:
+        ``train_sampler = RandomSampler if args.local_rank == -1 else DistributedSampler``."""
+        got = self._cache.get("sampler_aliases")
+        if got is None:
+            got = set()
+            for scope in self.scopes.values():
+                for name, vals in scope.assigns.items():
+                    if "." in name:
+                        continue
+                    for v, _c in vals:
+                        branches = [v.body, v.orelse] if isinstance(v, ast.IfExp) else \
+                            v.values if isinstance(v, ast.BoolOp) else [v]
+                        if any(self._is_sampler_class(b) for b in branches):
+                            got.add(name)
+            self._cache["sampler_aliases"] = got
+        return got
 
     def is_dataloader_call(self, call: ast.AST) -> bool:
         if not isinstance(call, ast.Call):
@@ -715,9 +792,16 @@ class ModuleModel:
                  "accelerate", "torch.utils.data.DistributedSampler", "torch.utils.data.distributed",
                  "deepspeed", "torch.multiprocessing", "horovod")
         res = any(q == r or q.startswith(r + ".") for q in self.imports.values() for r in roots)
-        if not res and "torch.distributed" in self.source:  # `import torch` ... `torch.distributed.barrier()`
-            res = any((self.qual(s.call.func) or "").startswith("torch.distributed.")
-                      for sc in self.scopes.values() for s in sc.sites)
+        if not res and any(w in self.source for w in ("distributed", "Distributed", "multiprocessing")):
+            # fully qualified uses with a plain `import torch` (MAE, DINO): `torch.distributed.barrier()`,
+            # `torch.nn.parallel.DistributedDataParallel(...)`, `torch.utils.data.DistributedSampler(...)`,
+            # also references that are not calls (`sampler_cls = torch.utils.data.DistributedSampler`)
+            for node in ast.walk(self.tree):
+                if isinstance(node, ast.Attribute):
+                    q = self.qual(node) or ""
+                    if any(q == r or q.startswith(r + ".") for r in roots):
+                        res = True
+                        break
         self._cache["distributed"] = res
         return res
 
@@ -806,12 +890,29 @@ class ModuleModel:
         return ev.atoms
 
     def mentions_rank(self, expr: ast.expr, scope: Scope) -> bool:
+        key = ("mentions", id(expr), id(scope))
+        got = self._cache.get(key)
+        if got is not None and got[0] is expr:
+            return got[1]
         ev = _Eval(self, scope, 0, {}, collect=True)
         try:
             ev.ev(expr, 0)
         except Exception:  # noqa: BLE001
             pass
+        self._cache[key] = (expr, ev.hit)  # holding expr keeps its id from being reused
         return ev.hit
+
+    def atom_key(self, node: ast.AST) -> str:
+        d = dotted(node)
+        if d is not None:
+            return d
+        key = ("dump", id(node))
+        got = self._cache.get(key)
+        if got is not None and got[0] is node:
+            return got[1]
+        text = ast.dump(node)
+        self._cache[key] = (node, text)
+        return text
 
     def sigmas(self, atoms: list[str], exprs: Iterable[ast.AST] = ()) -> Iterator[dict[str, Any]]:
         """Values to try for the unknowns: a few small ones, plus the integers the conditions compare with
@@ -847,6 +948,81 @@ class ModuleModel:
         self._cache[key] = res
         return res
 
+    def rank_param_args(self, scope: Scope, name: str) -> list[tuple[ast.expr, Scope]] | str | None:
+        """The arguments the same-file callers pass for parameter ``name`` of ``scope``'s function, when
+        at least one of them carries the rank (``main(rank, ...)`` -> ``Trainer(model, rank)``); else None.
+        "spawn" for the first parameter of an ``mp.spawn`` target (the process index: the local rank).
+        Followed one level: the callers' own parameters are not traced back further."""
+        key = ("rankparam", id(scope), name)
+        if key in self._cache:
+            return self._cache[key]
+        self._cache[key] = None  # recursion guard
+        res = None
+        fn = scope.node
+        a = getattr(fn, "args", None)
+        if a is not None and name not in (getattr(a.vararg, "arg", None), getattr(a.kwarg, "arg", None)):
+            idx = scope.params.index(name)
+            if scope.cls is not None and a.args and a.args[0].arg in ("self", "cls"):
+                idx -= 1
+            if name in [x.arg for x in a.kwonlyargs]:
+                idx = 1 << 20  # keyword only
+            if idx == 0 and self._spawn_target(fn):
+                self._cache[key] = "spawn"  # mp.spawn(main_worker, ...): the first argument is the process index
+                return "spawn"
+            sites = self.call_sites_of(fn) if idx >= 0 else []
+            got = []
+            for site in sites[:8]:
+                arg = arg_or_kw(site.call, idx, name)
+                if arg is not None and site.scope is not scope:
+                    got.append((arg, site.scope))
+            if got and any(self._mentions_rank_shallow(arg, sc) for arg, sc in got):
+                res = got
+        self._cache[key] = res
+        return res
+
+    def _spawn_target(self, fn: ast.AST) -> bool:
+        """``fn`` is started by ``torch.multiprocessing.spawn(fn, ...)`` (or ``start_processes``), which
+        passes the process index (the local rank) as its first argument."""
+        name = getattr(fn, "name", None)
+        if name is None or self.def_parent.get(fn) is not self.tree:
+            return False
+        targets = self._cache.get("spawn_targets")
+        if targets is None:
+            targets = set()
+            for site in self._sites_named("spawn") + self._sites_named("start_processes"):
+                q = self.qual(site.call.func) or ""
+                target = arg_or_kw(site.call, 0, "fn")
+                if "multiprocessing" in q and isinstance(target, ast.Name):
+                    targets.add(target.id)
+            self._cache["spawn_targets"] = targets
+        return name in targets
+
+    def _sites_named(self, name: str) -> list[Site]:
+        """Call sites whose callee's final name is ``name`` (an index built once per module)."""
+        index = self._cache.get("sites_by_name")
+        if index is None:
+            index = {}
+            seq: dict[int, int] = {}
+            for scope in self.scopes.values():
+                for site in scope.sites:
+                    seq[id(site)] = len(seq)
+                    n = final_name(site.call.func)
+                    if n is not None:
+                        index.setdefault(n, []).append(site)
+            self._cache["sites_by_name"] = index
+            self._cache["site_seq"] = seq
+        return index.get(name, [])
+
+    def _mentions_rank_shallow(self, expr: ast.expr, scope: Scope) -> bool:
+        """Does ``expr`` carry the rank without looking through the caller's own parameters?"""
+        ev = _Eval(self, scope, 0, {}, collect=True)
+        ev.no_params = True
+        try:
+            ev.ev(expr, 0)
+        except Exception:  # noqa: BLE001
+            pass
+        return ev.hit
+
     def rank_conds(self, conds: Iterable[Cond], scope: Scope) -> list[Cond]:
         return [c for c in conds if self.is_rank_condition(c.test, scope)]
 
@@ -863,9 +1039,10 @@ class _Eval:
         self.atoms: list[str] = []
         self.hit = False
         self.visiting: set = set()
+        self.no_params = False  # parameters stay unknowns (no look at the callers)
 
     def atom(self, node: ast.AST) -> set:
-        key = dotted(node) or ast.dump(node)
+        key = self.m.atom_key(node)
         if self.collect:
             if key not in self.atoms:
                 self.atoms.append(key)
@@ -1017,13 +1194,54 @@ class _Eval:
     def _assigned(self, node: ast.expr, depth: int) -> set:
         vals = self.m.values_of(node, self.scope)
         key = (dotted(node), id(self.scope))
+        if not vals and isinstance(node, ast.Name) and node.id in self.scope.params and not self.no_params and \
+                key not in self.visiting:
+            return self._param(node, depth)
         if not vals or len(vals) > 4 or key in self.visiting:
             return self.atom(node)
         self.visiting.add(key)
         try:
             out: set = set()
             for v in vals:
-                out |= self.ev(v, depth + 1)
+                vscope = self.m.scope_of_value(v, self.scope)
+                if vscope is self.scope:
+                    out |= self.ev(v, depth + 1)
+                else:  # self.gpu_id = gpu_id in __init__: the value is read in the method that assigned it
+                    sub = self._sub(vscope)
+                    out |= sub.ev(v, depth + 1)
+                    self.hit = self.hit or sub.hit
+        finally:
+            self.visiting.discard(key)
+        if len(out) > 16:
+            raise _Unknown
+        return out
+
+    def _sub(self, scope: "Scope", collect: bool | None = None) -> "_Eval":
+        sub = _Eval(self.m, scope, self.r, self.sigma, self.collect if collect is None else collect)
+        if collect is None:
+            sub.atoms = self.atoms
+        sub.visiting = self.visiting
+        sub.no_params = self.no_params
+        return sub
+
+    def _param(self, node: ast.Name, depth: int) -> set:
+        """A parameter that the same-file callers fill with the rank (``Trainer(model, rank)`` ->
+        ``__init__(self, model, gpu_id)``): one level, and only when some call passes a rank-valued
+        argument; otherwise the parameter stays an unknown, the same on every rank."""
+        m, scope = self.m, self.scope
+        args = m.rank_param_args(scope, node.id)
+        if args == "spawn":
+            return self.rank()
+        if not args:
+            return self.atom(node)
+        key = (node.id, id(scope))
+        self.visiting.add(key)
+        try:
+            out: set = set()
+            for a, ascope in args:
+                sub = self._sub(ascope)
+                out |= sub.ev(a, depth + 1)
+                self.hit = self.hit or sub.hit
         finally:
             self.visiting.discard(key)
         if len(out) > 16:
@@ -1080,9 +1298,7 @@ class _Eval:
             inner = m.scopes[fn]
             rets = [s.value for s in m.returns_of(fn) if s.value is not None]
             if rets and len(rets) <= 4:
-                sub = _Eval(m, inner, self.r, self.sigma, self.collect)
-                sub.atoms = self.atoms
-                sub.visiting = self.visiting
+                sub = self._sub(inner)
                 out: set = set()
                 for r in rets:
                     out |= sub.ev(r, depth + 1)
@@ -1093,7 +1309,10 @@ class _Eval:
         if self.collect and not self.hit:
             sub = _Eval(m, self.scope, self.r, self.sigma, collect=True)
             sub.visiting = self.visiting
+            skip = {id(a) for a in non_data_args(node)}
             for a in (*node.args, *(k.value for k in node.keywords)):
+                if id(a) in skip:
+                    continue  # a device or a rank flag: not what the call returns
                 try:
                     sub.ev(a, depth + 1)
                 except Exception:  # noqa: BLE001

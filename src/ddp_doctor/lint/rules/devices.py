@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import re
 
 from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import ModuleModel, Scope, Site, arg_or_kw, final_name, kwarg
@@ -37,9 +38,11 @@ class LoadWithoutMapLocation(Rule):
         for scope in m.scopes.values():
             for site in scope.sites:
                 call = site.call
-                if m.qual(call.func) != "torch.load":
+                if m.qual(call.func) != "torch.load" or A.single_process_only(m, site.conds, scope):
                     continue
                 if arg_or_kw(call, 1, "map_location") is not None or any(k.arg is None for k in call.keywords):
+                    continue
+                if _loads_data_cache(call, site.stmt):
                     continue
                 ctx.report(
                     self.code, call,
@@ -52,9 +55,66 @@ class LoadWithoutMapLocation(Rule):
                 )
 
 
+# helpers of other modules that, by their name, set up the process group and the device
+# (DINO/DeiT/MAE/torchvision `utils.init_distributed_mode(args)`, `setup_distributed`, `init_dist`, ...)
+_SETUP_HELPER_RE = re.compile(
+    r"(?i)^_?(?:init|setup|set_up|initialize|initialise|prepare)_?(?:\w+_)?"
+    r"(?:dist|distributed|ddp|device|devices|gpu|gpus|cuda|process_group|for_distributed)(?:_\w+)?$"
+    r"|^_?(?:dist|ddp|distributed)_?(?:init|setup|initialize)(?:_\w+)?$")
+
+
+def _is_setup_helper(m: ModuleModel, call: ast.Call, scope: Scope) -> bool:
+    """A call into another module's helper named like a distributed/device setup: it may well call
+    ``torch.cuda.set_device`` inside (we cannot see it), so it counts as one.  A bare ``setup(...)``
+    counts when it is given the rank (``setup(rank, world_size)``)."""
+    q = m.qual(call.func) or ""
+    if q.startswith("torch.") or m.resolve_function(call.func, scope) is not None:
+        return False
+    name = final_name(call.func) or ""
+    if _SETUP_HELPER_RE.match(name):
+        return True
+    return name in ("setup", "init", "initialize") and any(
+        m.mentions_rank(a, scope) for a in (*call.args, *(k.value for k in call.keywords)))
+
+
+# what a preprocessed-data cache is called: its pickles hold Python objects / CPU tensors, not a
+# checkpoint saved from cuda:0 (`dataset, _ = torch.load(cache_path)`, `features = torch.load(cached_file)`)
+_CACHE_WORD_RE = re.compile(r"(?i)cache")
+_DATA_NAME_RE = re.compile(r"(?i)(?:^|_)(?:datasets?|features|examples|cache|cached)(?:_|$)")
+
+
+def _bound_names(target: ast.expr) -> list[str]:
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for e in target.elts for n in _bound_names(e)]
+    if isinstance(target, ast.Starred):
+        return _bound_names(target.value)
+    name = final_name(target)
+    return [name] if name else []
+
+
+def _loads_data_cache(call: ast.Call, stmt: ast.stmt) -> bool:
+    """``torch.load`` of a dataset / feature cache: bound to such a name, or from a path that names a cache."""
+    path = arg_or_kw(call, 0, "f")
+    if path is not None:
+        for n in ast.walk(path):
+            text = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else \
+                n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) else None
+            if text and _CACHE_WORD_RE.search(text):
+                return True
+    targets: list[ast.expr] = []
+    if isinstance(stmt, ast.Assign) and stmt.value is call:
+        targets = stmt.targets
+    elif isinstance(stmt, ast.AnnAssign) and stmt.value is call:
+        targets = [stmt.target]
+    names = [n for t in targets for n in _bound_names(t) if n != "_"]
+    return bool(names) and all(_DATA_NAME_RE.search(n) for n in names)
+
+
 def _is_set_device(m: ModuleModel, call: ast.Call, scope: Scope, depth: int = 0) -> bool:
     q = m.qual(call.func) or ""
     if q in ("torch.cuda.set_device", "torch.cuda.device") or (q == "" and final_name(call.func) == "set_device"):
+        return True
+    if _is_setup_helper(m, call, scope):
         return True
     if depth == 0:
         fn = m.resolve_function(call.func, scope)
@@ -98,7 +158,7 @@ class CudaBeforeSetDevice(Rule):
                 if site.call.lineno >= first:
                     continue
                 what = _current_device_alloc(m, site.call)
-                if what:
+                if what and not A.single_process_only(m, site.conds, scope):
                     ctx.report(
                         self.code, site.call,
                         f"{what} runs before `torch.cuda.set_device(...)` (line {first}): at this point the "
@@ -134,7 +194,8 @@ def _callers_all_guarded(m: ModuleModel, fn: ast.AST) -> bool | None:
     if not sites:
         return None
     for s in sites:
-        if not (m.rank_conds(s.conds, s.scope) or s.scope.rank_guarded_all):
+        if not (m.rank_conds(s.conds, s.scope) or s.scope.rank_guarded_all or
+                A.single_process_only(m, s.conds, s.scope)):
             if s.scope.is_module or not _in_guarded_fn(m, s.scope):
                 return False
     return True
@@ -144,7 +205,8 @@ def _in_guarded_fn(m: ModuleModel, scope: Scope) -> bool:
     if scope.rank_guarded_all:
         return True
     sites = m.call_sites_of(scope.node)
-    return bool(sites) and all(m.rank_conds(s.conds, s.scope) or s.scope.rank_guarded_all for s in sites)
+    return bool(sites) and all(m.rank_conds(s.conds, s.scope) or s.scope.rank_guarded_all or
+                               A.single_process_only(m, s.conds, s.scope) for s in sites)
 
 
 def _training_function(m: ModuleModel, scope: Scope) -> bool:
@@ -186,8 +248,8 @@ class SaveOnEveryRank(Rule):
     @staticmethod
     def _guarded(m: ModuleModel, site: Site) -> bool:
         scope = site.scope
-        if m.rank_conds(site.conds, scope) or scope.rank_guarded_all:
-            return True
+        if m.rank_conds(site.conds, scope) or scope.rank_guarded_all or A.single_process_only(m, site.conds, scope):
+            return True  # rank-guarded, or never run under DDP (`if local_rank == -1:`)
         if scope.is_module:
             return False
         callers = _callers_all_guarded(m, scope.node)

@@ -4,7 +4,10 @@ from __future__ import annotations
 import ast
 
 from ddp_doctor.lint import analysis as A
-from ddp_doctor.lint.model import AGREE_FUNCS, INPLACE_COLLECTIVES, ModuleModel, Scope, dotted, final_name, kwarg
+from ddp_doctor.lint.model import (
+    AGREE_FUNCS, GATHER_OUTPUT_COLLECTIVES, INPLACE_COLLECTIVES, ModuleModel, Scope, data_names, dotted,
+    final_name, kwarg,
+)
 from ddp_doctor.lint.rules.base import Context, Rule
 
 _SIZE_ATTRS = {"shape", "size", "numel", "__len__"}
@@ -66,7 +69,12 @@ def tainted_names(m: ModuleModel, scope: Scope) -> set[str]:
     agreed: set[str] = set()
     for site in scope.sites:
         name = m.collective_name(site.call, scope)
-        if name and name.split(".")[-1] in INPLACE_COLLECTIVES and site.call.args:
+        op = name.split(".")[-1] if name else None
+        if name and name.startswith("dist.") and op in GATHER_OUTPUT_COLLECTIVES and site.call.args:
+            d = dotted(site.call.args[0])  # dist.all_gather(out_list, t): every rank gets every rank's t
+            if d:
+                agreed.add(d.split(".")[0])
+        if name and op in INPLACE_COLLECTIVES and site.call.args:
             d = dotted(site.call.args[0])
             if d:
                 agreed.add(d.split(".")[0])
@@ -93,7 +101,7 @@ def tainted_names(m: ModuleModel, scope: Scope) -> set[str]:
 def _value_tainted(m: ModuleModel, scope: Scope, value: ast.expr, tainted: set[str]) -> bool:
     if _has_collective(m, value, scope):
         return False
-    if _names(value) & tainted:
+    if data_names(value) & tainted:
         return True
     for c in ast.walk(value):
         if isinstance(c, ast.Call):
@@ -178,8 +186,8 @@ class UnevenSteps(Rule):
             tainted = tainted_names(m, scope)
             bws = A.backward_sites(m, scope)
             for jump in scope.jumps:
-                if jump.kind == "raise":
-                    continue
+                if jump.kind == "raise" or A.single_process_only(m, jump.conds, scope):
+                    continue  # a crash stops every rank; `rank == -1` code never runs under DDP
                 for loop in loops:
                     if loop not in jump.loops:
                         continue
