@@ -1199,14 +1199,18 @@ class _Eval:
             return self._param(node, depth)
         if not vals or len(vals) > 4 or key in self.visiting:
             return self.atom(node)
+        # (self.gpu_id = gpu_id in __init__: the value is read in the method that assigned it)
+        return self._union([(v, self.m.scope_of_value(v, self.scope)) for v in vals], key, depth)
+
+    def _union(self, exprs: list[tuple[ast.expr, "Scope"]], key: tuple, depth: int) -> set:
+        """The values ``exprs`` can take, each evaluated in its own scope (``key`` guards recursion)."""
         self.visiting.add(key)
         try:
             out: set = set()
-            for v in vals:
-                vscope = self.m.scope_of_value(v, self.scope)
+            for v, vscope in exprs:
                 if vscope is self.scope:
                     out |= self.ev(v, depth + 1)
-                else:  # self.gpu_id = gpu_id in __init__: the value is read in the method that assigned it
+                else:
                     sub = self._sub(vscope)
                     out |= sub.ev(v, depth + 1)
                     self.hit = self.hit or sub.hit
@@ -1234,19 +1238,7 @@ class _Eval:
             return self.rank()
         if not args:
             return self.atom(node)
-        key = (node.id, id(scope))
-        self.visiting.add(key)
-        try:
-            out: set = set()
-            for a, ascope in args:
-                sub = self._sub(ascope)
-                out |= sub.ev(a, depth + 1)
-                self.hit = self.hit or sub.hit
-        finally:
-            self.visiting.discard(key)
-        if len(out) > 16:
-            raise _Unknown
-        return out
+        return self._union(list(args), (node.id, id(scope)), depth)
 
     def _env_key(self, node: ast.Subscript) -> str | None:
         if self.m.qual(node.value) == "os.environ" and isinstance(node.slice, ast.Constant):
