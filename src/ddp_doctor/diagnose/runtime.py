@@ -1,5 +1,6 @@
 """One function per runtime code family: DDP101/102 (steps, sampler), DDP201/202/203 (collectives),
-DDP204 (rank exit; DDP501 when restarted ranks cannot connect), DDP205 (stall).  Evidence in, :class:`Finding` objects out."""
+DDP204 (rank exit; DDP501 when restarted ranks cannot connect), DDP205 (stall).
+Evidence in, :class:`Finding` objects out."""
 from __future__ import annotations
 
 import os
