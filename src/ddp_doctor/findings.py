@@ -60,7 +60,8 @@ CATALOGUE: dict[str, CodeInfo] = _entries(
     ("DDP404", "straggler-rank", "warning", "One rank is consistently slower than the others"),
     ("DDP405", "find-unused-parameters", "info", "find_unused_parameters=True costs an extra graph traversal"),
     ("DDP406", "batchnorm-without-syncbn", "info", "BatchNorm in a DDP model without SyncBatchNorm"),
-    # DDP5xx: found by `ddp-doctor check` (pre-flight test of the environment and every rank's links)
+    # DDP5xx: found by `ddp-doctor check` (pre-flight test of the environment and every rank's links);
+    # `ddp-doctor run` also reports DDP501 for restarted ranks that cannot connect (stale rendezvous store)
     ("DDP501", "rank-did-not-start", "error", "A rank did not start or did not join the rendezvous"),
     ("DDP502", "link-failed", "error", "A collective or point-to-point transfer failed or missed its deadline"),
     ("DDP503", "wrong-collective-result", "error", "A collective delivered wrong data to a rank"),
