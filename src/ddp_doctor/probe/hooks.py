@@ -66,6 +66,22 @@ def _describe(args, kwargs) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(shapes), tuple(dtypes)
 
 
+def _inside(entry, call, *args, **kwargs):
+    """Run ``call`` inside the collective ``entry`` (None: not recorded): a raise is recorded as failing in
+    it, and the collective is left whatever happens."""
+    try:
+        return call(*args, **kwargs)
+    except BaseException:
+        REC.failed_in = entry
+        raise
+    finally:
+        if entry is not None:
+            try:
+                REC.coll_leave(entry)
+            except Exception:
+                pass
+
+
 def _wrap_collective(fn, name: str):
     try:
         params = list(inspect.signature(fn).parameters)
@@ -88,17 +104,9 @@ def _wrap_collective(fn, name: str):
             entry = None
         _tls.depth = 1
         try:
-            return fn(*args, **kwargs)
-        except BaseException:
-            REC.failed_in = entry
-            raise
+            return _inside(entry, fn, *args, **kwargs)
         finally:
             _tls.depth = 0
-            if entry is not None:
-                try:
-                    REC.coll_leave(entry)
-                except Exception:
-                    pass
 
     collective.__ddp_doctor_wrapped__ = fn
     return collective
@@ -134,17 +142,7 @@ def _patch_ddp() -> None:
             entry = REC.coll_enter(_group_key(kwargs.get("process_group")), "ddp.init(broadcast_params)", (), (), site, "ddp")
         except Exception:
             entry = None
-        try:
-            orig_init(self, *args, **kwargs)
-        except BaseException:
-            REC.failed_in = entry
-            raise
-        finally:
-            if entry is not None:
-                try:
-                    REC.coll_leave(entry)
-                except Exception:
-                    pass
+        _inside(entry, orig_init, self, *args, **kwargs)
         try:
             nbuf = sum(1 for _ in self.module.buffers())
             REC.ddps.append({
@@ -175,14 +173,9 @@ def _patch_ddp() -> None:
         except Exception:
             entry = None
         try:
-            return orig_forward(self, *args, **kwargs)
-        except BaseException:
-            REC.failed_in = entry
-            raise
+            return _inside(entry, orig_forward, self, *args, **kwargs)
         finally:
             try:
-                if entry is not None:
-                    REC.coll_leave(entry)
                 if torch.is_grad_enabled() and self.require_backward_grad_sync:
                     REC.pending_grad_sync = _group_key(self.process_group)
             except Exception:
@@ -205,17 +198,7 @@ def _patch_ddp() -> None:
                 entry = REC.coll_enter(pend, "ddp.backward(allreduce_grads)", (), (), user_site(sys._getframe(1)), "ddp")
         except Exception:
             entry = None
-        try:
-            return orig_backward(*args, **kwargs)
-        except BaseException:
-            REC.failed_in = entry
-            raise
-        finally:
-            if entry is not None:
-                try:
-                    REC.coll_leave(entry)
-                except Exception:
-                    pass
+        return _inside(entry, orig_backward, *args, **kwargs)
 
     torch.autograd.backward = backward
 
