@@ -285,14 +285,20 @@ def site_truths(model: ModuleModel, conds: Iterable[Cond], scope: Scope, sigma: 
     return res
 
 
-def balanced(model: ModuleModel, group: list[tuple[tuple[Cond, ...], Scope]]) -> bool:
-    """Do all ranks enter the same number of this group's calls, for every value of the unknowns?"""
+def _unknowns(model: ModuleModel, group: list[tuple[tuple[Cond, ...], Scope]]) -> list[str]:
+    """The unknowns (atoms) the conditions of ``group`` depend on, in first-seen order."""
     atoms: list[str] = []
     for conds, scope in group:
         for c in conds:
             for a in model.atoms(c.test, scope):
                 if a not in atoms:
                     atoms.append(a)
+    return atoms
+
+
+def balanced(model: ModuleModel, group: list[tuple[tuple[Cond, ...], Scope]]) -> bool:
+    """Do all ranks enter the same number of this group's calls, for every value of the unknowns?"""
+    atoms = _unknowns(model, group)
     if len(atoms) > 4:
         return False
     evaluated = False
@@ -386,11 +392,7 @@ def never_runs(model: ModuleModel, conds: tuple[Cond, ...], scope: Scope) -> boo
         return False
     if single_process_only(model, conds, scope):
         return True
-    atoms: list[str] = []
-    for c in conds:
-        for a in model.atoms(c.test, scope):
-            if a not in atoms:
-                atoms.append(a)
+    atoms = _unknowns(model, [(conds, scope)])
     if len(atoms) > 4:
         return False
     for sigma in model.sigmas(atoms, [c.test for c in conds]) if atoms else [{}]:
