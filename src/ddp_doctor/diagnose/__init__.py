@@ -29,6 +29,9 @@ def diagnose(evidence: dict[str, Any], decision: dict[str, Any] | None,
     reason = (decision or {}).get("reason")
     findings: list[Finding] = []
     verdict = "ok"
+    stale = runtime.diagnose_restart_connect(evidence) if reason in ("exit", "hang") or _failed(ranks) else None
+    if stale is not None:  # restarted ranks could not connect: nothing after that is its own cause
+        return ("hang" if reason == "hang" else "crash"), [stale]
     if reason == "desync":
         failed = decision["failed"] if "failed" in decision else _failed(ranks)
         verdict = "crash" if failed else ("hang" if decision.get("blocked") else "desync")

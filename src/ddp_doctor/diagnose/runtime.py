@@ -399,9 +399,6 @@ def diagnose_sampler(ev: dict[str, Any]) -> list[Finding]:
 # -- hang: DDP201/202/203/205 from where the ranks are stuck -----------------------------------
 def diagnose_hang(ev: dict[str, Any], d: dict[str, Any]) -> list[Finding]:
     ranks = _ranks(ev)
-    stale = _restart_cannot_connect(ranks)
-    if stale is not None:
-        return [stale]
     live = {r: st for r, st in ranks.items() if not st.get("missing") and not st.get("done")
             and not st.get("exc") and not (st.get("exit") or {})}
     stall = {"stalled_s": d.get("stalled_s"), "hang_limit_s": d.get("limit_s"), "hang_limit_how": d.get("limit_how")}
@@ -572,13 +569,15 @@ _CONNECT_WORDS = ("connectfullmesh", "connection refused", "failed to connect", 
                   "connect timeout", "socket timeout", "connection reset")
 
 
-def _restart_cannot_connect(ranks: dict[int, dict]) -> Finding | None:
+def diagnose_restart_connect(ev: dict[str, Any]) -> Finding | None:
     """Ranks restarted by torch's agent fail to connect their process group: the stale rendezvous store.
 
     With ``TORCHELASTIC_USE_AGENT_STORE`` the ranks' process-group keys live in the agent's TCPStore,
     which outlives an attempt; a restarted rank can read a peer's address from the failed attempt and
     connect to a dead port (gloo connectFullMesh / NCCL "connection refused"), so every restart fails.
+    When it applies it is the whole story of a failed or hung attempt.
     """
+    ranks = _ranks(ev)
     def in_init(frames):
         return any(f.get("function") in ("init_process_group", "new_group", "_new_process_group_helper")
                    for f in frames or [])
@@ -616,9 +615,6 @@ def diagnose_exit(ev: dict[str, Any], d: dict[str, Any]) -> list[Finding]:
     ranks = _ranks(ev)
     lint = ev.get("lint") or []
     out: list[Finding] = []
-    stale = _restart_cannot_connect(ranks)
-    if stale is not None:
-        return [stale]
     if finished_case(ranks, d):
         done = sorted(r for r, st in ranks.items() if st.get("done") or (st.get("exit") or {}).get("exit_code") == 0)
         waiting = {r: st for r, st in ranks.items() if r not in done}
