@@ -38,6 +38,7 @@ CASES = {
     #  and jobs restarted by torch's agent)
     "barrier_rank0": ("hang", None, {"DDP201": ([0], True)}, []),
     "barrier_before_training": ("hang", None, {"DDP201": ([0], True)}, []),
+    "barrier_before_training_all": ("ok", 0, {}, []),  # its twin: the barrier on every rank
     "sigkill_rank1": ("crash", 137, {"DDP204": ([1], False)}, []),  # killed anywhere: no line to check
     "loader_stall": ("hang", None, {"DDP205": ([0, 1], True)}, ["--hang-timeout", "8"]),
     "no_set_epoch": ("ok", 0, {"DDP102": ([0, 1], True)}, []),
