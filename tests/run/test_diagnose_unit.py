@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ddp_doctor.diagnose import diagnose
-from ddp_doctor.watch import parse_faulthandler
+from ddp_doctor.watch.stacks import parse_faulthandler
 
 S = "/u/train.py"
 
@@ -194,7 +194,7 @@ def test_restarted_ranks_stuck_connecting_are_ddp501():
 def test_lint_confirmation_needs_the_same_hazard():
     """A runtime DDP102 on a DataLoader line does not "confirm" lint's DDP401 on that line; lint's DDP201 at a
     line the runtime names DDP202/203 does (the same ranks-out-of-step hazard)."""
-    from ddp_doctor.cli.run import _same_hazard
+    from ddp_doctor.session.assemble import _same_hazard
 
     assert _same_hazard("DDP102", "DDP102")
     assert not _same_hazard("DDP401", "DDP102")

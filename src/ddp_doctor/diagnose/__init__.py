@@ -1,17 +1,18 @@
 """Runtime evidence -> findings.  Pure functions: no I/O, no formatting, no torch.
 
-``diagnose(evidence, decision)`` returns ``(verdict, findings)``.  ``evidence`` is
-the watcher's plain-data view of every rank (BOARD.md "PER-RANK EVIDENCE FORMAT");
-``decision`` says why the watcher stopped looking (``reason`` hang | desync | exit,
-or ``None`` for a job that ended by itself).  One function per code family lives
-in :mod:`ddp_doctor.diagnose.runtime`; the perf family in ``diagnose.perf`` (if present).
+The only place a verdict is decided.  :mod:`~ddp_doctor.diagnose.live` decides *while* the job runs
+(the watcher asks it every poll: ``reason`` hang | desync | exit); ``diagnose(evidence, decision)``
+then returns ``(verdict, findings)`` from the watcher's plain-data view of every rank, ``decision``
+being the live one (``None`` for a job that ended by itself).  One module per code family:
+``steps`` (DDP101/102), ``collectives`` (DDP201/202/203), ``exits`` (DDP204/501), ``hang``
+(DDP205 and the hang dispatch), ``perf`` (DDP3xx/4xx); ``common`` holds what they share.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from ddp_doctor.diagnose import collectives, exits, hang, steps
 from ddp_doctor.findings import Finding
-from ddp_doctor.diagnose import runtime
 
 
 def diagnose(evidence: dict[str, Any], decision: dict[str, Any] | None,
@@ -29,33 +30,33 @@ def diagnose(evidence: dict[str, Any], decision: dict[str, Any] | None,
     reason = (decision or {}).get("reason")
     findings: list[Finding] = []
     verdict = "ok"
-    stale = runtime.diagnose_restart_connect(evidence) if reason in ("exit", "hang") or _failed(ranks) else None
+    stale = exits.diagnose_restart_connect(evidence) if reason in ("exit", "hang") or _failed(ranks) else None
     if stale is not None:  # restarted ranks could not connect: nothing after that is its own cause
         return ("hang" if reason == "hang" else "crash"), [stale]
     if reason == "desync":
         failed = decision["failed"] if "failed" in decision else _failed(ranks)
         verdict = "crash" if failed else ("hang" if decision.get("blocked") else "desync")
-        findings += runtime.diagnose_desync(evidence, decision)
+        findings += collectives.diagnose_desync(evidence, decision)
     elif reason == "hang":
         verdict = "hang"
-        findings += runtime.diagnose_hang(evidence, decision)
-    elif reason == "exit" or _failed(ranks) or runtime.finished_case(ranks, decision):
+        findings += hang.diagnose_hang(evidence, decision)
+    elif reason == "exit" or _failed(ranks) or exits.finished_case(ranks, decision):
         verdict = "crash"
-        if runtime.finished_case(ranks, decision):
+        if exits.finished_case(ranks, decision):
             # a rank left early: sys.exit() is an exit (crash); a loop left early is uneven steps (desync)
             done_exit = [st for st in ranks.values() if st.get("done") and st.get("exit_site")]
             verdict = "crash" if done_exit else "desync"
         else:
-            findings += runtime.diagnose_fatal_collective(evidence)
-        findings += runtime.diagnose_exit(evidence, decision or {"reason": "exit"})
+            findings += collectives.diagnose_fatal_collective(evidence)
+        findings += exits.diagnose_exit(evidence, decision or {"reason": "exit"})
     if reason is None and not _failed(ranks):
-        uneven = runtime.diagnose_steps(evidence)  # uneven steps the job survived: silently wrong model
+        uneven = steps.diagnose_steps(evidence)  # uneven steps the job survived: silently wrong model
         if uneven:
             verdict = "desync"
             findings += uneven
     if verdict != "ok" and not any(f.code == "DDP202" for f in findings):
-        findings = runtime.diagnose_ddp_subset(evidence) + findings
-    findings += runtime.diagnose_sampler(evidence)
+        findings = collectives.diagnose_ddp_subset(evidence) + findings
+    findings += steps.diagnose_sampler(evidence)
     if verdict == "ok":
         findings += _perf(evidence)
     return verdict, _dedupe(findings)

@@ -9,7 +9,7 @@ extras are used when present:
 - ``evidence["gpu"]``: an NVML snapshot from :func:`ddp_doctor.gpu.snapshot`,
   with the ranks' ``cuda`` / ``loads`` records from ``probe/perf.py``.
 
-DDP102 at runtime is diagnosed by ``diagnose.runtime`` (one place per code).
+DDP102 at runtime is diagnosed by ``diagnose.steps`` (one place per code).
 """
 from __future__ import annotations
 

@@ -5,8 +5,9 @@ It only records (no formatting, no CLI).  Entry points:
 - ``python -m ddp_doctor.probe [-m] SCRIPT|MODULE [ARGS...]`` — what ``ddp-doctor run``
   starts in every rank: installs the hooks, then runs the user's program as
   ``__main__`` (the user's traceback and exit code are kept).
-- ``import ddp_doctor.probe.auto`` (or ``DDP_DOCTOR_PROBE=1`` with the shipped
-  ``sitecustomize``) — activation inside a process some other launcher started.
+  Under another launcher (plain torchrun, srun) the same entry makes rank 0 host
+  the side channel and a watcher (``ddp_doctor.session.embedded``, passed in by
+  ``__main__`` so that the probe itself depends only on ``channel``).
 
 The watcher's side-channel store is named by ``DDP_DOCTOR_STORE=host:port``;
 without it the hooks still install (cheap) but nothing is published.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Callable
 
 from ddp_doctor.probe.recorder import Recorder
 
@@ -24,7 +26,7 @@ _active: "Probe | None" = None
 class Probe:
     """The installed probe of this process: recorder + publisher."""
 
-    def __init__(self) -> None:
+    def __init__(self, host_watcher: Callable[[str], None] | None = None) -> None:
         from ddp_doctor.probe import hooks
 
         self.rec = Recorder()
@@ -32,21 +34,21 @@ class Probe:
         self.publisher = None
         addr = os.environ.get("DDP_DOCTOR_STORE")
         if not addr and int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("DDP_DOCTOR_EMBEDDED", "1") != "0":
-            addr = self._embedded()
+            addr = self._embedded(host_watcher)
         if addr:
             from ddp_doctor.probe.publisher import Publisher
 
             self.publisher = Publisher(self.rec, addr)
             self.publisher.start()
 
-    def _embedded(self) -> str | None:
-        """No ddp-doctor launcher around us: rank 0 hosts the side channel and the watcher (watch.embedded)."""
+    def _embedded(self, host_watcher: Callable[[str], None] | None) -> str | None:
+        """No ddp-doctor launcher around us: rank 0 hosts the side channel and the watcher (``host_watcher``)."""
         try:
-            from ddp_doctor.watch import embedded
+            from ddp_doctor.channel import embedded_address
 
-            addr = embedded.side_channel_address()
-            if addr and self.rec.rank == 0:
-                embedded.start_in_rank0(addr)
+            addr = embedded_address()
+            if addr and self.rec.rank == 0 and host_watcher is not None:
+                host_watcher(addr)
             if addr:
                 os.environ["DDP_DOCTOR_STORE_EMBEDDED"] = "1"
             return addr
@@ -109,9 +111,9 @@ def _cur(rec):
             "site": None if site is None else {"path": site[0], "line": site[1], "function": site[2]}}
 
 
-def activate() -> Probe:
-    """Install the probe in this process (idempotent)."""
+def activate(host_watcher: Callable[[str], None] | None = None) -> Probe:
+    """Install the probe in this process (idempotent); ``host_watcher(address)`` starts the embedded watcher."""
     global _active
     if _active is None:
-        _active = Probe()
+        _active = Probe(host_watcher)
     return _active

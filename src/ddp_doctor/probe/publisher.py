@@ -1,11 +1,6 @@
 """The probe's background thread: posts the rank's state to the watcher's TCPStore and answers stack requests.
 
-Keys (all under the ``ddpd/`` prefix of the side-channel store, never the user's):
-- ``ddpd/rank/<rank>``   JSON state (BOARD.md "PER-RANK EVIDENCE FORMAT"), every ~0.25 s
-- ``ddpd/req``           counter the watcher bumps to ask for stacks
-- ``ddpd/stack/<rank>/<req>``  JSON ``{"threads": [{"name", "main", "frames"}]}``
-- ``ddpd/ack/<attempt>/<rank>``  the watcher's go-ahead for a failing rank to exit
-- ``ddpd/stop``          the watcher is stopping the job
+The keys are :mod:`ddp_doctor.channel`'s (a side-channel store, never the user's process groups).
 """
 from __future__ import annotations
 
@@ -14,9 +9,9 @@ import os
 import sys
 import threading
 import time
-from datetime import timedelta
 from typing import Any
 
+from ddp_doctor import channel
 from ddp_doctor.probe.recorder import Recorder, frames_of, user_site
 
 INTERVAL = 0.25
@@ -150,43 +145,39 @@ class Publisher(threading.Thread):
     def __init__(self, rec: Recorder, address: str) -> None:
         super().__init__(name="ddp-doctor-probe", daemon=True)
         self.rec = rec
-        host, _, port = address.rpartition(":")
-        self.host, self.port = host or "127.0.0.1", int(port)
+        self.host, self.port = channel.split_address(address)
         self.store = None
         self.lock = threading.Lock()
         self.last_req = 0
         self.stopped = threading.Event()
 
     def _connect(self):
-        import torch.distributed as dist
-
-        return dist.TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=15),
-                             wait_for_workers=False)
+        return channel.join_store(self.host, self.port, timeout_s=15)
 
     def publish(self, *, final: bool = False) -> None:
         data = json.dumps(snapshot(self.rec, with_stack=final), separators=(",", ":"), default=str)
         with self.lock:
             if self.store is None:
                 self.store = self._connect()
-            self.store.set(f"ddpd/rank/{self.rec.rank}", data)
+            self.store.set(channel.rank_key(self.rec.rank), data)
 
     def _answer_requests(self) -> None:
         with self.lock:
-            req = self.store.add("ddpd/req", 0)
+            req = self.store.add(channel.REQ, 0)
         if req > self.last_req:
             self.last_req = req
             stacks = {"threads": thread_stacks(self.rec)}
             data = json.dumps(snapshot(self.rec, with_stack=True), separators=(",", ":"), default=str)
             with self.lock:
-                self.store.set(f"ddpd/rank/{self.rec.rank}", data)
-                self.store.set(f"ddpd/stack/{self.rec.rank}/{req}", json.dumps(stacks))
+                self.store.set(channel.rank_key(self.rec.rank), data)
+                self.store.set(channel.stack_key(self.rec.rank, req), json.dumps(stacks))
 
     def _check_stop(self) -> None:
         """Embedded mode: the watcher in rank 0 decided; end this rank (and its loader workers)."""
         if os.environ.get("DDP_DOCTOR_STORE_EMBEDDED") != "1":
             return
         with self.lock:
-            stop = self.store.check(["ddpd/stop"])
+            stop = self.store.check([channel.STOP])
         if stop:
             import signal
 
@@ -220,13 +211,13 @@ class Publisher(threading.Thread):
         try:
             self.publish(final=True)
             with self.lock:
-                if self.store.check(["ddpd/stop"]):
+                if self.store.check([channel.STOP]):
                     wait_ack = 0.0  # the watcher has already decided; nobody will ack
             if wait_ack > 0:
                 end = time.monotonic() + wait_ack
                 while time.monotonic() < end:
                     with self.lock:
-                        if self.store.add(f"ddpd/ack/{ATTEMPT}/{self.rec.rank}", 0) > 0:
+                        if self.store.add(channel.ack_key(ATTEMPT, self.rec.rank), 0) > 0:
                             break
                     time.sleep(0.05)
         except Exception:
