@@ -153,7 +153,7 @@ class Finding:
             "message": self.message,
             "ranks": sorted(self.ranks),
             "location": self.location.to_report_dict() if self.location else None,
-            "evidence": self.evidence,
+            "evidence": plain(self.evidence),
             "fix": self.fix,
         }
 
@@ -171,3 +171,14 @@ class Finding:
             evidence=dict(data.get("evidence", {})),
             title=data.get("title"),
         )
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON-able data: records (anything with ``to_json``) rendered, containers walked."""
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [plain(v) for v in value]
+    return value

@@ -2,8 +2,7 @@
 different steps), DDP205 (stalled outside collectives, or every rank stuck in one transport call)."""
 from __future__ import annotations
 
-from typing import Any
-
+from ddp_doctor.evidence import Collective, JobEvidence, RankState, Verdict
 from ddp_doctor.findings import Finding
 
 from ddp_doctor.diagnose.collectives import classify_calls, finding_for_calls
@@ -13,16 +12,15 @@ from ddp_doctor.diagnose.exits import diagnose_exit
 from ddp_doctor.diagnose.steps import uneven_steps
 
 
-def diagnose_hang(ev: dict[str, Any], d: dict[str, Any]) -> list[Finding]:
+def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Finding]:
     ranks = ranks_of(ev)
-    live = {r: st for r, st in ranks.items() if not st.get("missing") and not st.get("done")
-            and not st.get("exc") and not (st.get("exit") or {})}
-    stall = {"stalled_s": d.get("stalled_s"), "hang_limit_s": d.get("limit_s"), "hang_limit_how": d.get("limit_how")}
-    in_coll = {r: st["in_collective"] for r, st in live.items() if st.get("in_collective")}
+    live = {r: st for r, st in ranks.items() if not st.missing and not st.done and not st.exc and st.exit is None}
+    stall = {"stalled_s": d.stalled_s, "hang_limit_s": d.limit_s, "hang_limit_how": d.limit_how}
+    in_coll = {r: st.in_collective for r, st in live.items() if st.in_collective}
     out_coll = {r: st for r, st in live.items() if r not in in_coll}
-    how = f"No rank progressed for {d.get('stalled_s')}s (hang limit {d.get('limit_s')}s)"
+    how = f"No rank progressed for {d.stalled_s}s (hang limit {d.limit_s}s)"
     if in_coll and out_coll:
-        if all(st.get("in_data_wait") for st in out_coll.values()):
+        if all(st.in_data_wait for st in out_coll.values()):
             return [stall_finding(ranks, out_coll, stall, partial=in_coll)]
         # a subset waits in a collective the others never entered
         calls = dict(in_coll)
@@ -30,9 +28,9 @@ def diagnose_hang(ev: dict[str, Any], d: dict[str, Any]) -> list[Finding]:
             calls[r] = None
         by = {}
         for r, c in in_coll.items():
-            by.setdefault((c["group"], c["seq"], c["op"]), []).append(r)
+            by.setdefault((c.group, c.seq, c.op), []).append(r)
         (group, seq, op), subset = max(by.items(), key=lambda kv: len(kv[1]))
-        site = in_coll[subset[0]].get("site")
+        site = in_coll[subset[0]].site
         code = "DDP202" if op.startswith("ddp.forward") else "DDP201"
         fault = set(subset)
         msg = (f"Rank {', '.join(map(str, sorted(fault)))} waits in {op}() at {where(site)} "
@@ -43,58 +41,58 @@ def diagnose_hang(ev: dict[str, Any], d: dict[str, Any]) -> list[Finding]:
         return [Finding(code, msg, FIX_201 if code == "DDP201" else FIX_202, location=loc(site),
                         ranks=sorted(fault), evidence=ev_)]
     if in_coll:
-        keys = {(c["group"], c["seq"], c["op"], tuple(c.get("shapes") or ()), tuple(c.get("dtypes") or ()))
-                for c in in_coll.values()}
+        keys = {(c.group, c.seq, *c.signature()) for c in in_coll.values()}
         if len(keys) > 1:
             calls = {r: c for r, c in in_coll.items()}
-            seqs = {c["seq"] for c in calls.values()}
-            if len({c["op"] for c in calls.values()}) == 1 and len(seqs) > 1:
-                steps = {r: st.get("step") or 0 for r, st in live.items()}
+            seqs = {c.seq for c in calls.values()}
+            if len({c.op for c in calls.values()}) == 1 and len(seqs) > 1:
+                steps = {r: st.step for r, st in live.items()}
                 if len(set(steps.values())) > 1:
-                    return [uneven_steps(ranks, "(all)", steps, how.lower(), lint=ev.get("lint"))]
+                    return [uneven_steps(ranks, "(all)", steps, how.lower(), lint=ev.lint)]
             code, fault, site = classify_calls(calls, ranks)
-            seq = min(c["seq"] for c in calls.values())
-            group = next(iter(calls.values()))["group"]
+            seq = min(c.seq for c in calls.values())
+            group = next(iter(calls.values())).group
             return [finding_for_calls(code, fault, site, calls, ranks, group, seq, how)]
         # every live rank waits in the very same collective: someone is missing from it
         gone = {r: st for r, st in ranks.items() if r not in live}
         c = next(iter(in_coll.values()))
         if gone:
-            return diagnose_exit(ev, {"reason": "exit", "finished": True})
-        msg = (f"Every rank waits inside the same {c['op']} (#{c['seq']} on {c['group']}) at {where(c.get('site'))} "
+            return diagnose_exit(ev, Verdict("exit", finished=True))
+        msg = (f"Every rank waits inside the same {c.op} (#{c.seq} on {c.group}) at {where(c.site)} "
                f"and it never completes: the transport is stuck (network, a dead peer on another node, GPU). {how}.")
         return [Finding("DDP205", msg, "Check the interconnect and the other nodes' logs; run `ddp-doctor check`.",
-                        location=loc(c.get("site")), ranks=sorted(in_coll), evidence={**stall, "collective": c})]
+                        location=loc(c.site), ranks=sorted(in_coll), evidence={**stall, "collective": c})]
     return [stall_finding(ranks, live, stall)]
 
 
-def stall_finding(ranks, stuck: dict[int, dict], stall: dict, partial: dict | None = None) -> Finding:
+def stall_finding(ranks: dict[int, RankState], stuck: dict[int, RankState], stall: dict,
+                  partial: dict[int, Collective] | None = None) -> Finding:
     """DDP205: ranks stuck outside collectives (loader, I/O, a lock); show where, and the workers."""
     parts = []
     workers_ev = {}
     for r, st in sorted(stuck.items()):
         txt = f"rank {r} {doing(st)}"
         ws = []
-        for w in st.get("workers") or []:
-            uf = user_frame(w.get("stack")) or (w.get("stack") or [None])[-1]
+        for w in st.workers:
+            uf = user_frame(w.stack) or (w.stack[-1] if w.stack else None)
             if uf:
-                ws.append(f"worker {w['pid']} at {where(uf)}")
-            workers_ev[str(w["pid"])] = {"rank": r, "at": uf}
+                ws.append(f"worker {w.pid} at {where(uf)}")
+            workers_ev[str(w.pid)] = {"rank": r, "at": uf}
         if ws:
             txt += " (" + "; ".join(ws) + ")"
         parts.append(txt)
     first = min(stuck)
     site = None
-    for w in stuck[first].get("workers") or []:
-        site = user_frame(w.get("stack"))
+    for w in stuck[first].workers:
+        site = user_frame(w.stack)
         if site:
             break
     site = site or rank_site(stuck[first])
     extra = ""
     if partial:
-        extra = " Meanwhile " + "; ".join(f"rank {r} waits in {c['op']} at {where(c.get('site'))}" for r, c in sorted(partial.items())) + "."
+        extra = " Meanwhile " + "; ".join(f"rank {r} waits in {c.op} at {where(c.site)}" for r, c in sorted(partial.items())) + "."
     msg = (f"No rank progresses and the stuck ones are not in a collective: {'; '.join(parts)}.{extra} "
-           f"Nothing moved for {stall.get('stalled_s')}s.")
+           f"Nothing moved for {stall['stalled_s']}s.")
     fix = ("Look at the line shown: a DataLoader worker blocked on I/O or a lock, a dataset __getitem__ that never "
            "returns, or a rank waiting on a file/queue another rank never fills. Set DataLoader(timeout=...) so a "
            "stuck worker raises instead of hanging.")

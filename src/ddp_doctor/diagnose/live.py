@@ -10,9 +10,10 @@ disagree at one sequence number, or per-epoch step counts differ), ``hang`` (no 
 """
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
+
+from ddp_doctor.evidence import Collective, Verdict
 
 FLOOR_S = 5.0            # adaptive hang limit never below this
 FIRST_STEP_S = 10.0      # idle limit before the job's step time is known
@@ -40,18 +41,17 @@ class Judge:
             return self.hang_timeout, "--hang-timeout"
         times: list[float] = []
         for v in views.values():
-            times += (v.state or {}).get("step_times", [])[-50:]
+            times += list(v.state.step_times[-50:]) if v.state else []
         if len(times) >= 3:
             return max(FLOOR_S, K_STEP * _p(times, 0.9)), f"adaptive: {K_STEP:g} x p90 step time, floor {FLOOR_S:g}s"
         return FIRST_STEP_S, "adaptive: before the step time is known"
 
     @staticmethod
     def _live(views: dict[int, Any]) -> list[Any]:
-        return [v for v in views.values() if v.state and not v.exit and not v.state.get("done")
-                and not v.state.get("exc")]
+        return [v for v in views.values() if v.state and not v.exit and not v.state.done and not v.state.exc]
 
     def decide(self, views: dict[int, Any], world_size: int, first_state_t: float | None,
-               now: float | None = None) -> dict[str, Any] | None:
+               now: float | None = None) -> Verdict | None:
         """The live verdict: a desync, a failed rank, a rank that finished while others stall, or a hang."""
         now = time.monotonic() if now is None else now
         # 1. desync (first: a mismatch is the root cause even when gloo then aborts both ranks)
@@ -60,14 +60,13 @@ class Judge:
             return d
         # 2. a rank raised / was killed / exited non-zero
         for r, v in views.items():
-            st = v.state or {}
-            if st.get("exc") or (v.exit and v.exit.get("exit_code") not in (0, None)) or (v.exit and v.exit.get("signal")):
-                return {"reason": "exit", "rank": r}
+            if (v.state is not None and v.state.exc) or (v.exit and v.exit.failed):
+                return Verdict("exit", rank=r)
         seen = [v for v in views.values() if v.state]
         if not seen:
             return None
         live = self._live(views)
-        finished = [v for v in seen if (v.state.get("done") or (v.exit and v.exit.get("exit_code") == 0))]
+        finished = [v for v in seen if (v.state.done or (v.exit and v.exit.exit_code == 0))]
         last_progress = max(v.progress_t for v in seen)
         stalled = now - last_progress
         if not all(v.started() for v in seen):
@@ -81,8 +80,8 @@ class Judge:
         self.last_limit = limit
         # 3. a rank finished while the others stall
         if finished and live and stalled > max(EXIT_GRACE_S, min(limit, 3 * EXIT_GRACE_S)):
-            return {"reason": "exit", "rank": finished[0].rank, "finished": True, "stalled_s": stalled,
-                    "limit_s": limit, "limit_how": how}
+            return Verdict("exit", rank=finished[0].rank, finished=True, stalled_s=stalled, limit_s=limit,
+                           limit_how=how)
         # 4. hang
         if not live:
             return None
@@ -90,23 +89,23 @@ class Judge:
             return None
         busy = [v.rank for v in live if v.busy()]
         eff = limit if (self.hang_timeout or not busy) else max(limit, BUSY_S)
-        if busy and not any((v.state or {}).get("step") for v in seen):
+        if busy and not any(v.state.step for v in seen):
             # start-up (imports, DDP construction importing dynamo, first compile): even an explicit
             # --hang-timeout does not count while a rank visibly works before the first step
             eff = max(eff, BUSY_S)
-        cur = {json.dumps([(v.state.get("in_collective") or {}).get(k) for k in ("group", "seq", "op")]) for v in live}
-        if not self.hang_timeout and len(live) == world_size and len(cur) == 1 and live[0].state.get("in_collective"):
+        cur = {(c.group, c.seq, c.op) if c else None for c in (v.state.in_collective for v in live)}
+        if not self.hang_timeout and len(live) == world_size and len(cur) == 1 and live[0].state.in_collective:
             # every rank is inside the very same collective: the program agrees; the transport is slow
             eff, how = max(eff, BUSY_S), "every rank inside the same collective: waiting for the transport"
         if busy and eff > limit and "transport" not in how:
             how = f"busy ranks {busy} (CPU or Python line moving): extended to {eff:g}s"
         if stalled > eff:
-            return {"reason": "hang", "stalled_s": round(stalled, 2), "limit_s": round(eff, 2),
-                    "limit_how": how, "busy": busy}
+            return Verdict("hang", stalled_s=round(stalled, 2), limit_s=round(eff, 2), limit_how=how,
+                           busy=tuple(busy))
         return None
 
 
-def find_desync(views: dict[int, Any], world_size: int) -> dict[str, Any] | None:
+def find_desync(views: dict[int, Any], world_size: int) -> Verdict | None:
     """First (group, seq) where two ranks' fingerprints disagree; or per-epoch step counts that differ."""
     seen = [v for v in views.values() if v.state]
     if len(seen) < 2:
@@ -122,57 +121,49 @@ def find_desync(views: dict[int, Any], world_size: int) -> dict[str, Any] | None
         fps = {r: views[r].fps[k] for r in ranks}
         kind = _compare(fps, views)
         if kind:
-            return {"reason": "desync", "kind": kind, "group": k[0], "seq": k[1],
-                    "calls": {r: _fp_dict(fp) for r, fp in fps.items()}}
+            return Verdict("desync", kind=kind, group=k[0], seq=k[1], calls=fps)
     # per-epoch step counts of the train loader, for epochs every rank has finished
-    counts = {v.rank: v.state.get("steps_by_epoch") or [] for v in seen}
+    counts = {v.rank: v.state.steps_by_epoch for v in seen}
     if len(counts) == world_size:
         done_epochs = min(len(c) for c in counts.values()) - 1
         for e in range(max(0, done_epochs)):
             vals = {r: c[e] for r, c in counts.items()}
             if len(set(vals.values())) > 1:
-                return {"reason": "desync", "kind": "steps", "epoch": e, "steps": vals}
+                return Verdict("desync", kind="steps", epoch=e, steps=vals)
     return None
 
 
 def any_failed(views: dict[int, Any]) -> bool:
     """Has a rank raised, been killed or exited non-zero?  Fixed at the moment of a decision: failures
     after it are consequences of the stop, not the verdict."""
-    return any((v.state or {}).get("exc") or (v.exit or {}).get("signal")
-               or (v.exit or {}).get("exit_code") not in (None, 0) for v in views.values())
+    return any((v.state is not None and v.state.exc is not None) or (v.exit is not None and v.exit.failed)
+               for v in views.values())
 
 
-def blocked_at(decision: dict[str, Any], views: dict[int, Any]) -> bool:
+def blocked_at(decision: Verdict, views: dict[int, Any]) -> bool:
     """Every rank of a fingerprint desync still waits at the mismatching position (the job hangs there);
     False when they moved on (gloo paired the mismatched calls silently)."""
-    return all(((views[int(r)].state or {}).get("in_collective") or {}).get("seq") == decision["seq"]
-               for r in decision["calls"])
+    return all(views[r].state is not None and views[r].state.in_collective is not None
+               and views[r].state.in_collective.seq == decision.seq for r in decision.calls)
 
 
-def _fp_dict(fp) -> dict[str, Any]:
-    op, shapes, dtypes, _sk, ep, st, site = fp
-    return {"op": op, "shapes": list(shapes), "dtypes": list(dtypes), "site": site, "epoch": ep, "step_in_epoch": st}
-
-
-def _compare(fps: dict[int, tuple], views: dict[int, Any]) -> str | None:
+def _compare(fps: dict[int, Collective], views: dict[int, Any]) -> str | None:
     """None when the calls agree; else 'op'|'shape'|'site'|'steps' (what disagrees)."""
     vals = list(fps.values())
-    ops = {f[0] for f in vals}
-    if len(ops) > 1:
+    if len({c.op for c in vals}) > 1:
         return "op"
-    if len({(f[1], f[2]) for f in vals}) > 1:
+    if len({(c.shapes, c.dtypes) for c in vals}) > 1:
         return "shape"
-    sites = {f[3] for f in vals}
-    op = vals[0][0]
-    if len(sites) > 1:
+    keys = {r: c.site.key() if c.site else None for r, c in fps.items()}
+    op = vals[0].op
+    if len(set(keys.values())) > 1:
         if op.startswith("ddp."):
             # a DDP call at a line some other rank never ran it at: DDP on a subset of ranks
-            for r, f in fps.items():
-                if any((op, f[3]) not in views[o].sites_seen for o in fps if o != r):
+            for r in fps:
+                if any((op, keys[r]) not in views[o].sites_seen for o in fps if o != r):
                     return "site"
         return None  # same collective from two branches (e.g. src/dst branches): fine
-    eps = {(f[4], f[5]) for f in vals if f[4] is not None}
-    if len(eps) > 1 and all(f[4] is not None for f in vals):
+    eps = {(c.epoch, c.step_in_epoch) for c in vals if c.epoch is not None}
+    if len(eps) > 1 and all(c.epoch is not None for c in vals):
         return "steps"
     return None
-

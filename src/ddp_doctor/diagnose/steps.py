@@ -1,32 +1,25 @@
 """DDP101 (uneven steps: which ranks ran fewer optimizer steps, why, and where) and DDP102 (set_epoch missing)."""
 from __future__ import annotations
 
-from typing import Any
-
+from ddp_doctor.evidence import JobEvidence, LoaderState, Site
 from ddp_doctor.findings import Finding
 
 from ddp_doctor.diagnose.common import FIX_101, lint_line, loc, ranks_of, step_evidence, where
 
 
-def train_loader(st: dict[str, Any]) -> dict[str, Any]:
-    lds = st.get("loaders") or []
-    tl = st.get("train_loader")
-    return lds[tl] if tl is not None and tl < len(lds) else {}
-
-
+_NO_LOADER = LoaderState()
 
 
 def uneven_steps(ranks, epoch, steps: dict[int, int], how: str, *, lint=None, fallback=None, near=None) -> Finding:
     """DDP101: which ranks are the cause (skipped batches / uneven data / fewer steps) and where."""
     hi = max(steps.values())
     fewer = sorted(r for r, n in steps.items() if n != hi)
-    tls = {r: train_loader(st) for r, st in ranks.items()}
-    site = next((t.get("site") for t in tls.values() if t.get("site")), None)
-    skips = {r: sum(t.get("skips_by_epoch") or []) for r, t in tls.items()}
-    lens = {r: t.get("len") for r, t in tls.items()}
+    tls = {r: st.train_loader_state() or _NO_LOADER for r, st in ranks.items()}
+    site = next((t.site for t in tls.values() if t.site), None)
+    skips = {r: sum(t.skips_by_epoch) for r, t in tls.items()}
+    lens = {r: t.len for r, t in tls.items()}
     known = {n for n in lens.values() if isinstance(n, int) and n >= 0}
-    first_batches = {r: (t.get("batches_by_epoch") or [None])[0] for r, t in tls.items()
-                     if len(t.get("batches_by_epoch") or []) > 1}
+    first_batches = {r: t.batches_by_epoch[0] for r, t in tls.items() if len(t.batches_by_epoch) > 1}
     if skips and max(skips.values()) > min(skips.values()):
         cause, culprits = "skip", sorted(r for r, n in skips.items() if n > min(skips.values()))
     elif len(known) > 1 or (len(first_batches) == len(ranks) and len(set(first_batches.values())) > 1):
@@ -35,8 +28,8 @@ def uneven_steps(ranks, epoch, steps: dict[int, int], how: str, *, lint=None, fa
         cause, culprits = "steps", (fallback or fewer or sorted(steps))
     location = site
     if cause != "data":
-        location = lint_line(lint or [], "DDP101", near or (site and {"path": site["path"], "line": 0}),
-                              (site or {}).get("path")) or near or site
+        location = lint_line(lint, "DDP101", near or (site and Site(site.path, 0)),
+                             site.path if site else None) or near or site
     txt = ", ".join(f"rank {r}: {n}" for r, n in sorted(steps.items()))
     why = {"skip": f"rank {', '.join(map(str, culprits))} skipped batches without an optimizer step "
                    f"(skipped per rank: {dict(sorted(skips.items()))})",
@@ -54,35 +47,35 @@ def uneven_steps(ranks, epoch, steps: dict[int, int], how: str, *, lint=None, fa
                              "loader_len": {str(r): n for r, n in lens.items()}, **step_evidence(ranks)})
 
 
-def diagnose_steps(ev: dict[str, Any]) -> list[Finding]:
+def diagnose_steps(ev: JobEvidence) -> list[Finding]:
     """DDP101 on a job that ran on: per-epoch (or total) step counts that differ between ranks."""
     ranks = ranks_of(ev)
-    if len(ranks) < 2 or any(st.get("missing") for st in ranks.values()):
+    if len(ranks) < 2 or any(st.missing for st in ranks.values()):
         return []
-    counts = {r: st.get("steps_by_epoch") or [] for r, st in ranks.items()}
+    counts = {r: st.steps_by_epoch for r, st in ranks.items()}
     n = min(len(c) for c in counts.values())
     for e in range(n):
         vals = {r: c[e] for r, c in counts.items()}
         if len(set(vals.values())) > 1:
-            return [uneven_steps(ranks, e, vals, "the job ran on: its model is silently wrong", lint=ev.get("lint"))]
-    totals = {r: st.get("step") or 0 for r, st in ranks.items()}
+            return [uneven_steps(ranks, e, vals, "the job ran on: its model is silently wrong", lint=ev.lint)]
+    totals = {r: st.step for r, st in ranks.items()}
     if len(set(totals.values())) > 1:
-        return [uneven_steps(ranks, "(all)", totals, "the job ran on: its model is silently wrong", lint=ev.get("lint"))]
+        return [uneven_steps(ranks, "(all)", totals, "the job ran on: its model is silently wrong", lint=ev.lint)]
     return []
 
 
 # -- DDP102 --------------------------------------------------------------------------------
-def diagnose_sampler(ev: dict[str, Any]) -> list[Finding]:
+def diagnose_sampler(ev: JobEvidence) -> list[Finding]:
     out: dict[tuple, Finding] = {}
     for r, st in ranks_of(ev).items():
-        for ld in st.get("loaders") or []:
-            s = ld.get("sampler") or {}
-            if s.get("type") != "DistributedSampler" or s.get("shuffle") is False:
+        for ld in st.loaders:
+            s = ld.sampler
+            if s is None or s.type != "DistributedSampler" or s.shuffle is False:
                 continue
-            seen = s.get("epochs_seen") or []
-            if len(seen) >= 2 and not s.get("set_epoch_calls") and len(set(seen)) == 1:
-                site = ld.get("site")
-                key = (site or {}).get("path"), (site or {}).get("line")
+            seen = s.epochs_seen
+            if len(seen) >= 2 and not s.set_epoch_calls and len(set(seen)) == 1:
+                site = ld.site
+                key = (site.path, site.line) if site else (None, None)
                 if key in out:
                     out[key].ranks.append(r)
                     continue

@@ -59,28 +59,24 @@ class Probe:
     def record_exception(self, exc: BaseException) -> None:
         """Note the exception that ends the rank: type, message, innermost user frame, traceback."""
         try:
-            from ddp_doctor.probe.recorder import _is_library
+            from ddp_doctor.evidence import RaisedError, Site
+            from ddp_doctor.probe.recorder import _PKG_DIR, _is_library
+            from ddp_doctor.probe.publisher import current_collective
 
             frames = []
             tb = exc.__traceback__
             while tb is not None:
                 code = tb.tb_frame.f_code
-                frames.append({"path": code.co_filename, "line": tb.tb_lineno, "function": code.co_name})
+                frames.append(Site(code.co_filename, tb.tb_lineno, code.co_name))
                 tb = tb.tb_next
-            from ddp_doctor.probe.recorder import _PKG_DIR
-
-            frames = [f for f in frames if not f["path"].startswith(_PKG_DIR) and not f["path"].endswith("runpy.py")
-                      and not f["path"].startswith("<frozen")]
-            user = [f for f in frames if not _is_library(f["path"])]
-            self.rec.exc = {
-                "type": type(exc).__name__, "module": type(exc).__module__,
-                "message": str(exc)[:2000],
-                "location": user[-1] if user else (frames[-1] if frames else None),
-                "traceback": frames[-30:],
-                "in_collective": self.rec.cur is not None,
-                "collective": _cur(self.rec),
-                "t": round(self.rec.now(), 3),
-            }
+            frames = [f for f in frames if not f.path.startswith(_PKG_DIR) and not f.path.endswith("runpy.py")
+                      and not f.path.startswith("<frozen")]
+            user = [f for f in frames if not _is_library(f.path)]
+            self.rec.exc = RaisedError(
+                type=type(exc).__name__, module=type(exc).__module__, message=str(exc)[:2000],
+                location=user[-1] if user else (frames[-1] if frames else None), traceback=tuple(frames[-30:]),
+                in_collective=self.rec.cur is not None, collective=current_collective(self.rec),
+                t=round(self.rec.now(), 3))
         except Exception:
             pass
 
@@ -91,7 +87,7 @@ class Probe:
                 self.record_exception(exc)
             elif isinstance(exit_exc, SystemExit):
                 self.record_exception(exit_exc)
-                self.rec.exit_site = (self.rec.exc or {}).get("location")
+                self.rec.exit_site = self.rec.exc.location if self.rec.exc is not None else None
                 self.rec.exc = None
             self.rec.done = exc is None
             self.rec.exit_code = exit_code
@@ -100,15 +96,6 @@ class Probe:
                 self.publisher.final(wait_ack=3.0 if exc is not None else 0.0)
         except Exception:
             pass
-
-
-def _cur(rec):
-    c = rec.cur or rec.failed_in
-    if c is None:
-        return None
-    site = rec.sites[c[5]] if c[5] < len(rec.sites) else None
-    return {"group": c[0], "seq": c[1], "op": c[2],
-            "site": None if site is None else {"path": site[0], "line": site[1], "function": site[2]}}
 
 
 def activate(host_watcher: Callable[[str], None] | None = None) -> Probe:

@@ -146,7 +146,7 @@ def _patch_ddp() -> None:
         try:
             nbuf = sum(1 for _ in self.module.buffers())
             REC.ddps.append({
-                "site": _site_dict(site),
+                "site": site,
                 "find_unused_parameters": bool(getattr(self, "find_unused_parameters", False)),
                 "broadcast_buffers": bool(getattr(self, "forward_sync_buffers", getattr(self, "broadcast_buffers", False))),
                 "buffers": nbuf,
@@ -201,12 +201,6 @@ def _patch_ddp() -> None:
         return _inside(entry, orig_backward, *args, **kwargs)
 
     torch.autograd.backward = backward
-
-
-def _site_dict(site):
-    if site is None:
-        return None
-    return {"path": site[0], "line": site[1], "function": site[2]}
 
 
 def _sampler_of(loader):

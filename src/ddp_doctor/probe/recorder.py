@@ -60,7 +60,7 @@ def user_site(frame) -> tuple[str, int, str] | None:
     return fallback
 
 
-def frames_of(frame, *, keep_library: bool = True) -> list[dict[str, Any]]:
+def frames_of(frame, *, keep_library: bool = True) -> list[tuple[str, int, str]]:
     """A stack as report frames, outermost first, innermost last; the probe's own frames dropped."""
     out = []
     f = frame
@@ -69,7 +69,7 @@ def frames_of(frame, *, keep_library: bool = True) -> list[dict[str, Any]]:
         fn = code.co_filename
         if not fn.startswith(_PKG_DIR) and not fn.startswith("<frozen") and not fn.endswith("runpy.py"):
             if keep_library or not _is_library(fn):
-                out.append({"path": fn, "line": f.f_lineno, "function": code.co_name})
+                out.append((fn, f.f_lineno, code.co_name))
         f = f.f_back
     out.reverse()
     return out
@@ -147,8 +147,8 @@ class Recorder:
         self.ddp_objs: list[Any] = []
         self.pending_grad_sync: Any = None
         self.timeline: deque[tuple] = deque(maxlen=_TIMELINE)
-        self.exc: dict[str, Any] | None = None
-        self.exit_site: dict[str, Any] | None = None  # where sys.exit() was called
+        self.exc: Any = None  # evidence.RaisedError, set once by the probe when the program raises
+        self.exit_site: Any = None  # evidence.Site where sys.exit() was called
         self.done = False
         self.exit_code: int | None = None
         self.version = 0  # bumped on notable changes (the publisher posts early)

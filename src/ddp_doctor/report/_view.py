@@ -5,6 +5,7 @@ import os
 import sysconfig
 from typing import Any
 
+from ddp_doctor.evidence import Collective
 from ddp_doctor.report import LINT_SCHEMA_ID
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
@@ -159,23 +160,25 @@ def frame_text(fr: dict[str, Any] | None, short: bool = True) -> str:
 
 
 def collective_text(c: Any) -> str:
-    """Compact text of a rank's last_collective (any dict shape)."""
+    """Compact text of a rank's last collective: op, #seq, group (if not the world), shapes, dtypes, wait."""
     if not c:
         return ""
     if not isinstance(c, dict):
         return str(c)
-    op = c.get("op") or c.get("name") or c.get("kind") or "collective"
-    parts = [str(op)]
-    seq = c.get("seq", c.get("seq_no", c.get("sequence")))
-    if seq is not None:
-        parts.append(f"#{seq}")
+    try:
+        coll = Collective.from_json(c)
+    except (KeyError, TypeError, AttributeError):
+        return str(c.get("op") or "collective")
+    parts = [coll.op] + ([f"#{coll.seq}"] if coll.seq is not None else [])
     extra = []
-    for k in ("shape", "dtype", "group", "state"):
-        if c.get(k) is not None and not (k == "group" and c[k] in ("world", "default_pg")):
-            v = c[k]
-            extra.append(f"{k}={'x'.join(map(str, v)) if k == 'shape' and isinstance(v, (list, tuple)) else v}")
-    if c.get("done") is False or c.get("in_progress"):
-        extra.append("waiting")
+    if coll.group not in (None, "world", "default_pg"):
+        extra.append(f"group={coll.group}")
+    if coll.shapes:
+        extra.append("shapes=" + ", ".join(coll.shapes))
+    if coll.dtypes:
+        extra.append("dtypes=" + ", ".join(sorted(set(coll.dtypes))))
+    if coll.waiting_s is not None:
+        extra.append(f"waiting {coll.waiting_s:g}s")
     s = " ".join(parts)
     return s + (f" ({', '.join(extra)})" if extra else "")
 

@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ddp_doctor import channel
+from ddp_doctor.evidence import ExitStatus, Verdict
 from ddp_doctor.procs import descendants, terminate
 from ddp_doctor.session import assemble
 
@@ -77,7 +78,7 @@ class Job:
         self.stop_t: float | None = None
         self.procs: list = []
         self.leftovers: list[int] = []
-        self.failures: dict[int, dict[str, Any]] = {}
+        self.failures: dict[int, ExitStatus] = {}
         self.nnodes = 1
 
     @classmethod
@@ -119,10 +120,10 @@ class Job:
         return False
 
     # -- stopping --------------------------------------------------------------------
-    def on_decision(self, decision: dict[str, Any]) -> None:
+    def on_decision(self, decision: Verdict) -> None:
         """Called from the watcher thread once it has decided and taken the stacks."""
         try:
-            self.store.set(channel.STOP, json.dumps({"reason": decision.get("reason")}))
+            self.store.set(channel.STOP, json.dumps({"reason": decision.reason}))
         except Exception:
             pass
         self.stop()
@@ -235,8 +236,9 @@ class Job:
         return assemble.emit(self, report, is_host)
 
 
-def _failures(e: BaseException) -> dict[int, dict[str, Any]]:
-    out: dict[int, dict[str, Any]] = {}
+def _failures(e: BaseException) -> dict[int, ExitStatus]:
+    """Exit status per global rank from torch's ChildFailedError."""
+    out: dict[int, ExitStatus] = {}
     for rank, pf in (getattr(e, "failures", None) or {}).items():
         code = getattr(pf, "exitcode", None)
         sig = None
@@ -245,7 +247,7 @@ def _failures(e: BaseException) -> dict[int, dict[str, Any]]:
                 sig = signal.Signals(-code).name
             except ValueError:
                 sig = str(-code)
-        out[int(rank)] = {"exit_code": code, "signal": sig}
+        out[int(rank)] = ExitStatus(code, sig)
     return out
 
 

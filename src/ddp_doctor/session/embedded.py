@@ -42,7 +42,7 @@ def start_in_rank0(address: str) -> None:
 _keep: list[Any] = []
 
 
-def _report_and_stop(w, store, decision: dict[str, Any], t0: float, scratch: str | None = None) -> None:
+def _report_and_stop(w, store, decision, t0: float, scratch: str | None = None) -> None:
     try:
         from ddp_doctor.session import Job
 

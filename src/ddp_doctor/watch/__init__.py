@@ -12,20 +12,21 @@ No verdict and no formatting here.
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import psutil
 
 from ddp_doctor import channel
 from ddp_doctor.diagnose import live as judge
+from ddp_doctor.evidence import (JobEvidence, RankState, Verdict, WorkerStack, exit_from_wire,
+                                 rank_state_from_wire, stacks_from_wire, to_wire)
 from ddp_doctor.watch.stacks import FATAL, fatal_stack, parse_faulthandler, peek_exit, signal_dumps
-from ddp_doctor.watch.views import RankView, site_key
+from ddp_doctor.watch.views import RankView
 
-__all__ = ["Watcher", "RankView", "FATAL", "POLL", "parse_faulthandler", "site_key"]
+__all__ = ["Watcher", "RankView", "FATAL", "POLL", "parse_faulthandler", "Attempt"]
 
 POLL = 0.2
 _HOST = __import__("socket").gethostname()
@@ -35,7 +36,7 @@ class Watcher(threading.Thread):
     """Poll the store, decide; ``on_decision(decision)`` is called once from this thread."""
 
     def __init__(self, store, *, world_size: int, hang_timeout: float | None, run_dir: str,
-                 is_host: bool = True, on_decision: Callable[[dict], None] | None = None,
+                 is_host: bool = True, on_decision: Callable[[Verdict], None] | None = None,
                  max_restarts: int = 0) -> None:
         super().__init__(name="ddp-doctor-watch", daemon=True)
         self.store = store
@@ -45,7 +46,7 @@ class Watcher(threading.Thread):
         self.is_host = is_host
         self.on_decision = on_decision
         self.views: dict[int, RankView] = {r: RankView(r) for r in range(world_size)}
-        self.decision: dict[str, Any] | None = None
+        self.decision: Verdict | None = None
         self.stopping = threading.Event()
         self.started = time.monotonic()
         self.first_state_t: float | None = None
@@ -56,8 +57,8 @@ class Watcher(threading.Thread):
         self.acked: set[int] = set()
         self.attempt = 0                     # torch's restart count of the ranks being watched
         self.restarts_left = max_restarts
-        self.failed_attempt: dict[str, Any] | None = None  # the decision awaiting torch's restart
-        self.earlier: list[dict[str, Any]] = []  # {"attempt", "decision", "evidence"} per failed attempt
+        self.failed_attempt: Verdict | None = None  # the decision awaiting torch's restart
+        self.earlier: list[Attempt] = []  # per failed attempt
 
     # -- reading -------------------------------------------------------------------
     def _get(self, key: str) -> str | None:
@@ -74,11 +75,10 @@ class Watcher(threading.Thread):
             raw = self._get(channel.rank_key(r))
             if raw is None:
                 continue
-            try:
-                state = json.loads(raw)
-            except ValueError:
+            state = rank_state_from_wire(raw)
+            if state is None:
                 continue
-            attempt = int(state.get("attempt") or 0)
+            attempt = state.attempt
             if attempt < self.attempt:
                 continue  # the failed attempt's last word; its successor has not posted yet
             if attempt > self.attempt:
@@ -86,19 +86,19 @@ class Watcher(threading.Thread):
                 now = time.monotonic()
             if self.first_state_t is None:
                 self.first_state_t = now
-            ws = state.get("world_size")
+            ws = state.world_size
             if isinstance(ws, int) and ws > self.world_size:
                 for k in range(self.world_size, ws):
                     self.views[k] = RankView(k)
                 self.world_size = ws
             self.views[r].update(state, now)
-            if state.get("host") == _HOST and state.get("pid"):
-                self.local_pids[state["pid"]] = r
+            if state.host == _HOST and state.pid:
+                self.local_pids[state.pid] = r
         for r, v in self.views.items():
             if v.exit is None:
                 raw = self._get(channel.exit_key(self.attempt, r))
                 if raw:
-                    v.exit = json.loads(raw)
+                    v.exit = exit_from_wire(raw)
 
     def check_local_exits(self) -> None:
         """Notice a local rank's death before the agent reaps it (waitid WNOWAIT keeps the zombie)."""
@@ -121,17 +121,16 @@ class Watcher(threading.Thread):
                 continue
             self.exit_posted.add(rank)
             try:
-                self.store.set(channel.exit_key(self.attempt, rank), json.dumps(info))
+                self.store.set(channel.exit_key(self.attempt, rank), to_wire(info))
             except Exception:
                 pass
             self.views[rank].exit = info
-            if info.get("signal") in FATAL:
+            if info.signal in FATAL:
                 self.views[rank].stack = fatal_stack(self.run_dir, child.pid)
 
     def begin_attempt(self, attempt: int) -> None:
         """torch's agent restarted the ranks: keep the failed attempt's evidence, watch the new ones afresh."""
-        self.earlier.append({"attempt": self.attempt, "evidence": self.evidence(),
-                             "decision": self.failed_attempt or {"reason": "exit"}})
+        self.earlier.append(Attempt(self.attempt, self.evidence(), self.failed_attempt or Verdict("exit")))
         self.attempt = attempt
         self.failed_attempt = None
         self.views = {r: RankView(r) for r in range(self.world_size)}
@@ -148,17 +147,17 @@ class Watcher(threading.Thread):
             self.req = self.store.add(channel.REQ, 1)
         except Exception:
             return
-        pending = {r for r, v in self.views.items() if v.state and not v.exit and not (v.state or {}).get("done")
-                   and not (v.state or {}).get("exc")}
+        pending = {r for r, v in self.views.items() if v.state and not v.exit and not v.state.done
+                   and not v.state.exc}
         end = time.monotonic() + wait_s
         while pending and time.monotonic() < end:
             for r in list(pending):
                 raw = self._get(channel.stack_key(r, self.req))
                 if raw:
-                    threads = json.loads(raw).get("threads", [])
+                    threads = stacks_from_wire(raw)
                     v = self.views[r]
                     v.threads = threads
-                    v.stack = next((t["frames"] for t in threads if t.get("main")), [])
+                    v.stack = next((t.frames for t in threads if t.main), ())
                     pending.discard(r)
             time.sleep(0.05)
         self.read_states()
@@ -169,9 +168,9 @@ class Watcher(threading.Thread):
             if pid_of.get(r):
                 wanted.append((pid_of[r], "rank", r))
         for r, v in self.views.items():
-            if (v.state or {}).get("host") != _HOST:
+            if v.state is None or v.state.host != _HOST:
                 continue
-            pids = {p for ld in (v.state or {}).get("loaders", []) for p in ld.get("worker_pids", [])}
+            pids = {p for ld in v.state.loaders for p in ld.worker_pids}
             if pid_of.get(r):
                 try:
                     pids |= {c.pid for c in psutil.Process(pid_of[r]).children()}
@@ -184,15 +183,15 @@ class Watcher(threading.Thread):
         for r in self.views:
             self.views[r].workers = []
         for pid, kind, r in wanted:
-            frames = dumps.get(pid) or []
+            frames = tuple(dumps.get(pid) or ())
             if kind == "rank":
                 if frames:
                     self.views[r].stack = frames
             else:
-                self.views[r].workers.append({"pid": pid, "stack": frames})
+                self.views[r].workers.append(WorkerStack(pid, frames))
 
     # -- loop: read, ask diagnose.live, collect ------------------------------------
-    def poll_once(self) -> dict[str, Any] | None:
+    def poll_once(self) -> Verdict | None:
         with self.lock:
             self.read_states()
             self.check_local_exits()
@@ -213,22 +212,18 @@ class Watcher(threading.Thread):
                 decision = None
                 print(f"ddp-doctor: watcher error: {e!r}")
             if decision is not None and self.decision is None:
-                decision["t_detect"] = time.monotonic()
-                # failures after this moment are consequences of the stop, not the verdict
-                decision["failed"] = judge.any_failed(self.views)
+                decision = decision.with_(t_detect=time.monotonic(), failed=judge.any_failed(self.views))
                 with self.lock:
                     self.collect_stacks()
                     self.ack_all()
-                decision["t_stacks"] = time.monotonic()
-                decision["attempt"] = self.attempt
-                if decision.get("reason") == "exit" and not decision.get("finished") and self.restarts_left > 0:
+                decision = decision.with_(t_stacks=time.monotonic(), attempt=self.attempt)
+                if decision.reason == "exit" and not decision.finished and self.restarts_left > 0:
                     # torch's agent restarts every rank after a failure: keep watching the next attempt
                     self.restarts_left -= 1
                     self.failed_attempt = decision
                     continue
-                if decision.get("reason") == "desync" and "calls" in decision:
-                    # still blocked at the mismatch -> the job hangs; moved on -> gloo paired them silently
-                    decision["blocked"] = judge.blocked_at(decision, self.views)
+                if decision.reason == "desync" and decision.calls:
+                    decision = decision.with_(blocked=judge.blocked_at(decision, self.views))
                 self.decision = decision
                 if self.on_decision is not None:
                     self.on_decision(decision)
@@ -237,31 +232,37 @@ class Watcher(threading.Thread):
 
     def ack_all(self) -> None:
         for r, v in self.views.items():
-            if (v.state or {}).get("exc") and r not in self.acked:
+            if v.state is not None and v.state.exc and r not in self.acked:
                 try:
                     self.store.add(channel.ack_key(self.attempt, r), 1)
                     self.acked.add(r)
                 except Exception:
                     pass
 
-    def evidence(self) -> dict[str, Any]:
-        """Everything diagnose() needs, as plain data (BOARD.md: PER-RANK EVIDENCE FORMAT)."""
-        ranks: dict[int, dict[str, Any]] = {}
+    def evidence(self) -> JobEvidence:
+        """Everything diagnose() needs: each rank's last state plus what only this side knows."""
+        ranks: dict[int, RankState] = {}
+        now = time.monotonic()
         for r, v in self.views.items():
-            st = dict(v.state or {"rank": r, "missing": True})
-            if not v.stack and (v.exit or {}).get("signal") in FATAL and st.get("pid"):
-                v.stack = fatal_stack(self.run_dir, st["pid"])
-                st["fatal_stack"] = bool(v.stack)
-            st["stack"] = v.stack
-            st["threads"] = v.threads
-            st["workers"] = v.workers
-            st["exit"] = v.exit
-            st["busy"] = v.busy() if v.state else False
-            st["stalled_s"] = round(time.monotonic() - v.progress_t, 2)
-            st["sites_seen"] = sorted([op, list(s) if s else None] for op, s in v.sites_seen)
-            ranks[r] = st
+            if v.state is None:
+                ranks[r] = RankState(rank=r, missing=True, exit=v.exit, stack=tuple(v.stack),
+                                     workers=tuple(v.workers))
+                continue
+            fatal = False
+            if not v.stack and v.exit and v.exit.signal in FATAL and v.state.pid:
+                v.stack = tuple(fatal_stack(self.run_dir, v.state.pid))
+                fatal = bool(v.stack)
+            ranks[r] = v.state.with_(stack=tuple(v.stack), threads=tuple(v.threads), workers=tuple(v.workers),
+                                     exit=v.exit, busy=v.busy(), stalled_s=round(now - v.progress_t, 2),
+                                     sites_seen=frozenset(v.sites_seen), fatal_stack=fatal)
         limit, how = self.judge.hang_limit(self.views)
-        return {"world_size": self.world_size, "wall_s": round(time.monotonic() - self.started, 3),
-                "ranks": ranks, "hang_limit_s": limit, "hang_limit_how": how}
+        return JobEvidence(self.world_size, ranks, round(now - self.started, 3), limit, how)
 
 
+class Attempt:
+    """A failed attempt torch's agent restarted (``--max-restarts``): its evidence and live verdict."""
+
+    def __init__(self, attempt: int, evidence: JobEvidence, decision: Verdict) -> None:
+        self.attempt = attempt
+        self.evidence = evidence
+        self.decision = decision

@@ -9,12 +9,12 @@ import os
 import re
 import signal
 import time
-from typing import Any
+from ddp_doctor.evidence import ExitStatus, Site
 
 FATAL = ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL")
 
 
-def signal_dumps(run_dir: str, targets: list[tuple[int, str]], wait_s: float = 2.0) -> dict[int, list[dict]]:
+def signal_dumps(run_dir: str, targets: list[tuple[int, str]], wait_s: float = 2.0) -> dict[int, list[Site]]:
     """SIGUSR1 every target (faulthandler writes DIR/<kind>-<pid>.stack), then read what they wrote."""
     sizes: dict[int, tuple[str, int]] = {}
     for pid, kind in targets:
@@ -25,7 +25,7 @@ def signal_dumps(run_dir: str, targets: list[tuple[int, str]], wait_s: float = 2
             sizes[pid] = (path, before)
         except OSError:
             continue
-    out: dict[int, list[dict]] = {}
+    out: dict[int, list[Site]] = {}
     end = time.monotonic() + wait_s
     while sizes and time.monotonic() < end:
         time.sleep(0.05)
@@ -42,7 +42,7 @@ def signal_dumps(run_dir: str, targets: list[tuple[int, str]], wait_s: float = 2
     return out
 
 
-def fatal_stack(run_dir: str, pid: int) -> list[dict]:
+def fatal_stack(run_dir: str, pid: int) -> list[Site]:
     """The stack faulthandler wrote when the rank died of SIGABRT/SIGSEGV (gloo EnforceNotMet, ...)."""
     try:
         with open(os.path.join(run_dir, f"rank-{pid}.stack"), encoding="utf-8", errors="replace") as f:
@@ -57,10 +57,10 @@ _FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
 _FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 
 
-def parse_faulthandler(text: str) -> list[dict]:
+def parse_faulthandler(text: str) -> list[Site]:
     """The main thread's stack from a faulthandler dump (outermost first); the last dump in ``text``."""
-    threads: list[list[dict]] = []
-    cur: list[dict] | None = None
+    threads: list[list[Site]] = []
+    cur: list[Site] | None = None
     for line in text.splitlines():
         if _FH_THREAD.match(line):
             cur = []
@@ -68,18 +68,18 @@ def parse_faulthandler(text: str) -> list[dict]:
         else:
             m = _FH_FRAME.match(line)
             if m and cur is not None:
-                cur.append({"path": m.group(1), "line": int(m.group(2)), "function": m.group(3).strip()})
+                cur.append(Site(m.group(1), int(m.group(2)), m.group(3).strip()))
     if not threads:
         return []
     # the main thread is the one whose outermost frame is the program's entry (runpy / <module>)
     stacks = [list(reversed(t)) for t in threads]
     for st in stacks:
-        if st and (st[0]["function"] in ("<module>", "_run_module_as_main")):
+        if st and (st[0].function in ("<module>", "_run_module_as_main")):
             return st
     return stacks[0]
 
 
-def peek_exit(pid: int) -> dict[str, Any] | None:
+def peek_exit(pid: int) -> ExitStatus | None:
     """Exit code / signal of a dead child without reaping it; None while it runs."""
     try:
         res = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -90,9 +90,9 @@ def peek_exit(pid: int) -> dict[str, Any] | None:
     if res is None:
         return None
     if res.si_code == os.CLD_EXITED:
-        return {"exit_code": res.si_status, "signal": None}
+        return ExitStatus(res.si_status, None)
     try:
         name = signal.Signals(res.si_status).name
     except ValueError:
         name = str(res.si_status)
-    return {"exit_code": -res.si_status, "signal": name}
+    return ExitStatus(-res.si_status, name)

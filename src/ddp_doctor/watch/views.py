@@ -2,19 +2,9 @@
 (collective fingerprints by position, every (op, call site) it ever ran, CPU/line samples for "busy")."""
 from __future__ import annotations
 
-import json
-import os
 import time
-from typing import Any
 
-
-def site_key(site) -> tuple | None:
-    """Sites compare by file name, line and function (paths differ between nodes)."""
-    if not site:
-        return None
-    if isinstance(site, dict):
-        return (os.path.basename(site["path"]), site["line"], site.get("function"))
-    return (os.path.basename(site[0]), site[1], site[2])
+from ddp_doctor.evidence import Collective, ExitStatus, RankState, Site, ThreadStack, WorkerStack
 
 
 class RankView:
@@ -22,50 +12,43 @@ class RankView:
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
-        self.state: dict[str, Any] | None = None
+        self.state: RankState | None = None
         self.progress = -1
         self.progress_t = time.monotonic()
-        self.samples: list[tuple[float, float, Any]] = []  # (t, cpu_s, where)
-        self.fps: dict[tuple[str, int], tuple] = {}  # (group, seq) -> (op, shapes, dtypes, site_key, epoch, step, site)
-        self.sites_seen: set[tuple] = set()            # (op, site_key)
-        self.exit: dict[str, Any] | None = None          # {"exit_code", "signal"} once gone
-        self.stack: list[dict] = []
-        self.threads: list[dict] = []
-        self.workers: list[dict] = []
+        self.samples: list[tuple[float, float, Site | None]] = []  # (t, cpu_s, where)
+        self.fps: dict[tuple[str | None, int | None], Collective] = {}  # (group, seq) -> fingerprint
+        self.sites_seen: set[tuple] = set()            # (op, site key)
+        self.exit: ExitStatus | None = None
+        self.stack: tuple[Site, ...] = ()
+        self.threads: tuple[ThreadStack, ...] = ()
+        self.workers: list[WorkerStack] = []
 
-    def update(self, state: dict[str, Any], now: float) -> None:
-        if "timeline" not in state and self.state and "timeline" in self.state:
-            state["timeline"] = self.state["timeline"]  # periodic states omit it; keep the last full one
+    def update(self, state: RankState, now: float) -> None:
+        if state.timeline is None and self.state is not None and self.state.timeline is not None:
+            state = state.with_(timeline=self.state.timeline)  # periodic states omit it; keep the last full one
         self.state = state
-        if state.get("progress", 0) != self.progress:
-            self.progress = state.get("progress", 0)
+        if state.progress != self.progress:
+            self.progress = state.progress
             self.progress_t = now
-        self.samples.append((now, state.get("cpu_s", 0.0), json.dumps(state.get("where"))))
+        self.samples.append((now, state.cpu_s, state.where))
         self.samples = [s for s in self.samples if now - s[0] <= 3.0]
-        sites = state.get("sites") or []
-
-        def sk(i):
-            return site_key(sites[i]) if i is not None and i < len(sites) else None
-
-        for g, seq, op, shapes, dtypes, si, ep, st in state.get("fingerprints") or []:
-            s = sites[si] if si is not None and si < len(sites) else None
-            self.fps[(g, seq)] = (op, tuple(shapes), tuple(dtypes), sk(si), ep, st,
-                                  None if s is None else {"path": s[0], "line": s[1], "function": s[2]})
+        for c in state.fingerprints:
+            self.fps[(c.group, c.seq)] = c
         if len(self.fps) > 4000:
             for k in sorted(self.fps, key=lambda k: k[1])[: len(self.fps) - 3000]:
                 del self.fps[k]
-        for op, si, _n in state.get("site_counts") or []:
-            self.sites_seen.add((op, sk(si)))
+        for sc in state.site_counts:
+            self.sites_seen.add((sc.op, sc.site.key() if sc.site else None))
 
     def started(self) -> bool:
         """Has this rank begun distributed work (a collective, DDP, a batch)?  Imports don't count."""
-        st = self.state or {}
-        return bool(st.get("progress") or st.get("seq") or st.get("in_collective"))
+        st = self.state
+        return st is not None and bool(st.progress or st.seq or st.in_collective)
 
     def busy(self) -> bool:
         """Working outside collectives: CPU time grows, or its Python line changes."""
-        st = self.state or {}
-        if st.get("done") or self.exit:
+        st = self.state
+        if st is None or st.done or self.exit:
             return False
         # (a rank inside a collective counts too: DDP's construction, forward and backward compute
         # inside them, and a rank that truly waits in gloo burns no CPU)
@@ -76,7 +59,6 @@ class RankView:
             return False
         if (c1 - c0) / (t1 - t0) > 0.05:
             return True
-        if st.get("in_collective"):
+        if st.in_collective:
             return False  # its line cannot change while it waits
         return any(w != w0 for _, _, w in self.samples)
-
