@@ -6,12 +6,8 @@ import os
 from typing import Any
 
 from ddp_doctor.evidence import ExitStatus, JobEvidence, RankState, Site
-from ddp_doctor.findings import Location
-
-LIB_MARKERS = (os.sep + "torch" + os.sep, os.sep + "ddp_doctor" + os.sep, "<frozen", "runpy.py",
-               os.sep + "multiprocessing" + os.sep, "threading.py", "selectors.py", "queue.py",
-               "connection.py")
-
+from ddp_doctor.findings import Location, runtime_fix
+from ddp_doctor.frames import innermost_user
 
 # -- helpers ------------------------------------------------------------------------
 def loc(site: Site | None) -> Location | None:
@@ -29,10 +25,7 @@ def where(site: Site | None) -> str:
 
 def user_frame(stack) -> Site | None:
     """Innermost frame of ``stack`` (outermost first) that is the user's, not a library's."""
-    for f in reversed(stack or ()):
-        if not any(m in f.path for m in LIB_MARKERS) and "site-packages" not in f.path:
-            return f
-    return None
+    return innermost_user(stack)
 
 
 def rank_site(st: RankState) -> Site | None:
@@ -95,19 +88,10 @@ def step_evidence(ranks: dict[int, RankState]) -> dict[str, Any]:
             "epoch": {str(r): st.epoch for r, st in ranks.items()}}
 
 
-FIX_201 = ("Call the collective on every rank of its group (move it out of the rank-dependent branch), "
-           "or make only rank 0 do the work and let the others wait at a barrier every rank reaches, "
-           "e.g. `with ddp_doctor.fixes.rank_zero_first(): ...`.")
-FIX_202 = ("Do not call the DDP-wrapped model on a subset of ranks: evaluate `model.module` (the unwrapped "
-           "model) on rank 0, or run the evaluation on every rank and reduce the metric; "
-           "or construct DDP with broadcast_buffers=False if the buffers need no sync.")
-FIX_203 = ("Make every rank call the same collectives in the same order with the same shapes and dtypes; "
-           "for per-rank variable-size tensors use `ddp_doctor.fixes.gather_variable(...)` "
-           "(or all_gather_object) instead of all_gather.")
-FIX_101 = ("Make every rank run the same number of steps: agree on skips/early stops with "
-           "`ddp_doctor.fixes.agree(flag)` (all_reduce of the decision) or "
-           "`ddp_doctor.fixes.skip_if_nonfinite(loss)`; give every rank the same number of batches "
-           "with `ddp_doctor.fixes.EvenBatches` / DistributedSampler.")
+FIX_201 = runtime_fix("DDP201")
+FIX_202 = runtime_fix("DDP202")
+FIX_203 = runtime_fix("DDP203")
+FIX_101 = runtime_fix("DDP101")
 
 
 def lint_line(lint, code: str, near: Site | None, path_hint: str | None) -> Site | None:

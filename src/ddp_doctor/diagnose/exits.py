@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ddp_doctor.evidence import ExitStatus, JobEvidence, RankState, Verdict
-from ddp_doctor.findings import Finding
+from ddp_doctor.findings import Finding, runtime_fix
 
 from ddp_doctor.diagnose.common import (FIX_101, doing, gist, lint_line, loc, others_text, rank_site, ranks_of,
                                         step_evidence, user_frame, where)
@@ -94,8 +94,7 @@ def diagnose_restart_connect(ev: JobEvidence) -> Finding | None:
            "(TORCHELASTIC_USE_AGENT_STORE=True), which still holds the failed attempt's connection keys: a rank "
            "can read a dead peer's address and connect to nothing (a known torch issue, pytorch/pytorch#135712). "
            "Every restart can fail this way, so --max-restarts does not help.")
-    fix = ("Launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in the environment (for `ddp-doctor run` and for "
-           "torchrun alike): each attempt then gets a fresh store and the restart connects.")
+    fix = runtime_fix("DDP501.stale-store")
     return Finding("DDP501", msg, fix, location=loc(site), ranks=hit,
                    evidence={"attempt": attempt, "agent_store": True, **({"exception": e} if e else {})})
 
@@ -139,8 +138,7 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
         msg = (f"Rank {', '.join(map(str, done))} " + (f"called sys.exit() at {where(exit_site)}" if exit_site else
                "finished") + f" while the others still wait: {others_text(ranks, set(done))}.")
         out.append(Finding("DDP204", msg, FIX_101 if len(set(steps.values())) > 1 else
-                           "Make every rank leave the training loop at the same step (agree on early stops with "
-                           "`ddp_doctor.fixes.agree(...)`).",
+                           runtime_fix("DDP204.finished"),
                            location=loc(site), ranks=done,
                            evidence={"finished": done, "waiting": {str(r): doing(st) for r, st in waiting.items()},
                                      **step_evidence(ranks)}))
@@ -152,8 +150,8 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
         others = others_text(ranks, set(same_exc))
         msg = (f"Ranks {', '.join(map(str, same_exc))} raised {e.type}: {e.message} at "
                f"{where(e.location)}." + (f" Meanwhile: {others}." if others else ""))
-        out.append(Finding("DDP204", msg, "Fix the exception on that line (full traceback in the report's rank "
-                           "entries).", location=loc(e.location), ranks=same_exc,
+        out.append(Finding("DDP204", msg, runtime_fix("DDP204.same-exception"), location=loc(e.location),
+                           ranks=same_exc,
                            evidence={"exception": e, **step_evidence(ranks)}))
         roots = [r for r in roots if r not in same_exc]
     for r in roots[:4]:
@@ -166,9 +164,7 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
             site = e.location
             msg = (f"Rank {r} raised {e.type}: {e.message} at {where(site)}. This is the root cause; "
                    f"the launcher's own error may name another rank. Meanwhile: {others}.")
-            fix = ("Fix the exception on that line (full traceback in the report's rank entry). If only some ranks "
-                   "can hit it (rank-dependent data), make all ranks agree before acting, e.g. "
-                   "`ddp_doctor.fixes.agree(flag)`, so they stop together.")
+            fix = runtime_fix("DDP204.exception")
             evidence = {"exception": e, "exit": ex_ev}
         elif ex.signal:
             site = rank_site(st)
@@ -176,19 +172,17 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
             msg = (f"Rank {r} was killed by {ex.signal}" + (
                 " — on Linux almost always the out-of-memory killer (check `dmesg`)" if oom else "") +
                 f"; its last line was {where(site)}. Meanwhile: {others}.")
-            fix = ("Reduce memory per rank: smaller batch, fewer DataLoader workers / prefetch_factor, load "
-                   "checkpoints with map_location (`ddp_doctor.fixes.load_checkpoint`)." if oom else
-                   "Find who sent the signal (scheduler preemption, a timeout, a user) or handle it.")
+            fix = runtime_fix("DDP204.oom") if oom else runtime_fix("DDP204.signal")
             evidence = {"exit": ex_ev, "last_line": site}
         else:
             site = rank_site(st)
             code = ex.exit_code
             msg = f"Rank {r} exited with code {code} at {where(site)} while the job was running. Meanwhile: {others}."
-            fix = "Find why the rank called exit (sys.exit / os._exit) and make every rank stop together."
+            fix = runtime_fix("DDP204.exit")
             evidence = {"exit": ex_ev}
         out.append(Finding("DDP204", msg, fix, location=loc(site), ranks=[r],
                            evidence={**evidence, **step_evidence(ranks)}))
     if not out:
         out.append(Finding("DDP204", "A rank exited while the others were running (no detail was captured).",
-                           "Look at the ranks' stderr.", ranks=[], evidence=step_evidence(ranks)))
+                           runtime_fix("DDP204.unknown"), ranks=[], evidence=step_evidence(ranks)))
     return out

@@ -3,7 +3,7 @@ different steps), DDP205 (stalled outside collectives, or every rank stuck in on
 from __future__ import annotations
 
 from ddp_doctor.evidence import Collective, JobEvidence, RankState, Verdict
-from ddp_doctor.findings import Finding
+from ddp_doctor.findings import Finding, runtime_fix
 
 from ddp_doctor.diagnose.collectives import classify_calls, finding_for_calls
 from ddp_doctor.diagnose.common import (FIX_201, FIX_202, doing, loc, others_text, rank_site, ranks_of,
@@ -60,7 +60,7 @@ def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Finding]:
             return diagnose_exit(ev, Verdict("exit", finished=True))
         msg = (f"Every rank waits inside the same {c.op} (#{c.seq} on {c.group}) at {where(c.site)} "
                f"and it never completes: the transport is stuck (network, a dead peer on another node, GPU). {how}.")
-        return [Finding("DDP205", msg, "Check the interconnect and the other nodes' logs; run `ddp-doctor check`.",
+        return [Finding("DDP205", msg, runtime_fix("DDP205.transport"),
                         location=loc(c.site), ranks=sorted(in_coll), evidence={**stall, "collective": c})]
     return [stall_finding(ranks, live, stall)]
 
@@ -93,9 +93,7 @@ def stall_finding(ranks: dict[int, RankState], stuck: dict[int, RankState], stal
         extra = " Meanwhile " + "; ".join(f"rank {r} waits in {c.op} at {where(c.site)}" for r, c in sorted(partial.items())) + "."
     msg = (f"No rank progresses and the stuck ones are not in a collective: {'; '.join(parts)}.{extra} "
            f"Nothing moved for {stall['stalled_s']}s.")
-    fix = ("Look at the line shown: a DataLoader worker blocked on I/O or a lock, a dataset __getitem__ that never "
-           "returns, or a rank waiting on a file/queue another rank never fills. Set DataLoader(timeout=...) so a "
-           "stuck worker raises instead of hanging.")
+    fix = runtime_fix("DDP205.stall")
     return Finding("DDP205", msg, fix, location=loc(site), ranks=sorted(stuck),
                    evidence={**stall, "where": {str(r): rank_site(st) for r, st in stuck.items()},
                              "workers": workers_ev, **step_evidence(ranks)})

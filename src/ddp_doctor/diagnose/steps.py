@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ddp_doctor.evidence import JobEvidence, LoaderState, Site
-from ddp_doctor.findings import Finding
+from ddp_doctor.findings import Finding, runtime_fix
 
 from ddp_doctor.diagnose.common import FIX_101, lint_line, loc, ranks_of, step_evidence, where
 
@@ -82,8 +82,7 @@ def diagnose_sampler(ev: JobEvidence) -> list[Finding]:
                 msg = (f"The DataLoader at {where(site)} was iterated for {len(seen)} epochs with a shuffling "
                        f"DistributedSampler whose epoch stayed {seen[0]}: set_epoch() was never called, so every "
                        "epoch sees the same order.")
-                out[key] = Finding("DDP102", msg, "Call `sampler.set_epoch(epoch)` at the start of every epoch, "
-                                   "before iterating the loader.", location=loc(site), ranks=[r],
+                out[key] = Finding("DDP102", msg, runtime_fix("DDP102"), location=loc(site), ranks=[r],
                                    evidence={"sampler": s, "epochs": len(seen)})
     return list(out.values())
 

@@ -60,7 +60,7 @@ class Probe:
         """Note the exception that ends the rank: type, message, innermost user frame, traceback."""
         try:
             from ddp_doctor.evidence import RaisedError, Site
-            from ddp_doctor.probe.recorder import _PKG_DIR, _is_library
+            from ddp_doctor import frames as kinds
             from ddp_doctor.probe.publisher import current_collective
 
             frames = []
@@ -69,9 +69,8 @@ class Probe:
                 code = tb.tb_frame.f_code
                 frames.append(Site(code.co_filename, tb.tb_lineno, code.co_name))
                 tb = tb.tb_next
-            frames = [f for f in frames if not f.path.startswith(_PKG_DIR) and not f.path.endswith("runpy.py")
-                      and not f.path.startswith("<frozen")]
-            user = [f for f in frames if not _is_library(f.path)]
+            frames = [f for f in frames if not kinds.is_tooling(f.path)]
+            user = [f for f in frames if kinds.is_user(f.path)] or [f for f in frames if not kinds.is_internal(f.path)]
             self.rec.exc = RaisedError(
                 type=type(exc).__name__, module=type(exc).__module__, message=str(exc)[:2000],
                 location=user[-1] if user else (frames[-1] if frames else None), traceback=tuple(frames[-30:]),

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-from ddp_doctor.probe.recorder import LoaderRec, Recorder, set_torch_dir, user_site
+from ddp_doctor.probe.recorder import LoaderRec, Recorder, user_site
 
 COLLECTIVES = (
     "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "reduce_scatter",
@@ -386,9 +386,7 @@ def install(rec: Recorder) -> None:
         return
     _installed = True
     try:
-        import torch
-
-        set_torch_dir(torch.__file__)
+        import torch  # noqa: F401 - nothing to hook without it
     except Exception:
         return
     _register_stack_dump("rank")

@@ -2,17 +2,15 @@
 from __future__ import annotations
 
 import os
-import sysconfig
 from typing import Any
 
+from ddp_doctor import frames
 from ddp_doctor.evidence import Collective
 from ddp_doctor.report import LINT_SCHEMA_ID
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 GOOD_STATES = {"ok", "done", "finished", "completed", "exited_ok", "running", "training", "idle", "succeeded"}
 
-_LIB_MARKERS = ("site-packages", "dist-packages", "<frozen", "<string>", os.sep + "torch" + os.sep)
-_STDLIB = tuple(p for p in {sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")} if p)
 
 
 def normalize(report: dict[str, Any]) -> dict[str, Any]:
@@ -112,17 +110,8 @@ def nnodes(report: dict[str, Any]) -> int:
 
 
 def is_library_frame(path: str | None) -> bool:
-    if not path:
-        return True
-    p = str(path)
-    if any(m in p for m in _LIB_MARKERS):
-        return True
-    if _STDLIB and p.startswith(_STDLIB):
-        return True
-    norm = p.replace("\\", "/")
-    if "/ddp_doctor/" in norm and "/ddp_doctor/demo/" not in norm:
-        return True
-    return False
+    """Not the user's code (ddp_doctor.frames decides, as for the probe and diagnosis)."""
+    return not frames.is_user(path)
 
 
 def stopped_at(r: dict[str, Any]) -> dict[str, Any] | None:
@@ -140,9 +129,9 @@ def user_frame(stack: list[dict[str, Any]] | None) -> dict[str, Any] | None:
     """The innermost frame of user code (stack is outermost first, as in a traceback)."""
     if not stack:
         return None
-    for fr in reversed(stack):
-        if isinstance(fr, dict) and not is_library_frame(fr.get("path")):
-            return fr
+    fr = frames.innermost_user([f for f in stack if isinstance(f, dict)], path=lambda f: f.get("path"))
+    if fr is not None:
+        return fr
     last = stack[-1]
     return last if isinstance(last, dict) else None
 
