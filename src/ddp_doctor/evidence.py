@@ -443,7 +443,7 @@ class RankState:
         d["site_counts"] = [[sc.op, idx(sc.site), sc.calls] for sc in self.site_counts]
         d["sites"] = [[s.path, s.line, s.function] for s in table]
         d["collectives"] = {"count": self.coll_count, "time_s": self.coll_time_s}
-        d["sites_seen"] = sorted([op, list(k) if k else None] for op, k in self.sites_seen)
+        d["sites_seen"] = [[op, list(k) if k else None] for op, k in sorted(self.sites_seen, key=str)]
         d.update(self.perf)
         return d
 
@@ -612,3 +612,28 @@ def stacks_from_wire(raw: str) -> tuple[ThreadStack, ...]:
         return stacks_from_json(json.loads(raw))
     except (ValueError, AttributeError):
         return ()
+
+
+EVIDENCE_OUT_ENV = "DDP_DOCTOR_EVIDENCE_OUT"
+
+
+@dataclass(frozen=True, slots=True)
+class Capture:
+    """Everything one diagnosis rests on: the evidence, the live verdict, the launcher's exit statuses.
+    Saved by a run with ``DDP_DOCTOR_EVIDENCE_OUT``; ``diagnose(*capture.args())`` replays it."""
+    evidence: JobEvidence
+    decision: Verdict | None = None
+    failures: Mapping[int, ExitStatus] = field(default_factory=dict)
+
+    def args(self) -> tuple:
+        return self.evidence, self.decision, dict(self.failures)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "evidence": self.evidence.to_json(),
+                "decision": None if self.decision is None else self.decision.to_json(),
+                "failures": {str(r): x.to_json() for r, x in self.failures.items()}}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Capture":
+        return cls(JobEvidence.from_json(d["evidence"]), Verdict.from_json(d.get("decision")),
+                   {int(r): ExitStatus.from_json(x) for r, x in (d.get("failures") or {}).items()})

@@ -15,7 +15,7 @@ from ddp_doctor import channel
 from ddp_doctor.diagnose import diagnose
 from ddp_doctor.diagnose.common import same_hazard, same_line
 from ddp_doctor.diagnose.live import find_desync
-from ddp_doctor.evidence import ExitStatus, LintMark, RankState, Verdict
+from ddp_doctor.evidence import EVIDENCE_OUT_ENV, Capture, ExitStatus, JobEvidence, LintMark, RankState, Verdict
 from ddp_doctor.findings import plain
 from ddp_doctor.watch import FATAL, stacks
 
@@ -47,6 +47,7 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
                 v.stack = tuple(stacks.fatal_stack(w.run_dir, v.state.pid))
     marks = tuple(LintMark(f.code, f.location.path, f.location.line) for f in lint_findings if f.location)
     evidence = w.evidence().with_(lint=marks)
+    save_evidence(evidence, decision, job.failures)
     verdict, findings = diagnose(evidence, decision, job.failures)
     exit_code = 0
     if verdict == "crash":
@@ -94,6 +95,19 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
     if job.leftovers:
         report["leftover_pids"] = job.leftovers
     return report
+
+
+def save_evidence(evidence: JobEvidence, decision: Verdict | None, failures: dict[int, ExitStatus]) -> None:
+    """``DDP_DOCTOR_EVIDENCE_OUT=PATH``: keep what diagnose() saw, to replay a diagnosis offline (a bug
+    report, the golden tests of the finding texts).  Never fails the run."""
+    path = os.environ.get(EVIDENCE_OUT_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(Capture(evidence, decision, failures).to_json(), f, default=str)
+    except OSError as e:
+        print(f"ddp-doctor: could not save the evidence to {path}: {e}", file=sys.stderr)
 
 
 def confirm_lint(runtime: list[dict[str, Any]], lint: list[dict[str, Any]]) -> None:
