@@ -7,7 +7,7 @@ It only records (no formatting, no CLI).  Entry points:
   ``__main__`` (the user's traceback and exit code are kept).
   Under another launcher (plain torchrun, srun) the same entry makes rank 0 host
   the side channel and a watcher (``ddp_doctor.session.embedded``, passed in by
-  ``__main__`` so that the probe itself depends only on ``channel``).
+  ``__main__`` so that the probe itself depends only on ``store``).
 
 The watcher's side-channel store is named by ``DDP_DOCTOR_STORE=host:port``;
 without it the hooks still install (cheap) but nothing is published.
@@ -44,7 +44,7 @@ class Probe:
     def _embedded(self, host_watcher: Callable[[str], None] | None) -> str | None:
         """No ddp-doctor launcher around us: rank 0 hosts the side channel and the watcher (``host_watcher``)."""
         try:
-            from ddp_doctor.channel import embedded_address
+            from ddp_doctor.store import embedded_address
 
             addr = embedded_address()
             if addr and self.rec.rank == 0 and host_watcher is not None:

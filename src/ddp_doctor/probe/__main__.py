@@ -1,7 +1,7 @@
 """``python -m ddp_doctor.probe [-m] SCRIPT|MODULE [ARGS...]``: install the probe, then run the user's program as __main__.
 
 The rank program's entry point, so the one place inside probe/ that wires in the session (the embedded
-watcher rank 0 hosts under another launcher); the probe modules themselves depend only on ``channel``.
+watcher rank 0 hosts under another launcher); the probe modules themselves depend only on ``store`` and ``evidence``.
 """
 from __future__ import annotations
 

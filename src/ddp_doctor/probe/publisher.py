@@ -1,6 +1,6 @@
 """The probe's background thread: posts the rank's state to the watcher's TCPStore and answers stack requests.
 
-The keys are :mod:`ddp_doctor.channel`'s (a side-channel store, never the user's process groups).
+The keys are :mod:`ddp_doctor.store`'s (a side-channel store, never the user's process groups).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from ddp_doctor import channel
+from ddp_doctor import store as side
 from ddp_doctor.evidence import (Collective, DataWait, DdpModel, LoaderState, RankState, SamplerState, Site, SiteCount,
                                  ThreadStack, TimelineEvent, Timing, stacks_to_json)
 from ddp_doctor.probe.recorder import Recorder, frames_of, user_site
@@ -137,39 +137,39 @@ class Publisher(threading.Thread):
     def __init__(self, rec: Recorder, address: str) -> None:
         super().__init__(name="ddp-doctor-probe", daemon=True)
         self.rec = rec
-        self.host, self.port = channel.split_address(address)
+        self.host, self.port = side.split_address(address)
         self.store = None
         self.lock = threading.Lock()
         self.last_req = 0
         self.stopped = threading.Event()
 
     def _connect(self):
-        return channel.join_store(self.host, self.port, timeout_s=15)
+        return side.join_store(self.host, self.port, timeout_s=15)
 
     def publish(self, *, final: bool = False) -> None:
         data = json.dumps(snapshot(self.rec, with_stack=final).to_json(), separators=(",", ":"), default=str)
         with self.lock:
             if self.store is None:
                 self.store = self._connect()
-            self.store.set(channel.rank_key(self.rec.rank), data)
+            self.store.set(side.rank_key(self.rec.rank), data)
 
     def _answer_requests(self) -> None:
         with self.lock:
-            req = self.store.add(channel.REQ, 0)
+            req = self.store.add(side.REQ, 0)
         if req > self.last_req:
             self.last_req = req
             stacks = stacks_to_json(thread_stacks(self.rec))
             data = json.dumps(snapshot(self.rec, with_stack=True).to_json(), separators=(",", ":"), default=str)
             with self.lock:
-                self.store.set(channel.rank_key(self.rec.rank), data)
-                self.store.set(channel.stack_key(self.rec.rank, req), json.dumps(stacks))
+                self.store.set(side.rank_key(self.rec.rank), data)
+                self.store.set(side.stack_key(self.rec.rank, req), json.dumps(stacks))
 
     def _check_stop(self) -> None:
         """Embedded mode: the watcher in rank 0 decided; end this rank (and its loader workers)."""
         if os.environ.get("DDP_DOCTOR_STORE_EMBEDDED") != "1":
             return
         with self.lock:
-            stop = self.store.check([channel.STOP])
+            stop = self.store.check([side.STOP])
         if stop:
             import signal
 
@@ -203,13 +203,13 @@ class Publisher(threading.Thread):
         try:
             self.publish(final=True)
             with self.lock:
-                if self.store.check([channel.STOP]):
+                if self.store.check([side.STOP]):
                     wait_ack = 0.0  # the watcher has already decided; nobody will ack
             if wait_ack > 0:
                 end = time.monotonic() + wait_ack
                 while time.monotonic() < end:
                     with self.lock:
-                        if self.store.add(channel.ack_key(ATTEMPT, self.rec.rank), 0) > 0:
+                        if self.store.add(side.ack_key(ATTEMPT, self.rec.rank), 0) > 0:
                             break
                     time.sleep(0.05)
         except Exception:

@@ -20,7 +20,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from ddp_doctor import channel
+from ddp_doctor import store as side
 from ddp_doctor.evidence import ExitStatus, Verdict
 from ddp_doctor.procs import descendants, terminate
 from ddp_doctor.session import assemble
@@ -102,7 +102,7 @@ class Job:
             pass
         self.nnodes = nnodes_max
         if nnodes_max <= 1 or a.standalone:
-            self.store, port = channel.host_store(0)
+            self.store, port = side.host_store(0)
             self.store_addr = f"127.0.0.1:{port}"
             return True
         endpoint = a.rdzv_endpoint or f"{a.master_addr}:{a.master_port or 29500}"
@@ -112,18 +112,18 @@ class Job:
         self.store_addr = f"{host}:{wport}"
         if a.node_rank == 0 and _is_local(host):
             try:
-                self.store, _ = channel.host_store(wport)
+                self.store, _ = side.host_store(wport)
                 return True
             except Exception:
                 pass
-        self.store = channel.join_store(host, wport)
+        self.store = side.join_store(host, wport)
         return False
 
     # -- stopping --------------------------------------------------------------------
     def on_decision(self, decision: Verdict) -> None:
         """Called from the watcher thread once it has decided and taken the stacks."""
         try:
-            self.store.set(channel.STOP, json.dumps({"reason": decision.reason}))
+            self.store.set(side.STOP, json.dumps({"reason": decision.reason}))
         except Exception:
             pass
         self.stop()
@@ -149,7 +149,7 @@ class Job:
         """On a node that does not host the store: stop when the host says so."""
         while not self.stop_requested.is_set():
             try:
-                if self.store.check([channel.STOP]):
+                if self.store.check([side.STOP]):
                     self.stop()
                     return
             except Exception:

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from ddp_doctor import channel
+from ddp_doctor import store as side
 from ddp_doctor.diagnose import diagnose
 from ddp_doctor.diagnose.common import same_hazard, same_line
 from ddp_doctor.diagnose.live import find_desync
@@ -191,19 +191,19 @@ def emit(job, report: dict[str, Any], is_host: bool) -> int:
         end = time.monotonic() + 20
         while time.monotonic() < end:
             try:
-                if job.store.check([channel.REPORT]):
-                    report = json.loads(job.store.get(channel.REPORT))
-                    job.store.add(channel.REPORT_READ, 1)
+                if job.store.check([side.REPORT]):
+                    report = json.loads(job.store.get(side.REPORT))
+                    job.store.add(side.REPORT_READ, 1)
                     break
             except Exception:
                 break
             time.sleep(0.2)
     elif job.store is not None and job.own:
         try:
-            job.store.set(channel.REPORT, json.dumps(report))
+            job.store.set(side.REPORT, json.dumps(report))
             followers = job.nnodes - 1
             end = time.monotonic() + (10 if followers > 0 else 0)
-            while followers > 0 and time.monotonic() < end and job.store.add(channel.REPORT_READ, 0) < followers:
+            while followers > 0 and time.monotonic() < end and job.store.add(side.REPORT_READ, 0) < followers:
                 time.sleep(0.2)
         except Exception:
             pass

@@ -22,7 +22,7 @@ from typing import Any
 
 def start_in_rank0(address: str) -> None:
     """Host the store and start the watcher thread (called by the probe on global rank 0)."""
-    from ddp_doctor.channel import host_store
+    from ddp_doctor.store import host_store
     from ddp_doctor.watch import Watcher
 
     store, _ = host_store(int(address.rpartition(":")[2]))
@@ -59,7 +59,7 @@ def _report_and_stop(w, store, decision, t0: float, scratch: str | None = None) 
     if scratch:
         shutil.rmtree(scratch, ignore_errors=True)
     try:
-        from ddp_doctor.channel import STOP
+        from ddp_doctor.store import STOP
 
         store.set(STOP, "1")
     except Exception:

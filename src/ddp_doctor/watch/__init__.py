@@ -1,6 +1,6 @@
 """The watcher: runs in the launcher process beside torch's elastic agent, and collects.
 
-It reads every rank's state from the side-channel store (:mod:`ddp_doctor.channel`) a few times a
+It reads every rank's state from the side-channel store (:mod:`ddp_doctor.store`) a few times a
 second, notices local ranks' deaths before the agent reaps them, and asks :mod:`ddp_doctor.diagnose.live`
 whether the job is lost.  Once it is, the watcher takes every rank's stack (the probe's thread, falling
 back to faulthandler on SIGUSR1) and the DataLoader workers' stacks, and calls ``on_decision``; the
@@ -19,7 +19,7 @@ from typing import Callable
 
 import psutil
 
-from ddp_doctor import channel
+from ddp_doctor import store as side
 from ddp_doctor.diagnose import live as judge
 from ddp_doctor.evidence import (JobEvidence, RankState, Verdict, WorkerStack, exit_from_wire,
                                  rank_state_from_wire, stacks_from_wire, to_wire)
@@ -72,7 +72,7 @@ class Watcher(threading.Thread):
     def read_states(self) -> None:
         now = time.monotonic()
         for r in range(self.world_size):
-            raw = self._get(channel.rank_key(r))
+            raw = self._get(side.rank_key(r))
             if raw is None:
                 continue
             state = rank_state_from_wire(raw)
@@ -96,7 +96,7 @@ class Watcher(threading.Thread):
                 self.local_pids[state.pid] = r
         for r, v in self.views.items():
             if v.exit is None:
-                raw = self._get(channel.exit_key(self.attempt, r))
+                raw = self._get(side.exit_key(self.attempt, r))
                 if raw:
                     v.exit = exit_from_wire(raw)
 
@@ -121,7 +121,7 @@ class Watcher(threading.Thread):
                 continue
             self.exit_posted.add(rank)
             try:
-                self.store.set(channel.exit_key(self.attempt, rank), to_wire(info))
+                self.store.set(side.exit_key(self.attempt, rank), to_wire(info))
             except Exception:
                 pass
             self.views[rank].exit = info
@@ -144,7 +144,7 @@ class Watcher(threading.Thread):
     def collect_stacks(self, wait_s: float = 1.5) -> None:
         """Ask every probe for its stacks; faulthandler (SIGUSR1) for local ranks that do not answer."""
         try:
-            self.req = self.store.add(channel.REQ, 1)
+            self.req = self.store.add(side.REQ, 1)
         except Exception:
             return
         pending = {r for r, v in self.views.items() if v.state and not v.exit and not v.state.done
@@ -152,7 +152,7 @@ class Watcher(threading.Thread):
         end = time.monotonic() + wait_s
         while pending and time.monotonic() < end:
             for r in list(pending):
-                raw = self._get(channel.stack_key(r, self.req))
+                raw = self._get(side.stack_key(r, self.req))
                 if raw:
                     threads = stacks_from_wire(raw)
                     v = self.views[r]
@@ -234,7 +234,7 @@ class Watcher(threading.Thread):
         for r, v in self.views.items():
             if v.state is not None and v.state.exc and r not in self.acked:
                 try:
-                    self.store.add(channel.ack_key(self.attempt, r), 1)
+                    self.store.add(side.ack_key(self.attempt, r), 1)
                     self.acked.add(r)
                 except Exception:
                     pass

@@ -1,4 +1,4 @@
-"""The side channel between the ranks' probes and the watcher: torch's own TCPStore, never the user's groups.
+"""The side-channel store between the ranks' probes and the watcher: torch's own TCPStore, never the user's groups.
 
 One place for the store's address handling and for every key name, so the probe (writer), the
 watcher (reader) and the session (stop / multi-node report exchange) cannot disagree about them.
