@@ -35,7 +35,7 @@ def capture(name: str) -> None:
                                                DDP_DOCTOR_EVIDENCE_OUT=str(path)))
         cmd = [sys.executable, "-m", "ddp_doctor", "run", "--quiet", *manifest.torchrun_argv(name)]
         subprocess.run(cmd, env=env, timeout=300, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        text = path.read_text(encoding="utf-8").replace(str(ROOT), "<root>")
+        text = path.read_text(encoding="utf-8").replace(str(ROOT), "/checkout")
     OUT.mkdir(exist_ok=True)
     (OUT / f"{name}.json").write_text(json.dumps(json.loads(text), sort_keys=True) + "\n", encoding="utf-8")
     print("captured", name, flush=True)

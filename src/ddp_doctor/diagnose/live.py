@@ -33,7 +33,6 @@ class Judge:
     def __init__(self, hang_timeout: float | None) -> None:
         self.hang_timeout = hang_timeout
         self.not_started_since: float | None = None
-        self.last_limit = 0.0
 
     def hang_limit(self, views: dict[int, Any]) -> tuple[float, str]:
         """(seconds, how it was chosen): explicit, or learned from the job's own step times."""
@@ -77,7 +76,6 @@ class Judge:
         else:
             self.not_started_since = None
         limit, how = self.hang_limit(views)
-        self.last_limit = limit
         # 3. a rank finished while the others stall
         if finished and live and stalled > max(EXIT_GRACE_S, min(limit, 3 * EXIT_GRACE_S)):
             return Verdict("exit", rank=finished[0].rank, finished=True, stalled_s=stalled, limit_s=limit,
