@@ -99,6 +99,9 @@ class Recorder:
         self.done = False
         self.exit_code: int | None = None
         self.version = 0  # bumped on notable changes (the publisher posts early)
+        # the publisher's records of sites and fingerprints already built (its thread only)
+        self.site_records: list[Any] = []
+        self.fp_records: dict[tuple, Any] = {}
 
     # -- helpers -----------------------------------------------------------------
     def site_index(self, site) -> int:
