@@ -1,7 +1,7 @@
 """Runtime performance diagnoses: evidence -> findings (DDP401, DDP403, DDP404, DDP405, DDP301/302).
 
 Pure functions: no I/O, no formatting, no torch.  ``evidence`` is the watcher's
-plain-data view of every rank (BOARD.md "PER-RANK EVIDENCE FORMAT"); optional
+plain-data view of every rank (``JobEvidence.to_json()``, :mod:`ddp_doctor.evidence`); optional
 extras are used when present:
 
 - ``evidence["machine"] = {"cpu_count": int}`` (else ``os.cpu_count()`` of the

@@ -3,8 +3,7 @@
 Everything here is written by the rank's own threads through cheap attribute
 updates (no locks on the hot path: the GIL makes single attribute/deque updates
 atomic enough for a monitor) and read by the publisher thread, which turns it
-into the JSON-able state posted on the side-channel store (see BOARD.md:
-"PER-RANK EVIDENCE FORMAT").
+into the typed state (:class:`ddp_doctor.evidence.RankState`) posted on the side-channel store.
 """
 from __future__ import annotations
 
