@@ -14,10 +14,10 @@ import ast
 from dataclasses import dataclass
 from typing import Iterable
 
-from ddp_doctor.lint.model import (
-    RANKS, Cond, ModuleModel, Scope, Site, arg_or_kw, const_value, dotted, final_name,
-    kwarg, NOTCONST,
-)
+from ddp_doctor.lint.evaluate import RANKS
+from ddp_doctor.lint.model import ModuleModel
+from ddp_doctor.lint.names import NOTCONST, arg_or_kw, const_value, dotted, final_name, kwarg
+from ddp_doctor.lint.scopes import Cond, Scope, Site
 
 _UNWRAP = {"enumerate", "tqdm", "iter", "zip", "islice", "trange", "track", "progress_bar", "Bar", "chain",
            "cycle", "prefetch", "CUDAPrefetcher", "DataPrefetcher", "data_prefetcher", "MetricLogger"}

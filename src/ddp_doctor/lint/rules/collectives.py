@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 
 from ddp_doctor.lint import analysis as A
-from ddp_doctor.lint.model import Cond, Scope, Site
+from ddp_doctor.lint.scopes import Cond, Scope, Site
 from ddp_doctor.lint.rules.base import Context, Rule
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 import ast
 
 from ddp_doctor.lint import analysis as A
-from ddp_doctor.lint.model import (
-    AGREE_FUNCS, GATHER_OUTPUT_COLLECTIVES, INPLACE_COLLECTIVES, ModuleModel, Scope, data_names, dotted,
-    final_name, kwarg,
+from ddp_doctor.lint.model import ModuleModel
+from ddp_doctor.lint.names import (
+    AGREE_FUNCS, GATHER_OUTPUT_COLLECTIVES, INPLACE_COLLECTIVES, data_names, dotted, final_name, kwarg,
 )
+from ddp_doctor.lint.scopes import Scope
 from ddp_doctor.lint.rules.base import Context, Rule
 
 _SIZE_ATTRS = {"shape", "size", "numel", "__len__"}
