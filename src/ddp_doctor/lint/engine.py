@@ -6,6 +6,7 @@ import fnmatch
 import io
 import os
 import re
+import stat
 import sys
 import tokenize
 from dataclasses import dataclass, field
@@ -135,25 +136,65 @@ def discover(paths: Iterable[str | os.PathLike[str]], exclude: Sequence[str] = (
                     fp = rootp / n
                     if exclude and _excluded(fp, exclude):
                         continue
-                    if not fp.is_file():  # dangling symlink
+                    if not fp.is_file() and not fp.exists():  # dangling symlink
                         continue
                     add(fp)
     return files, errors
 
 
 # --------------------------------------------------------------- linting ---
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def _not_regular(mode: int) -> str | None:
+    """Why a file of this mode is not read (reading a FIFO blocks, /dev/zero never ends), or None."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return f"not a regular file ({kind}); skipped"
+
+
+def _too_large(size: int) -> str:
+    return f"file too large to lint ({size / 2**20:.1f} MiB > {MAX_BYTES // 2**20} MiB limit); skipped"
+
+
 def read_source(path: Path) -> tuple[str | None, str | None]:
-    """(text, None) or (None, error message)."""
+    """(text, None) or (None, error message).  Only regular files are read, and at most
+    :data:`MAX_BYTES`: the type and size are checked on the opened descriptor (no race with a file
+    swapped after a first look), which is opened non-blocking so a FIFO cannot stall the open."""
     try:
-        size = path.stat().st_size
+        st = os.stat(path)
     except OSError as e:
         return None, f"cannot read: {e.strerror or e}"
-    if size > MAX_BYTES:
-        return None, f"file too large to lint ({size / 1e6:.1f} MB > {MAX_BYTES / 1e6:.0f} MB limit); skipped"
+    why = _not_regular(st.st_mode)
+    if why is None and st.st_size > MAX_BYTES:
+        why = _too_large(st.st_size)
+    if why is not None:
+        return None, why
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     except OSError as e:
         return None, f"cannot read: {e.strerror or e}"
+    try:
+        st = os.fstat(fd)
+        why = _not_regular(st.st_mode)
+        if why is not None:
+            return None, why
+        chunks, left = [], MAX_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    except OSError as e:
+        return None, f"cannot read: {e.strerror or e}"
+    finally:
+        os.close(fd)
+    if len(data) > MAX_BYTES:  # grew after the first look
+        return None, _too_large(len(data))
     return decode_source(data)
 
 
