@@ -114,6 +114,9 @@ class _Eval:
                 return self.atom(node)  # an element of unknown data: the same on every rank
         if isinstance(node, ast.Call):
             return self._call(node, depth)
+        if isinstance(node, ast.Slice):  # ds[rank::world]: a rank in a slice selects per-rank data
+            parts = [self.ev(x, depth + 1) if x is not None else {None} for x in (node.lower, node.upper, node.step)]
+            return {("slice", a, b, c) for a in parts[0] for b in parts[1] for c in parts[2]}
         if isinstance(node, ast.UnaryOp):
             vals = self.ev(node.operand, depth + 1)
             op = node.op

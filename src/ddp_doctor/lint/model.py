@@ -48,5 +48,12 @@ class ModuleModel(ScopeIndex, ControlFlow, ValueFlow, RankDependence, ModuleSumm
         self.classes: dict[str, ast.ClassDef] = {}
         self.has_main_guard = False
         self._cache: dict[Any, Any] = {}
+        self.project = None  # the Project this module was linted in (cross-file summaries), if any
         self._collect()
         self.scope = self.scopes[tree]
+
+    def project_collectives(self, func: ast.expr, scope: Scope) -> list:
+        """Collectives run by a function of another project file that ``func`` names (empty alone)."""
+        if self.project is None:
+            return []
+        return self.project.collectives_of_call(self, func, scope)

@@ -33,6 +33,31 @@ class RankDependence:
             out.append("T" if truths == {True} else "F" if truths == {False} else "?")
         return out
 
+    def varies_by_rank(self, expr: ast.expr, scope: Scope) -> bool:
+        """Can the *value* of ``expr`` differ between ranks?  ``shards[rank]``, ``f"out{rank}"`` and
+        ``rank == 0`` can; ``int(os.environ["RANK"]) != -1`` and ``world_size`` mention the rank yet are
+        the same everywhere.  Shown by evaluating ``expr`` for every rank; a value that mentions the rank
+        and cannot be evaluated (``load_shard(rank)``) counts as varying."""
+        key = ("varies", id(expr), id(scope))
+        got = self._cache.get(key)
+        if got is not None and got[0] is expr:
+            return got[1]
+        res = False
+        if self.mentions_rank(expr, scope):
+            any_eval = False
+            for sigma in self.sigmas(self.atoms(expr, scope), [expr]):
+                try:
+                    vals = [_Eval(self, scope, r, sigma).ev(expr, 0) for r in RANKS]
+                except Exception:  # noqa: BLE001 - cannot be evaluated under this choice
+                    continue
+                any_eval = True
+                if any(v != vals[0] for v in vals):
+                    res = True
+                    break
+            res = res or not any_eval
+        self._cache[key] = (expr, res)
+        return res
+
     def atoms(self, expr: ast.expr, scope: Scope) -> list[str]:
         ev = _Eval(self, scope, 0, {}, collect=True)
         try:
