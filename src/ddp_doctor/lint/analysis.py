@@ -14,6 +14,7 @@ import ast
 from dataclasses import dataclass
 from typing import Iterable
 
+from ddp_doctor.lint.buffers import wrapped_module_has_no_buffers
 from ddp_doctor.lint.evaluate import RANKS
 from ddp_doctor.lint.model import ModuleModel
 from ddp_doctor.lint.names import NOTCONST, arg_or_kw, const_value, dotted, final_name, kwarg
@@ -231,10 +232,13 @@ def ddp_constructions(model: ModuleModel, expr: ast.expr, scope: Scope, depth: i
 
 
 def no_buffer_broadcast(model: ModuleModel, expr: ast.expr, scope: Scope) -> bool:
-    """Every DDP construction behind ``expr`` says ``broadcast_buffers=False``."""
+    """A forward of the DDP model ``expr`` broadcasts no buffers: every DDP construction behind it says
+    ``broadcast_buffers=False``, or the module it wraps is shown to have no buffers (see lint.buffers)."""
     calls = ddp_constructions(model, expr, scope)
-    return bool(calls) and all(kwarg(c, "broadcast_buffers") is not None and
-                               literal(kwarg(c, "broadcast_buffers").value) is False for c in calls)
+    if bool(calls) and all(kwarg(c, "broadcast_buffers") is not None and
+                           literal(kwarg(c, "broadcast_buffers").value) is False for c in calls):
+        return True
+    return wrapped_module_has_no_buffers(model, calls, scope)
 
 
 _NO_GRAD = ("no_grad", "inference_mode")

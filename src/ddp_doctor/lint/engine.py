@@ -15,6 +15,7 @@ from typing import Iterable, Sequence
 
 from ddp_doctor.findings import Finding
 from ddp_doctor.lint.model import ModuleModel
+from ddp_doctor.lint.project import Project
 from ddp_doctor.lint.rules import RULES, Context, Rule
 
 #: Files larger than this are reported as an error entry instead of being parsed.
@@ -59,8 +60,16 @@ class LintResult:
 
     def to_lint_dict(self) -> dict:
         from ddp_doctor.report import LINT_SCHEMA_ID
-        return {"schema": LINT_SCHEMA_ID, "findings": [f.to_lint_dict() for f in self.findings],
+        return {"schema": LINT_SCHEMA_ID, "findings": [finding_dict(f) for f in self.findings],
                 "errors": [e.to_dict() for e in self.errors]}
+
+
+def finding_dict(f: Finding) -> dict:
+    """The lint/v1 finding object, plus ``related`` (other files' lines that make it one) when there are."""
+    d = f.to_lint_dict()
+    if f.evidence.get("related"):
+        d["related"] = list(f.evidence["related"])
+    return d
 
 
 def code_selected(code: str, select: Sequence[str] | None, ignore: Sequence[str] | None) -> bool:
@@ -215,8 +224,10 @@ def decode_source(data: bytes) -> tuple[str | None, str | None]:
 
 
 def lint_source(source: str, path: str = "<string>", *, select: Sequence[str] | None = None,
-                ignore: Sequence[str] | None = None, noqa: bool = True, tree: ast.Module | None = None) -> FileResult:
-    """Lint one module's text (``tree``: its already parsed AST, if the caller has it).
+                ignore: Sequence[str] | None = None, noqa: bool = True, tree: ast.Module | None = None,
+                project: Project | None = None) -> FileResult:
+    """Lint one module's text (``tree``: its already parsed AST, if the caller has it).  ``project``: the
+    files its imports may resolve to (default: the folder of ``path``, when it is a file on disk).
     Never raises for bad input: a problem becomes ``FileResult.error``."""
     res = FileResult(path, source=source)
     try:
@@ -237,6 +248,10 @@ def lint_source(source: str, path: str = "<string>", *, select: Sequence[str] | 
         return res
     try:
         model = ModuleModel(tree, path, source)
+        if project is None and path != "<string>" and os.path.isfile(path):
+            project = Project([Path(path).parent])
+        if project is not None:
+            project.register(model)
     except RecursionError:
         res.error = LintError(path, "cannot analyse: nesting too deep")
         return res
@@ -290,21 +305,32 @@ def _suppressed(lines: list[str], f: Finding) -> bool:
     return any(f.code.startswith(c.upper()) for c in re.split(r"[\s,]+", codes) if c)
 
 
-def lint_file(path: str | os.PathLike[str], *, select=None, ignore=None) -> FileResult:
+def lint_file(path: str | os.PathLike[str], *, select=None, ignore=None, project: Project | None = None) -> FileResult:
     p = Path(path)
     text, err = read_source(p)
     if err is not None:
         return FileResult(str(p), error=LintError(str(p), err))
-    return lint_source(text, str(p), select=select, ignore=ignore)
+    return lint_source(text, str(p), select=select, ignore=ignore, project=project)
+
+
+def project_roots(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """Where imports may resolve: each directory linted, and the folder of each file linted."""
+    roots = []
+    for raw in paths:
+        p = Path(raw)
+        roots.append(p if p.is_dir() else p.parent)
+    return roots
 
 
 def lint_paths(paths: Iterable[str | os.PathLike[str]], *, select: Sequence[str] | None = None,
                ignore: Sequence[str] | None = None, exclude: Sequence[str] = ()) -> LintResult:
     """Lint files and directories.  ``.findings`` are :class:`~ddp_doctor.findings.Finding` with locations."""
+    paths = list(paths)
     files, errors = discover(paths, exclude)
     result = LintResult(errors=list(errors))
+    project = Project(project_roots(paths))  # one per run: imports between the linted files resolve
     for p in files:
-        fr = lint_file(p, select=select, ignore=ignore)
+        fr = lint_file(p, select=select, ignore=ignore, project=project)
         result.files += 1
         result.findings.extend(fr.findings)
         if fr.error is not None:

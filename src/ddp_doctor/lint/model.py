@@ -40,6 +40,8 @@ class ModuleModel(ScopeIndex, ControlFlow, ValueFlow, RankDependence, ModuleSumm
         self.path = path
         self.source = source
         self.imports: dict[str, str] = {}
+        # local name -> (relative level, module, imported name or None for `import a.b`): for the project
+        self.import_from: dict[str, tuple[int, str, str | None]] = {}
         self.scopes: dict[ast.AST, Scope] = {}
         self.functions: dict[str, list[ast.AST]] = {}  # module-level and nested defs by name
         self.methods: dict[ast.ClassDef, dict[str, ast.AST]] = {}

@@ -91,15 +91,20 @@ class ScopeIndex:
                     for a in node.names:
                         if a.asname:
                             self.imports[a.asname] = a.name
+                            self.import_from[a.asname] = (0, a.name, None)
                         else:
                             top = a.name.split(".")[0]
                             self.imports[top] = top
+                            self.import_from[top] = (0, top, None)
                     continue
                 if t is ast.ImportFrom:
-                    if node.module and not node.level:
-                        for a in node.names:
-                            if a.name != "*":
-                                self.imports[a.asname or a.name] = f"{node.module}.{a.name}"
+                    for a in node.names:
+                        if a.name == "*":
+                            continue
+                        if node.module and not node.level:
+                            self.imports[a.asname or a.name] = f"{node.module}.{a.name}"
+                        # relative ones too: the project resolves them to files (`from .engine import f`)
+                        self.import_from[a.asname or a.name] = (node.level, node.module or "", a.name)
                     continue
                 if t is ast.FunctionDef or t is ast.AsyncFunctionDef:
                     self.functions.setdefault(node.name, []).append(node)
