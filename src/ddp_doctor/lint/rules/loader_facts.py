@@ -8,6 +8,7 @@ import re
 from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import ModuleModel
 from ddp_doctor.lint.names import ITERABLE_DATASETS, arg_or_kw, final_name
+from ddp_doctor.lint.project import display_path
 from ddp_doctor.lint.scopes import Scope
 
 
@@ -126,6 +127,61 @@ def in_memory_dataset(m: ModuleModel, ds: ast.expr | None, scope: Scope, depth: 
         vals = [v for v in m.values_of(ds, scope) if v is not ds]
         return bool(vals) and all(in_memory_dataset(m, v, scope, depth + 1) for v in vals)
     return False
+
+
+_FILE_DATASETS = {"ImageFolder", "DatasetFolder", "ImageNet", "CocoDetection", "CocoCaptions", "VOCSegmentation",
+                  "VOCDetection", "Kinetics", "UCF101", "HMDB51", "LSUN", "Places365", "CelebA", "Cityscapes",
+                  "Flowers102", "Food101", "StanfordCars", "OxfordIIITPet", "WIDERFace", "SBDataset"}
+
+
+def expensive_dataset(m: ModuleModel, ds: ast.expr | None, scope: Scope, depth: int = 0) -> str | None:
+    """Why loading one item of ``ds`` costs real time (file I/O, decoding, transforms in ``__getitem__``,
+    a file-backed torchvision dataset), or None when nothing shows it (an in-memory TensorDataset, a
+    dataset class that only indexes lists of tensors, a dataset we cannot read)."""
+    if ds is None or depth > 6:
+        return None
+    if isinstance(ds, ast.Call):
+        name = final_name(ds.func) or ""
+        q = m.qual(ds.func) or ""
+        if name in ("Subset", "ConcatDataset") and ds.args:
+            first = ds.args[0]
+            parts = first.elts if isinstance(first, (ast.List, ast.Tuple)) else [first]
+            for e in parts:
+                why = expensive_dataset(m, e, scope, depth + 1)
+                if why:
+                    return why
+            return None
+        if name in _FILE_DATASETS or (q.startswith("torchvision.datasets.") and name[:1].isupper()):
+            return f"`{name}` reads and decodes a file for every item"
+        owner, cls = m, m.classes.get(name) if isinstance(ds.func, ast.Name) else None
+        if cls is None and m.project is not None:
+            got = m.project.resolve_call(m, ds.func, scope)
+            if got is not None and isinstance(got[1], ast.ClassDef):
+                owner, cls = got
+        if cls is not None:
+            methods = owner.methods.get(cls, {})
+            getitem = methods.get("__getitem__") or methods.get("__iter__")
+            for c in ast.walk(getitem) if getitem is not None else ():
+                if isinstance(c, ast.Call) and _LOADING.search(ast.unparse(c.func)):
+                    where = "" if owner is m else f" ({display_path(owner.path)}:{c.lineno})"
+                    return f"`{cls.name}.{getitem.name}` calls `{ast.unparse(c.func)}(...)`{where} for every item"
+            return None
+        fn = m.resolve_function(ds.func, scope)
+        if fn is not None:
+            for r in m.returns_of(fn):
+                why = expensive_dataset(m, r.value, m.scopes[fn], depth + 1) if r.value is not None else None
+                if why:
+                    return why
+        return None
+    if isinstance(ds, ast.Subscript):
+        return expensive_dataset(m, ds.value, scope, depth + 1)
+    if isinstance(ds, (ast.Name, ast.Attribute)):
+        for v in m.values_of(ds, scope):
+            if v is not ds:
+                why = expensive_dataset(m, v, m.scope_of_value(v, scope), depth + 1)
+                if why:
+                    return why
+    return None
 
 
 def training_loader_uses(m: ModuleModel) -> dict[ast.Call, list[A.LoaderUse]]:

@@ -8,9 +8,7 @@ from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import ModuleModel
 from ddp_doctor.lint.names import arg_or_kw, dotted, final_name, has_star_kwargs
 from ddp_doctor.lint.rules.base import Context, Rule
-from ddp_doctor.lint.rules.loader_facts import (
-    dl_arg, in_memory_dataset, num_workers_arg, training_loader_uses,
-)
+from ddp_doctor.lint.rules.loader_facts import dl_arg, expensive_dataset, num_workers_arg, training_loader_uses
 
 
 class DataBound(Rule):
@@ -26,14 +24,15 @@ class DataBound(Rule):
             nw, val = num_workers_arg(call)
             if val != 0:
                 continue
-            if in_memory_dataset(m, dl_arg(call, "dataset"), uses[0].loader_scope):
-                continue  # in-memory tensors: workers would only add overhead
+            why = expensive_dataset(m, dl_arg(call, "dataset"), uses[0].loader_scope)
+            if why is None:
+                continue  # evidence before advice: in-memory tensors gain nothing from workers
             how = "no `num_workers`" if nw is None else "`num_workers=0`"
             ctx.report(
                 self.code, call,
-                f"the training DataLoader has {how}: every batch is loaded and transformed in the training "
-                f"process itself, so the GPU waits for the data at every step (and in DDP the slowest rank's "
-                f"loading stalls all ranks).",
+                f"the training DataLoader has {how} and its dataset is expensive to load ({why}): every "
+                f"batch is loaded and transformed in the training process itself, so the GPU waits for the "
+                f"data at every step (and in DDP the slowest rank's loading stalls all ranks).",
                 "Load in background workers: `num_workers=4` (or more: about CPU cores / ranks per node), "
                 "with `pin_memory=True` and `persistent_workers=True`; `ddp-doctor run` measures the data wait.",
             )
