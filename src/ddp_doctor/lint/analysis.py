@@ -21,7 +21,7 @@ from ddp_doctor.lint.names import NOTCONST, arg_or_kw, const_value, dotted, fina
 from ddp_doctor.lint.scopes import Cond, Scope, Site
 
 _UNWRAP = {"enumerate", "tqdm", "iter", "zip", "islice", "trange", "track", "progress_bar", "Bar", "chain",
-           "cycle", "prefetch", "CUDAPrefetcher", "DataPrefetcher", "data_prefetcher", "MetricLogger"}
+           "cycle", "prefetch", "CUDAPrefetcher", "DataPrefetcher", "data_prefetcher", "MetricLogger", "log_every"}
 
 
 def _cached(model: ModuleModel, key, fn):
@@ -43,9 +43,13 @@ def backward_sites(model: ModuleModel, scope: Scope, depth: int = 0) -> list[Sit
             out.append(site)
         elif depth == 0:
             fn = model.resolve_function(site.call.func, scope)
-            if fn is not None and fn is not scope.node and any(
-                    model.is_backward_call(s.call) for s in fn_direct_sites(model, fn)):
-                out.append(site)
+            if fn is not None:
+                if fn is not scope.node and any(model.is_backward_call(s.call) for s in fn_direct_sites(model, fn)):
+                    out.append(site)
+            elif model.project is not None:  # train_one_epoch(...) from engine.py
+                summ = model.project.summary_of_call(model, site.call.func, scope)
+                if summ is not None and summ.backward is not None:
+                    out.append(site)
     return out
 
 
@@ -116,6 +120,7 @@ class LoaderUse:
     scope: Scope  # scope of the loop
     training: bool  # the loop runs a backward
     epochs: bool  # iterated again and again (nested in an outer loop, or its function is called in a loop)
+    via: object = None  # Related: the loop in another project file, when the loader is passed to it
 
 
 def loader_uses(model: ModuleModel) -> list[LoaderUse]:
@@ -129,8 +134,32 @@ def loader_uses(model: ModuleModel) -> list[LoaderUse]:
                 for call, lscope in resolve_loaders(model, loop.iter, scope):
                     epochs = bool(outer) or _called_in_loop(model, scope)
                     uses.append(LoaderUse(call, lscope, loop, scope, loop in tl, epochs))
+            if model.project is not None:
+                uses.extend(_uses_in_other_files(model, scope))
         return uses
     return _cached(model, "loader_uses", compute)
+
+
+def _uses_in_other_files(model: ModuleModel, scope: Scope) -> list[LoaderUse]:
+    """``train_one_epoch(model, data_loader, ...)`` with the loop over ``data_loader`` in engine.py."""
+    out = []
+    for site in scope.sites:
+        if model.resolve_function(site.call.func, scope) is not None:
+            continue
+        summ = model.project.summary_of_call(model, site.call.func, scope)
+        if summ is None or not summ.iterates:
+            continue
+        for i, pname in enumerate(summ.params):
+            if pname not in summ.iterates:
+                continue
+            arg = arg_or_kw(site.call, i, pname)
+            if arg is None:
+                continue
+            related, training = summ.iterates[pname]
+            for call, lscope in resolve_loaders(model, arg, scope):
+                epochs = bool(site.loops) or _called_in_loop(model, scope)
+                out.append(LoaderUse(call, lscope, site.stmt, scope, training, epochs, related))
+    return out
 
 
 def _called_in_loop(model: ModuleModel, scope: Scope) -> bool:

@@ -69,6 +69,7 @@ class FunctionSummary:
     backward: Related | None = None  # runs a backward (itself or through what it calls)
     trains: Related | None = None  # a loop over data with a backward inside (a train-one-epoch function)
     forwards: dict[str, tuple[Related, bool]] = field(default_factory=dict)  # param -> (its call, under no_grad)
+    iterates: dict[str, tuple[Related, bool]] = field(default_factory=dict)  # param -> (its loop, with a backward)
     returns: dict[str, Related] = field(default_factory=dict)  # "loader" / "sampler" / "ddp" -> where made
     rank_value: str | None = None  # "rank" (returns the rank) or "main" (returns rank == 0)
 
@@ -84,6 +85,7 @@ class Project:
         self.roots = [Path(os.path.realpath(r)) for r in roots]
         self._by_path: dict[str, "ModuleModel | None"] = {}
         self._resolving: set = set()
+        self._files: dict[tuple[Path, int, str], Path | None] = {}
 
     # --------------------------------------------------------------- files
     def register(self, model: "ModuleModel") -> None:
@@ -129,6 +131,12 @@ class Project:
     def module_file(self, importer: "ModuleModel", level: int, module: str) -> Path | None:
         """The file of module ``module`` imported from ``importer`` (``level`` dots), inside the project."""
         here = Path(os.path.realpath(importer.path)).parent
+        key = (here, level, module)
+        if key not in self._files:
+            self._files[key] = self._find_module(here, level, module)
+        return self._files[key]
+
+    def _find_module(self, here: Path, level: int, module: str) -> Path | None:
         if level:
             base = here
             for _ in range(level - 1):
@@ -288,6 +296,12 @@ def _summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSumma
     loops = A.training_loops(m, scope)
     if loops:
         s.trains = Related(m.path, loops[0].lineno, f"the training loop of `{fn.name}`")
+    for loop, _c, _l in scope.loops:
+        it = A.unwrap_iter(loop.iter) if isinstance(loop, (ast.For, ast.AsyncFor)) else None
+        if isinstance(it, ast.Name) and it.id in params and it.id not in s.iterates:
+            training = loop in loops
+            what = "trains on" if training else "iterates"
+            s.iterates[it.id] = (Related(m.path, loop.lineno, f"`{fn.name}` {what} `{it.id}` here"), training)
     for r in m.returns_of(fn):
         v = r.value
         if v is None:

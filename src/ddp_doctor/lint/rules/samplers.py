@@ -28,7 +28,10 @@ class SamplerEpochNotSet(Rule):
             if any(self._sets_epoch_of(m, s, call, uses) for s in set_epoch_sites):
                 continue
             # the loaders that use this sampler, and whether they are iterated over epochs
-            if not any(use.epochs and _loader_sampler_is(m, use.loader, use.loader_scope, call) for use in uses):
+            # only loaders that drive training epochs: a validation loader's order does not matter
+            drivers = [use for use in uses if use.epochs and use.training and
+                       _loader_sampler_is(m, use.loader, use.loader_scope, call)]
+            if not drivers:
                 continue
             ctx.report(
                 self.code, call,
@@ -36,6 +39,7 @@ class SamplerEpochNotSet(Rule):
                 "the same permutation on every rank (no reshuffling between epochs, which hurts convergence).",
                 "Call `sampler.set_epoch(epoch)` at the start of every epoch, before iterating the loader "
                 "(e.g. `train_loader.sampler.set_epoch(epoch)`).",
+                related=[u.via for u in drivers[:1] if u.via is not None],
             )
 
     @staticmethod
