@@ -46,7 +46,7 @@ def backward_sites(model: ModuleModel, scope: Scope, depth: int = 0) -> list[Sit
             if fn is not None:
                 if fn is not scope.node and any(model.is_backward_call(s.call) for s in fn_direct_sites(model, fn)):
                     out.append(site)
-            elif model.project is not None:  # train_one_epoch(...) from engine.py
+            elif model.project is not None and site.loops:  # train_one_epoch(...) from engine.py, in a loop
                 summ = model.project.summary_of_call(model, site.call.func, scope)
                 if summ is not None and summ.backward is not None:
                     out.append(site)
@@ -145,6 +145,8 @@ def _uses_in_other_files(model: ModuleModel, scope: Scope) -> list[LoaderUse]:
     out = []
     for site in scope.sites:
         if model.resolve_function(site.call.func, scope) is not None:
+            continue
+        if not site.call.args and not site.call.keywords:
             continue
         summ = model.project.summary_of_call(model, site.call.func, scope)
         if summ is None or not summ.iterates:

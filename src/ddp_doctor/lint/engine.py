@@ -230,6 +230,11 @@ def lint_source(source: str, path: str = "<string>", *, select: Sequence[str] | 
     files its imports may resolve to (default: the folder of ``path``, when it is a file on disk).
     Never raises for bad input: a problem becomes ``FileResult.error``."""
     res = FileResult(path, source=source)
+    if project is None and path != "<string>" and os.path.isfile(path):
+        project = Project([Path(path).parent])
+    model = project.built(path, source) if project is not None else None
+    if model is not None and tree is None:
+        tree = model.tree  # parsed already, when another file imported this one
     try:
         if tree is None:
             tree = ast.parse(source, filename=path)
@@ -247,9 +252,8 @@ def lint_source(source: str, path: str = "<string>", *, select: Sequence[str] | 
     if not rules:
         return res
     try:
-        model = ModuleModel(tree, path, source)
-        if project is None and path != "<string>" and os.path.isfile(path):
-            project = Project([Path(path).parent])
+        if model is None:
+            model = ModuleModel(tree, path, source)
         if project is not None:
             project.register(model)
     except RecursionError:

@@ -88,6 +88,11 @@ class Project:
         self._files: dict[tuple[Path, int, str], Path | None] = {}
 
     # --------------------------------------------------------------- files
+    def built(self, path: str, source: str) -> "ModuleModel | None":
+        """The model already built for this file with this content (another file imported it first)."""
+        model = self._by_path.get(os.path.realpath(path))
+        return model if model is not None and model.source == source else None
+
     def register(self, model: "ModuleModel") -> None:
         """A model the engine built for a linted file: reuse it, and give it this project."""
         model.project = self
@@ -130,7 +135,9 @@ class Project:
 
     def module_file(self, importer: "ModuleModel", level: int, module: str) -> Path | None:
         """The file of module ``module`` imported from ``importer`` (``level`` dots), inside the project."""
-        here = Path(os.path.realpath(importer.path)).parent
+        here = importer._cache.get("project_dir")
+        if here is None:
+            here = importer._cache["project_dir"] = Path(os.path.realpath(importer.path)).parent
         key = (here, level, module)
         if key not in self._files:
             self._files[key] = self._find_module(here, level, module)
@@ -145,10 +152,10 @@ class Project:
             return found if found is not None and self.within(found) else None
         bases = []
         d = here
-        for _ in range(_MAX_ANCESTORS):
-            if not self.within(d):
-                break
+        for _ in range(_MAX_ANCESTORS):  # the folders above, up to the one holding the top package
             bases.append(d)
+            if not self.within(d) or d.parent == d:
+                break
             d = d.parent
         bases += [r for r in self.roots if r not in bases]
         for base in bases:
@@ -164,6 +171,13 @@ class Project:
         entry = model.import_from.get(name)
         if entry is None or depth > _MAX_DEPTH:
             return None
+        key = ("project_local", name)
+        if key not in model._cache:
+            model._cache[key] = None  # an import cycle resolves to nothing
+            model._cache[key] = self._resolve_local(model, name, entry, depth)
+        return model._cache[key]
+
+    def _resolve_local(self, model: "ModuleModel", name: str, entry, depth: int):
         level, module, attr = entry
         if attr is None:  # `import a.b` / `import a.b as c`
             f = self.module_file(model, 0, module)
@@ -226,6 +240,17 @@ class Project:
 
     # ----------------------------------------------------------- summaries
     def summary_of_call(self, model: "ModuleModel", func: ast.expr, scope: Scope) -> FunctionSummary | None:
+        if not model.import_from:
+            return None
+        key = ("project_call", id(func), id(scope))
+        got = model._cache.get(key)
+        if got is not None and got[0] is func:
+            return got[1]
+        res = self._summary_of_call(model, func, scope)
+        model._cache[key] = (func, res)  # holding func keeps its id from being reused
+        return res
+
+    def _summary_of_call(self, model: "ModuleModel", func: ast.expr, scope: Scope) -> FunctionSummary | None:
         got = self.resolve_call(model, func, scope)
         if got is None:
             return None
@@ -307,14 +332,34 @@ def _summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSumma
         if v is None:
             continue
         if "loader" not in s.returns and A.resolve_loaders(m, v, scope):
-            call, _sc = A.resolve_loaders(m, v, scope)[0]
+            call, lscope = A.resolve_loaders(m, v, scope)[0]
             s.returns["loader"] = Related(m.path, call.lineno, f"the DataLoader made in `{fn.name}`")
+            sampler = _shuffling_sampler_of(m, call, lscope)
+            if sampler is not None:
+                s.returns["shuffled_sampler"] = Related(
+                    m.path, sampler.lineno, f"the shuffling DistributedSampler of the DataLoader made in `{fn.name}`")
         if "sampler" not in s.returns and _is_sampler_value(m, v, scope):
             s.returns["sampler"] = Related(m.path, r.lineno, f"the DistributedSampler returned by `{fn.name}`")
         if "ddp" not in s.returns and m.is_ddp_value(v, scope):
             s.returns["ddp"] = Related(m.path, r.lineno, f"the DDP model returned by `{fn.name}`")
     s.rank_value = _rank_value(m, fn, scope)
     return s
+
+
+def _shuffling_sampler_of(m: "ModuleModel", loader: ast.Call, scope: Scope) -> ast.Call | None:
+    """The DistributedSampler (shuffle not False) given to ``loader``, when the function sets no epoch."""
+    from ddp_doctor.lint.names import arg_or_kw, kwarg
+
+    s = kwarg(loader, "sampler")
+    if s is None:
+        return None
+    cands = [s.value] if isinstance(s.value, ast.Call) else [v for v in m.values_of(s.value, scope)]
+    for c in cands:
+        if isinstance(c, ast.Call) and m.is_sampler_call(c):
+            shuffle = arg_or_kw(c, 3, "shuffle")
+            if shuffle is None or (isinstance(shuffle, ast.Constant) and shuffle.value is True):
+                return c
+    return None
 
 
 def _is_sampler_value(m: "ModuleModel", v: ast.expr, scope: Scope, depth: int = 0) -> bool:

@@ -51,7 +51,9 @@ class Desc:
 def _other_file(ctx: Context, site: Site, scope: Scope, what: str):
     """The summary of the function of another project file that ``site`` calls, if it ``what``s."""
     m = ctx.model
-    if m.project is None or m.resolve_function(site.call.func, scope) is not None:
+    if m.project is None or not (site.conds or scope.rank_guarded_all):
+        return None  # an unconditional call adds one to every rank: it cannot unbalance a group
+    if m.resolve_function(site.call.func, scope) is not None:
         return None
     return m.project.summary_of_call(m, site.call.func, scope)
 

@@ -166,10 +166,14 @@ def expensive_dataset(m: ModuleModel, ds: ast.expr | None, scope: Scope, depth: 
                     where = "" if owner is m else f" ({display_path(owner.path)}:{c.lineno})"
                     return f"`{cls.name}.{getitem.name}` calls `{ast.unparse(c.func)}(...)`{where} for every item"
             return None
-        fn = m.resolve_function(ds.func, scope)
+        owner, fn = m, m.resolve_function(ds.func, scope)
+        if fn is None and m.project is not None:  # build_dataset(...) from datasets/__init__.py
+            got = m.project.resolve_call(m, ds.func, scope)
+            if got is not None and not isinstance(got[1], ast.ClassDef):
+                owner, fn = got
         if fn is not None:
-            for r in m.returns_of(fn):
-                why = expensive_dataset(m, r.value, m.scopes[fn], depth + 1) if r.value is not None else None
+            for r in owner.returns_of(fn):
+                why = expensive_dataset(owner, r.value, owner.scopes[fn], depth + 1) if r.value is not None else None
                 if why:
                     return why
         return None

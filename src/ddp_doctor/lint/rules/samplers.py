@@ -42,6 +42,41 @@ class SamplerEpochNotSet(Rule):
                 related=[u.via for u in drivers[:1] if u.via is not None],
             )
 
+        if m.project is not None and not set_epoch_sites:
+            self._loaders_from_other_files(ctx)
+
+    def _loaders_from_other_files(self, ctx: Context) -> None:
+        """``loader = create_loader(...)`` (data/loader.py builds it with a shuffling DistributedSampler),
+        iterated here over training epochs with no ``set_epoch`` anywhere in this file: reported at the
+        call that brings the loader in, naming the sampler's line."""
+        m = ctx.model
+        done = set()
+        for scope in m.scopes.values():
+            training = A.training_loops(m, scope)
+            for loop, _conds, outer in scope.loops:
+                if loop not in training or not isinstance(loop, (ast.For, ast.AsyncFor)):
+                    continue
+                if not (outer or A._called_in_loop(m, scope)):
+                    continue  # a single pass: no epoch to set
+                for call in _origin_calls(m, A.unwrap_iter(loop.iter), scope):
+                    if call in done or m.resolve_function(call.func, scope) is not None:
+                        continue
+                    summ = m.project.summary_of_call(m, call.func, scope)
+                    sampler = summ.returns.get("shuffled_sampler") if summ is not None else None
+                    if sampler is None:
+                        continue
+                    done.add(call)
+                    ctx.report(
+                        self.code, call,
+                        f"the loader `{ctx.text(call.func)}()` returns shuffles with a DistributedSampler "
+                        f"({sampler.where}), and this file iterates it over training epochs (line {loop.lineno}) "
+                        f"without ever calling `set_epoch()`: every epoch replays the same permutation on every "
+                        f"rank (no reshuffling between epochs, which hurts convergence).",
+                        "Call `loader.sampler.set_epoch(epoch)` at the start of every epoch, before iterating "
+                        "the loader.",
+                        related=[sampler],
+                    )
+
     @staticmethod
     def _sets_epoch_of(m: ModuleModel, site, sampler: ast.Call, uses) -> bool:
         """Does this ``X.set_epoch(...)`` call (possibly) reach ``sampler``?"""
@@ -66,6 +101,29 @@ class SamplerEpochNotSet(Rule):
         if not known:
             return True  # `s = train_sampler if cond else None`, built by a helper, ...: assume it is
         return sampler in known
+
+
+def _origin_calls(m: ModuleModel, expr: ast.expr, scope: Scope, depth: int = 0) -> list[ast.Call]:
+    """The calls whose result ``expr`` holds: through assignments and, for a parameter, the arguments
+    of this file's callers (``train_one_epoch(epoch, model, loader_train)``)."""
+    if depth > 3:
+        return []
+    if isinstance(expr, ast.Call):
+        return [expr]
+    out = []
+    for v in m.values_of(expr, scope):
+        if v is not expr:
+            out += _origin_calls(m, v, m.scope_of_value(v, scope), depth + 1)
+    if not out and isinstance(expr, ast.Name) and expr.id in scope.params and not scope.is_module:
+        idx = scope.params.index(expr.id)
+        fn = scope.node
+        if scope.cls is not None and fn.args.args and fn.args.args[0].arg in ("self", "cls"):
+            idx -= 1
+        for site in m.call_sites_of(fn):
+            a = arg_or_kw(site.call, idx, expr.id) if idx >= 0 else None
+            if a is not None:
+                out += _origin_calls(m, a, site.scope, depth + 1)
+    return out
 
 
 def _loader_sampler_is(m: ModuleModel, loader: ast.Call, scope: Scope, sampler: ast.Call) -> bool:
