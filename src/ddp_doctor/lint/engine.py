@@ -246,7 +246,7 @@ def lint_source(source: str, path: str = "<string>", *, select: Sequence[str] | 
     except (ValueError, RecursionError, MemoryError, OverflowError) as e:
         res.error = LintError(path, f"cannot parse: {type(e).__name__}: {e}")
         return res
-    if not _RELEVANT.search(source):
+    if not _RELEVANT.search(source) and not (project is not None and project.imports_relevant(path, tree, _RELEVANT)):
         return res
     rules = selected_rules(select, ignore)
     if not rules:

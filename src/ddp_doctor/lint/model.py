@@ -42,6 +42,7 @@ class ModuleModel(ScopeIndex, ControlFlow, ValueFlow, RankDependence, ModuleSumm
         self.imports: dict[str, str] = {}
         # local name -> (relative level, module, imported name or None for `import a.b`): for the project
         self.import_from: dict[str, tuple[int, str, str | None]] = {}
+        self.import_modules: list[tuple[int, str]] = []  # every module an import statement names (level, name)
         self.scopes: dict[ast.AST, Scope] = {}
         self.functions: dict[str, list[ast.AST]] = {}  # module-level and nested defs by name
         self.methods: dict[ast.ClassDef, dict[str, ast.AST]] = {}

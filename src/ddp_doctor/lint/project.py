@@ -86,6 +86,7 @@ class Project:
         self._by_path: dict[str, "ModuleModel | None"] = {}
         self._resolving: set = set()
         self._files: dict[tuple[Path, int, str], Path | None] = {}
+        self._relevant: dict[str, bool] = {}
 
     # --------------------------------------------------------------- files
     def built(self, path: str, source: str) -> "ModuleModel | None":
@@ -133,11 +134,42 @@ class Project:
                 return cand
         return None
 
+    def imports_relevant(self, path: str, tree: ast.Module, relevant) -> bool:
+        """Does the file at ``path`` import a project module whose text matches ``relevant`` (a file that
+        only says ``from ..utils import comm`` still runs comm's barriers)?"""
+        here = Path(os.path.realpath(path)).parent
+        for node in tree.body:
+            if isinstance(node, ast.Import):
+                targets = [(0, a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                targets = [(node.level, base)] + [(node.level, f"{base}.{a.name}" if base else a.name)
+                                                  for a in node.names if a.name != "*"]
+            else:
+                continue
+            for level, module in targets:
+                f = self._lookup(here, level, module)
+                if f is not None and self._relevant_file(f, relevant):
+                    return True
+        return False
+
+    def _relevant_file(self, path: Path, relevant) -> bool:
+        key = str(path)
+        if key not in self._relevant:
+            from ddp_doctor.lint.engine import read_source
+
+            text, _err = read_source(path)
+            self._relevant[key] = bool(text) and bool(relevant.search(text))
+        return self._relevant[key]
+
     def module_file(self, importer: "ModuleModel", level: int, module: str) -> Path | None:
         """The file of module ``module`` imported from ``importer`` (``level`` dots), inside the project."""
         here = importer._cache.get("project_dir")
         if here is None:
             here = importer._cache["project_dir"] = Path(os.path.realpath(importer.path)).parent
+        return self._lookup(here, level, module)
+
+    def _lookup(self, here: Path, level: int, module: str) -> Path | None:
         key = (here, level, module)
         if key not in self._files:
             self._files[key] = self._find_module(here, level, module)

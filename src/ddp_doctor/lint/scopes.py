@@ -88,6 +88,7 @@ class ScopeIndex:
             for node in body:
                 t = type(node)
                 if t is ast.Import:
+                    self.import_modules.extend((0, a.name) for a in node.names)
                     for a in node.names:
                         if a.asname:
                             self.imports[a.asname] = a.name
@@ -98,6 +99,10 @@ class ScopeIndex:
                             self.import_from[top] = (0, top, None)
                     continue
                 if t is ast.ImportFrom:
+                    base = node.module or ""
+                    self.import_modules.append((node.level, base))
+                    self.import_modules.extend((node.level, f"{base}.{a.name}" if base else a.name)
+                                               for a in node.names if a.name != "*")
                     for a in node.names:
                         if a.name == "*":
                             continue

@@ -10,9 +10,26 @@ class ModuleSummary:
 
     @property
     def is_distributed(self) -> bool:
-        """The module uses torch.distributed, DDP, Fabric, accelerate or Lightning."""
+        """The module uses torch.distributed, DDP, Fabric, accelerate or Lightning, itself or through a
+        module of its project it imports (``from ..utils import comm``)."""
         if "distributed" in self._cache:
             return self._cache["distributed"]
+        res = self.directly_distributed
+        if not res and self.project is not None:
+            for level, module in self.import_modules:
+                f = self.project.module_file(self, level, module)
+                other = self.project.model_at(f) if f is not None else None
+                if other is not None and other is not self and other.directly_distributed:
+                    res = True
+                    break
+        self._cache["distributed"] = res
+        return res
+
+    @property
+    def directly_distributed(self) -> bool:
+        """The module itself imports or names torch.distributed, DDP, Fabric, accelerate or Lightning."""
+        if "directly_distributed" in self._cache:
+            return self._cache["directly_distributed"]
         roots = ("torch.distributed", "torch.nn.parallel.DistributedDataParallel",
                  "torch.nn.parallel.distributed", "lightning", "pytorch_lightning", "lightning_fabric",
                  "accelerate", "torch.utils.data.DistributedSampler", "torch.utils.data.distributed",
@@ -28,7 +45,7 @@ class ModuleSummary:
                     if any(q == r or q.startswith(r + ".") for r in roots):
                         res = True
                         break
-        self._cache["distributed"] = res
+        self._cache["directly_distributed"] = res
         return res
 
     @property

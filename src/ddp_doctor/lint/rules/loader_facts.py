@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import ast
 import re
+from dataclasses import dataclass
 
 from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import ModuleModel
 from ddp_doctor.lint.names import ITERABLE_DATASETS, arg_or_kw, final_name
-from ddp_doctor.lint.project import display_path
+from ddp_doctor.lint.project import Related
 from ddp_doctor.lint.scopes import Scope
 
 
@@ -134,12 +135,22 @@ _FILE_DATASETS = {"ImageFolder", "DatasetFolder", "ImageNet", "CocoDetection", "
                   "Flowers102", "Food101", "StanfordCars", "OxfordIIITPet", "WIDERFace", "SBDataset"}
 
 
-def expensive_dataset(m: ModuleModel, ds: ast.expr | None, scope: Scope, depth: int = 0) -> str | None:
+@dataclass(frozen=True)
+class LoadCost:
+    """Why loading one item costs real time, and where that happens when it is in another file."""
+
+    why: str
+    related: Related | None = None
+
+
+def expensive_dataset(m: ModuleModel, ds: ast.expr | None, scope: Scope, depth: int = 0,
+                      origin: ModuleModel | None = None) -> LoadCost | None:
     """Why loading one item of ``ds`` costs real time (file I/O, decoding, transforms in ``__getitem__``,
     a file-backed torchvision dataset), or None when nothing shows it (an in-memory TensorDataset, a
     dataset class that only indexes lists of tensors, a dataset we cannot read)."""
     if ds is None or depth > 6:
         return None
+    origin = origin or m  # the linted file: a loading line elsewhere is named as a related location
     if isinstance(ds, ast.Call):
         name = final_name(ds.func) or ""
         q = m.qual(ds.func) or ""
@@ -147,12 +158,12 @@ def expensive_dataset(m: ModuleModel, ds: ast.expr | None, scope: Scope, depth: 
             first = ds.args[0]
             parts = first.elts if isinstance(first, (ast.List, ast.Tuple)) else [first]
             for e in parts:
-                why = expensive_dataset(m, e, scope, depth + 1)
+                why = expensive_dataset(m, e, scope, depth + 1, origin)
                 if why:
                     return why
             return None
         if name in _FILE_DATASETS or (q.startswith("torchvision.datasets.") and name[:1].isupper()):
-            return f"`{name}` reads and decodes a file for every item"
+            return LoadCost(f"`{name}` reads and decodes a file for every item")
         owner, cls = m, m.classes.get(name) if isinstance(ds.func, ast.Name) else None
         if cls is None and m.project is not None:
             got = m.project.resolve_call(m, ds.func, scope)
@@ -163,8 +174,11 @@ def expensive_dataset(m: ModuleModel, ds: ast.expr | None, scope: Scope, depth: 
             getitem = methods.get("__getitem__") or methods.get("__iter__")
             for c in ast.walk(getitem) if getitem is not None else ():
                 if isinstance(c, ast.Call) and _LOADING.search(ast.unparse(c.func)):
-                    where = "" if owner is m else f" ({display_path(owner.path)}:{c.lineno})"
-                    return f"`{cls.name}.{getitem.name}` calls `{ast.unparse(c.func)}(...)`{where} for every item"
+                    text = f"`{cls.name}.{getitem.name}` calls `{ast.unparse(c.func)}(...)`"
+                    if owner.path == origin.path:
+                        return LoadCost(f"{text} for every item")
+                    where = Related(owner.path, c.lineno, f"`{cls.name}.{getitem.name}` loads each item here")
+                    return LoadCost(f"{text} ({where.where}) for every item", where)
             return None
         owner, fn = m, m.resolve_function(ds.func, scope)
         if fn is None and m.project is not None:  # build_dataset(...) from datasets/__init__.py
@@ -173,16 +187,16 @@ def expensive_dataset(m: ModuleModel, ds: ast.expr | None, scope: Scope, depth: 
                 owner, fn = got
         if fn is not None:
             for r in owner.returns_of(fn):
-                why = expensive_dataset(owner, r.value, owner.scopes[fn], depth + 1) if r.value is not None else None
+                why = expensive_dataset(owner, r.value, owner.scopes[fn], depth + 1, origin) if r.value is not None else None
                 if why:
                     return why
         return None
     if isinstance(ds, ast.Subscript):
-        return expensive_dataset(m, ds.value, scope, depth + 1)
+        return expensive_dataset(m, ds.value, scope, depth + 1, origin)
     if isinstance(ds, (ast.Name, ast.Attribute)):
         for v in m.values_of(ds, scope):
             if v is not ds:
-                why = expensive_dataset(m, v, m.scope_of_value(v, scope), depth + 1)
+                why = expensive_dataset(m, v, m.scope_of_value(v, scope), depth + 1, origin)
                 if why:
                     return why
     return None

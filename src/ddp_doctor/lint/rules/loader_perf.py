@@ -24,17 +24,18 @@ class DataBound(Rule):
             nw, val = num_workers_arg(call)
             if val != 0:
                 continue
-            why = expensive_dataset(m, dl_arg(call, "dataset"), uses[0].loader_scope)
-            if why is None:
+            cost = expensive_dataset(m, dl_arg(call, "dataset"), uses[0].loader_scope)
+            if cost is None:
                 continue  # evidence before advice: in-memory tensors gain nothing from workers
             how = "no `num_workers`" if nw is None else "`num_workers=0`"
             ctx.report(
                 self.code, call,
-                f"the training DataLoader has {how} and its dataset is expensive to load ({why}): every "
+                f"the training DataLoader has {how} and its dataset is expensive to load ({cost.why}): every "
                 f"batch is loaded and transformed in the training process itself, so the GPU waits for the "
                 f"data at every step (and in DDP the slowest rank's loading stalls all ranks).",
                 "Load in background workers: `num_workers=4` (or more: about CPU cores / ranks per node), "
                 "with `pin_memory=True` and `persistent_workers=True`; `ddp-doctor run` measures the data wait.",
+                related=[cost.related] if cost.related is not None else [],
             )
 
 

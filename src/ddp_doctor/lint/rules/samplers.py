@@ -68,7 +68,7 @@ class SamplerEpochNotSet(Rule):
                     done.add(call)
                     ctx.report(
                         self.code, call,
-                        f"the loader `{ctx.text(call.func)}()` returns shuffles with a DistributedSampler "
+                        f"the loader that `{ctx.text(call.func)}()` returns shuffles with a DistributedSampler "
                         f"({sampler.where}), and this file iterates it over training epochs (line {loop.lineno}) "
                         f"without ever calling `set_epoch()`: every epoch replays the same permutation on every "
                         f"rank (no reshuffling between epochs, which hurts convergence).",
