@@ -46,7 +46,8 @@ def backward_sites(model: ModuleModel, scope: Scope, depth: int = 0) -> list[Sit
             if fn is not None:
                 if fn is not scope.node and any(model.is_backward_call(s.call) for s in fn_direct_sites(model, fn)):
                     out.append(site)
-            elif model.project is not None and site.loops:  # train_one_epoch(...) from engine.py, in a loop
+            elif model.project is not None and site.loops and _trains_here(model):
+                # train_one_epoch(...) from engine.py, called in a loop of a training script
                 summ = model.project.summary_of_call(model, site.call.func, scope)
                 if summ is not None and summ.backward is not None:
                     out.append(site)
@@ -134,10 +135,22 @@ def loader_uses(model: ModuleModel) -> list[LoaderUse]:
                 for call, lscope in resolve_loaders(model, loop.iter, scope):
                     epochs = bool(outer) or _called_in_loop(model, scope)
                     uses.append(LoaderUse(call, lscope, loop, scope, loop in tl, epochs))
-            if model.project is not None:
+            if model.project is not None and _makes_loaders(model):
                 uses.extend(_uses_in_other_files(model, scope))
         return uses
     return _cached(model, "loader_uses", compute)
+
+
+def _trains_here(model: ModuleModel) -> bool:
+    """A module that wraps a model for DDP or builds loaders: where a call into another file's
+    training function makes a training loop."""
+    return model.uses_ddp or _makes_loaders(model)
+
+
+def _makes_loaders(model: ModuleModel) -> bool:
+    def compute():
+        return any(model.is_dataloader_call(s.call) for sc in model.scopes.values() for s in sc.sites)
+    return _cached(model, "makes_loaders", compute)
 
 
 def _uses_in_other_files(model: ModuleModel, scope: Scope) -> list[LoaderUse]:

@@ -329,7 +329,10 @@ def project_roots(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
 def lint_paths(paths: Iterable[str | os.PathLike[str]], *, select: Sequence[str] | None = None,
                ignore: Sequence[str] | None = None, exclude: Sequence[str] = ()) -> LintResult:
     """Lint files and directories.  ``.findings`` are :class:`~ddp_doctor.findings.Finding` with locations."""
-    paths = list(paths)
+    return _lint_paths(list(paths), select, ignore, exclude)
+
+
+def _lint_paths(paths: list, select, ignore, exclude) -> LintResult:
     files, errors = discover(paths, exclude)
     result = LintResult(errors=list(errors))
     project = Project(project_roots(paths))  # one per run: imports between the linted files resolve

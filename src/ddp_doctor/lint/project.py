@@ -15,6 +15,8 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+import re
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,11 +27,17 @@ from ddp_doctor.lint.scopes import Scope
 if TYPE_CHECKING:
     from ddp_doctor.lint.model import ModuleModel
 
+_DIST_TEXT = re.compile(r"torch\.distributed|import distributed|DistributedDataParallel|DistributedSampler|"
+                        r"\blightning|accelerate|deepspeed|horovod|torch\.multiprocessing")
+_SUMMARY_TEXT = re.compile(r"distributed|Distributed|backward|DataLoader|Sampler|rank|barrier|all_reduce|"
+                           r"all_gather|broadcast|lightning|accelerat|fabric|deepspeed|horovod|register_buffer|"
+                           r"BatchNorm|Dataset|^from \.|^\s+from \.", re.M)
 _MAX_DEPTH = 3  # calls followed through other files
 _MAX_ANCESTORS = 6  # directories above a file searched for an absolute import's top package
 
-# content-hash caches shared by every Project of this process (pre-commit and flake8 lint many files)
-_MODELS: dict[tuple[str, str], "ModuleModel"] = {}
+_MAX_MODELS = 512  # models kept for resolution (least recently used dropped: memory stays bounded)
+# summaries by content hash, shared by every Project of this process (pre-commit and flake8 lint many
+# files); they hold locations and names only, never a model
 _SUMMARIES: dict[tuple[str, str, int], "FunctionSummary"] = {}
 
 
@@ -83,10 +91,11 @@ class Project:
 
     def __init__(self, roots=()):
         self.roots = [Path(os.path.realpath(r)) for r in roots]
-        self._by_path: dict[str, "ModuleModel | None"] = {}
+        self._by_path: OrderedDict[str, "ModuleModel | None"] = OrderedDict()
         self._resolving: set = set()
         self._files: dict[tuple[Path, int, str], Path | None] = {}
-        self._relevant: dict[str, bool] = {}
+        self._relevant: dict[tuple[str, str], bool] = {}
+        self._listings: dict[Path, frozenset] = {}
 
     # --------------------------------------------------------------- files
     def built(self, path: str, source: str) -> "ModuleModel | None":
@@ -98,41 +107,69 @@ class Project:
         """A model the engine built for a linted file: reuse it, and give it this project."""
         model.project = self
         if model.path and model.path != "<string>":
-            self._by_path[os.path.realpath(model.path)] = model
+            self._keep(os.path.realpath(model.path), model)
+
+    def _keep(self, real: str, model: "ModuleModel | None") -> None:
+        self._by_path[real] = model
+        self._by_path.move_to_end(real)
+        while len(self._by_path) > _MAX_MODELS:
+            self._by_path.popitem(last=False)
 
     def within(self, path: Path) -> bool:
         return any(path == r or r in path.parents for r in self.roots)
 
     def model_at(self, path: Path) -> "ModuleModel | None":
+        """The model of a project file, or None when its text shows nothing a summary could hold (no
+        collective, backward, loader, sampler, rank or DDP word: most files of a large tree)."""
         real = os.path.realpath(path)
+        if real not in self._by_path and not real.endswith("__init__.py") and \
+                not self._relevant_file(Path(real), _SUMMARY_TEXT, "summary"):
+            return None
         if real in self._by_path:
+            self._by_path.move_to_end(real)
             return self._by_path[real]
-        self._by_path[real] = None  # a cycle of imports ends here
+        self._keep(real, None)  # a cycle of imports ends here
         from ddp_doctor.lint.engine import read_source
         from ddp_doctor.lint.model import ModuleModel
 
         text, err = read_source(Path(real))
         if text is None:
             return None
-        key = (real, _digest(text))
-        model = _MODELS.get(key)
-        if model is None:
-            try:
-                model = ModuleModel(ast.parse(text, real), real, text)
-            except (SyntaxError, ValueError, RecursionError):
-                return None
-            _MODELS[key] = model
+        try:
+            model = ModuleModel(ast.parse(text, real), real, text)
+        except (SyntaxError, ValueError, RecursionError):
+            return None
         model.project = self
-        self._by_path[real] = model
+        self._keep(real, model)
         return model
 
-    @staticmethod
-    def _module_file(base: Path, dotted: str) -> Path | None:
-        p = base.joinpath(*dotted.split(".")) if dotted else base
-        for cand in (p.with_name(p.name + ".py"), p / "__init__.py"):
-            if cand.is_file():
-                return cand
-        return None
+    def _module_file(self, base: Path, dotted: str) -> Path | None:
+        parts = dotted.split(".") if dotted else []
+        d = base
+        for part in parts[:-1]:  # walk the packages by directory listings (cached), not by stat calls
+            if part not in self._entries(d):
+                return None
+            d = d / part
+        if parts:
+            last = parts[-1]
+            entries = self._entries(d)
+            if last + ".py" in entries and (d / (last + ".py")).is_file():
+                return d / (last + ".py")
+            if last not in entries:
+                return None
+            d = d / last
+        init = d / "__init__.py"
+        return init if "__init__.py" in self._entries(d) and init.is_file() else None
+
+    def _entries(self, d: Path) -> frozenset:
+        got = self._listings.get(d)
+        if got is None:
+            try:
+                got = frozenset(os.listdir(d))
+            except OSError:
+                got = frozenset()
+            self._listings[d] = got
+        return got
 
     def imports_relevant(self, path: str, tree: ast.Module, relevant) -> bool:
         """Does the file at ``path`` import a project module whose text matches ``relevant`` (a file that
@@ -153,8 +190,18 @@ class Project:
                     return True
         return False
 
-    def _relevant_file(self, path: Path, relevant) -> bool:
-        key = str(path)
+    def imports_distributed(self, model: "ModuleModel") -> bool:
+        """Does ``model`` import a project module that uses torch.distributed, DDP, Fabric, accelerate,
+        Lightning, ...?  Read from the imported file's text: no model is built for it."""
+        for level, module in model.import_modules:
+            f = self.module_file(model, level, module)
+            if f is not None and os.path.realpath(f) != os.path.realpath(model.path) and \
+                    self._relevant_file(f, _DIST_TEXT, "dist"):
+                return True
+        return False
+
+    def _relevant_file(self, path: Path, relevant, kind: str = "relevant") -> bool:
+        key = (kind, str(path))
         if key not in self._relevant:
             from ddp_doctor.lint.engine import read_source
 
@@ -298,7 +345,10 @@ class Project:
         return list(s.collectives) if s is not None else []
 
     def summary(self, owner: "ModuleModel", fn: ast.AST) -> FunctionSummary:
-        key = (_digest(owner.source), getattr(fn, "name", ""), fn.lineno)
+        digest = owner._cache.get("digest")
+        if digest is None:
+            digest = owner._cache["digest"] = _digest(owner.source)
+        key = (digest, getattr(fn, "name", ""), fn.lineno)
         got = _SUMMARIES.get(key)
         if got is not None:
             return got

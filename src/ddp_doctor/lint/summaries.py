@@ -16,12 +16,7 @@ class ModuleSummary:
             return self._cache["distributed"]
         res = self.directly_distributed
         if not res and self.project is not None:
-            for level, module in self.import_modules:
-                f = self.project.module_file(self, level, module)
-                other = self.project.model_at(f) if f is not None else None
-                if other is not None and other is not self and other.directly_distributed:
-                    res = True
-                    break
+            res = self.project.imports_distributed(self)
         self._cache["distributed"] = res
         return res
 

@@ -52,9 +52,16 @@ def _other_file(ctx: Context, site: Site, scope: Scope, what: str):
     """The summary of the function of another project file that ``site`` calls, if it ``what``s."""
     m = ctx.model
     if m.project is None or not (site.conds or scope.rank_guarded_all):
-        return None  # an unconditional call adds one to every rank: it cannot unbalance a group
-    if m.resolve_function(site.call.func, scope) is not None:
         return None
+    root = site.call.func
+    while isinstance(root, ast.Attribute):
+        root = root.value
+    if not isinstance(root, ast.Name) or root.id not in m.import_from:
+        return None  # not something imported: no other file to look at
+    if m.project.resolve_call(m, site.call.func, scope) is None:
+        return None
+    if not (scope.rank_guarded_all or m.rank_conds(site.conds, scope)):
+        return None  # a call every rank makes adds one to every rank: it cannot unbalance a group
     return m.project.summary_of_call(m, site.call.func, scope)
 
 
