@@ -32,10 +32,15 @@ _DIST_TEXT = re.compile(r"torch\.distributed|import distributed|DistributedDataP
 _SUMMARY_TEXT = re.compile(r"distributed|Distributed|backward|DataLoader|Sampler|rank|barrier|all_reduce|"
                            r"all_gather|broadcast|lightning|accelerat|fabric|deepspeed|horovod|register_buffer|"
                            r"BatchNorm|Dataset|^from \.|^\s+from \.", re.M)
+# libraries whose APIs the catalogue knows by qualified name (torch.distributed.barrier, DDP, Fabric,
+# accelerate): even when the linted tree is their own source, calls into them are not followed
+_MODELLED = {"torch", "torchvision", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate",
+             "deepspeed", "apex", "horovod", "transformers", "numpy"}
 _MAX_DEPTH = 3  # calls followed through other files
 _MAX_ANCESTORS = 6  # directories above a file searched for an absolute import's top package
 
-_MAX_MODELS = 512  # models kept for resolution (least recently used dropped: memory stays bounded)
+# models kept for resolution, least recently used dropped: memory stays bounded on a large tree
+_MAX_MODELS = 128
 # summaries by content hash, shared by every Project of this process (pre-commit and flake8 lint many
 # files); they hold locations and names only, never a model
 _SUMMARIES: dict[tuple[str, str, int], "FunctionSummary"] = {}
@@ -217,6 +222,8 @@ class Project:
         return self._lookup(here, level, module)
 
     def _lookup(self, here: Path, level: int, module: str) -> Path | None:
+        if not level and module.split(".", 1)[0] in _MODELLED:
+            return None  # matched by qualified name from the catalogue, never re-read from its source
         key = (here, level, module)
         if key not in self._files:
             self._files[key] = self._find_module(here, level, module)
