@@ -14,6 +14,19 @@ if TYPE_CHECKING:
     from ddp_doctor.lint.model import ModuleModel
 
 RANKS = range(WORLD)
+NODE_SIZE = 2  # ranks per node in the evaluated world: 2 nodes of 2
+
+
+def rank_kind(name: str) -> str:
+    """'local' for a rank within its node (``local_rank``, ``LOCAL_RANK``, ``SLURM_LOCALID``,
+    ``get_node_local_rank``, ``is_local_main_process``), 'node' for a node index (``node_rank``,
+    ``GROUP_RANK``), 'global' otherwise."""
+    low = name.lower()
+    if "local" in low:
+        return "local"
+    if low in ("node_rank", "group_rank", "get_node_rank") or low.endswith("node_rank"):
+        return "node"
+    return "global"
 
 
 class _Unknown(Exception):
@@ -49,13 +62,20 @@ class _Eval:
             return {self.sigma[key]}
         raise _Unknown
 
-    def rank(self) -> set:
+    def rank(self, kind: str = "global") -> set:
+        """The rank of this evaluation: global, ``local`` (within its node) or the ``node`` index.
+        The world of 4 is 2 nodes of 2 GPUs, so ``local_rank == 0`` holds on ranks 0 and 2 (once per
+        node) and ``rank == 0`` on rank 0 only (once per job)."""
         self.hit = True
+        if kind == "local":
+            return {self.r % NODE_SIZE}
+        if kind == "node":
+            return {self.r // NODE_SIZE}
         return {self.r}
 
-    def main(self) -> set:
+    def main(self, kind: str = "global") -> set:
         self.hit = True
-        return {self.r == 0}
+        return {(self.r % NODE_SIZE if kind == "local" else self.r) == 0}
 
     def ev(self, node: ast.AST, depth: int) -> set:
         if depth > 12:
@@ -66,9 +86,9 @@ class _Eval:
         if isinstance(node, ast.Name):
             n = node.id
             if is_rank_name(n):
-                return self.rank()
+                return self.rank(rank_kind(n))
             if is_main_name(n):
-                return self.main()
+                return self.main(rank_kind(n))
             if n in _WORLD_NAMES:
                 return {WORLD}
             if n in ("True", "False", "None"):
@@ -81,9 +101,9 @@ class _Eval:
                 return self.atom(node)
             if is_rank_name(a) or a in ("global_rank", "local_rank", "node_rank", "process_index",
                                         "local_process_index"):
-                return self.rank()
+                return self.rank(rank_kind(a))
             if is_main_name(a):
-                return self.main()
+                return self.main(rank_kind(a))
             if a in _WORLD_NAMES:
                 return {WORLD}
             d = dotted(node)
@@ -248,8 +268,7 @@ class _Eval:
 
     def _env(self, key: str) -> set:
         if key in _RANK_ENV:
-            self.hit = True
-            return {str(self.r)}
+            return {str(v) for v in self.rank(rank_kind(key))}
         if key in _WORLD_ENV:
             return {str(WORLD)}
         return self.atom(ast.Constant(value="env:" + key))
@@ -264,7 +283,7 @@ class _Eval:
         if q and q.startswith("torch.distributed."):
             op = q.rsplit(".", 1)[1]
             if op in ("get_rank", "get_global_rank", "get_node_local_rank", "get_group_rank"):
-                return self.rank()
+                return self.rank(rank_kind(op))
             if op == "get_world_size":
                 return {WORLD}
             if op in ("is_initialized", "is_available", "is_torchelastic_launched"):
@@ -279,13 +298,13 @@ class _Eval:
         if fname in ("get_rank", "get_local_rank", "get_global_rank", "rank", "local_rank", "get_ordinal",
                      "get_process_index", "get_node_rank", "get_dist_rank", "get_local_ordinal") and \
                 m.resolve_function(func, self.scope) is None:
-            return self.rank()
+            return self.rank(rank_kind(fname))
         if fname in ("get_world_size", "world_size", "size", "get_num_processes") and \
                 m.resolve_function(func, self.scope) is None and fname != "size":
             return {WORLD}
         if fname and (is_main_name(fname) or fname in ("is_master_ordinal",)) and \
                 m.resolve_function(func, self.scope) is None:
-            return self.main()
+            return self.main(rank_kind(fname))
         fn = m.resolve_function(func, self.scope)
         if fn is not None and depth < 8:
             inner = m.scopes[fn]

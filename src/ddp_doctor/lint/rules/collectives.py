@@ -20,7 +20,18 @@ def _guard_text(ctx: Context, site: Site, conds: list[Cond]) -> str:
     if stmt.lineno != site.stmt.lineno and isinstance(stmt, ast.If) and not _inside(site.stmt, stmt):
         return f"it comes after the early exit under `if {t}:` (line {stmt.lineno}), so only ranks " \
                f"where `not ({t})` reach it"
-    return f"it runs only where `{t if c.positive else f'not ({t})'}` holds"
+    return f"it runs only where `{t if c.positive else f'not ({t})'}` holds{_per_node(ctx, site, c)}"
+
+
+def _per_node(ctx: Context, site: Site, c: Cond) -> str:
+    """A local-rank test is true once per *node*: say so (one writer per node, not per job)."""
+    if "local" not in ctx.text(c.test, 200).lower():
+        return ""
+    truths = ctx.model.rank_truths(c.test, site.scope, {})
+    want = "T" if c.positive else "F"
+    if truths is not None and truths.count(want) > 1:
+        return " (a local-rank test: true on one rank of every node, so several ranks of a multi-node job)"
+    return ""
 
 
 def _inside(node: ast.AST, container: ast.AST) -> bool:
