@@ -14,13 +14,14 @@ import ast
 from dataclasses import dataclass
 from typing import Iterable
 
-from ddp_doctor.lint.model import (
-    RANKS, Cond, ModuleModel, Scope, Site, arg_or_kw, const_value, dotted, final_name,
-    kwarg, NOTCONST,
-)
+from ddp_doctor.lint.buffers import wrapped_module_has_no_buffers
+from ddp_doctor.lint.evaluate import RANKS
+from ddp_doctor.lint.model import ModuleModel
+from ddp_doctor.lint.names import NOTCONST, arg_or_kw, const_value, dotted, final_name, kwarg
+from ddp_doctor.lint.scopes import Cond, Scope, Site
 
 _UNWRAP = {"enumerate", "tqdm", "iter", "zip", "islice", "trange", "track", "progress_bar", "Bar", "chain",
-           "cycle", "prefetch", "CUDAPrefetcher", "DataPrefetcher", "data_prefetcher", "MetricLogger"}
+           "cycle", "prefetch", "CUDAPrefetcher", "DataPrefetcher", "data_prefetcher", "MetricLogger", "log_every"}
 
 
 def _cached(model: ModuleModel, key, fn):
@@ -42,9 +43,14 @@ def backward_sites(model: ModuleModel, scope: Scope, depth: int = 0) -> list[Sit
             out.append(site)
         elif depth == 0:
             fn = model.resolve_function(site.call.func, scope)
-            if fn is not None and fn is not scope.node and any(
-                    model.is_backward_call(s.call) for s in fn_direct_sites(model, fn)):
-                out.append(site)
+            if fn is not None:
+                if fn is not scope.node and any(model.is_backward_call(s.call) for s in fn_direct_sites(model, fn)):
+                    out.append(site)
+            elif model.project is not None and site.loops and _trains_here(model):
+                # train_one_epoch(...) from engine.py, called in a loop of a training script
+                summ = model.project.summary_of_call(model, site.call.func, scope)
+                if summ is not None and summ.backward is not None:
+                    out.append(site)
     return out
 
 
@@ -115,6 +121,7 @@ class LoaderUse:
     scope: Scope  # scope of the loop
     training: bool  # the loop runs a backward
     epochs: bool  # iterated again and again (nested in an outer loop, or its function is called in a loop)
+    via: object = None  # Related: the loop in another project file, when the loader is passed to it
 
 
 def loader_uses(model: ModuleModel) -> list[LoaderUse]:
@@ -128,8 +135,46 @@ def loader_uses(model: ModuleModel) -> list[LoaderUse]:
                 for call, lscope in resolve_loaders(model, loop.iter, scope):
                     epochs = bool(outer) or _called_in_loop(model, scope)
                     uses.append(LoaderUse(call, lscope, loop, scope, loop in tl, epochs))
+            if model.project is not None and _makes_loaders(model):
+                uses.extend(_uses_in_other_files(model, scope))
         return uses
     return _cached(model, "loader_uses", compute)
+
+
+def _trains_here(model: ModuleModel) -> bool:
+    """A module that wraps a model for DDP or builds loaders: where a call into another file's
+    training function makes a training loop."""
+    return model.uses_ddp or _makes_loaders(model)
+
+
+def _makes_loaders(model: ModuleModel) -> bool:
+    def compute():
+        return any(model.is_dataloader_call(s.call) for sc in model.scopes.values() for s in sc.sites)
+    return _cached(model, "makes_loaders", compute)
+
+
+def _uses_in_other_files(model: ModuleModel, scope: Scope) -> list[LoaderUse]:
+    """``train_one_epoch(model, data_loader, ...)`` with the loop over ``data_loader`` in engine.py."""
+    out = []
+    for site in scope.sites:
+        if model.resolve_function(site.call.func, scope) is not None:
+            continue
+        if not site.call.args and not site.call.keywords:
+            continue
+        summ = model.project.summary_of_call(model, site.call.func, scope)
+        if summ is None or not summ.iterates:
+            continue
+        for i, pname in enumerate(summ.params):
+            if pname not in summ.iterates:
+                continue
+            arg = arg_or_kw(site.call, i, pname)
+            if arg is None:
+                continue
+            related, training = summ.iterates[pname]
+            for call, lscope in resolve_loaders(model, arg, scope):
+                epochs = bool(site.loops) or _called_in_loop(model, scope)
+                out.append(LoaderUse(call, lscope, site.stmt, scope, training, epochs, related))
+    return out
 
 
 def _called_in_loop(model: ModuleModel, scope: Scope) -> bool:
@@ -231,10 +276,13 @@ def ddp_constructions(model: ModuleModel, expr: ast.expr, scope: Scope, depth: i
 
 
 def no_buffer_broadcast(model: ModuleModel, expr: ast.expr, scope: Scope) -> bool:
-    """Every DDP construction behind ``expr`` says ``broadcast_buffers=False``."""
+    """A forward of the DDP model ``expr`` broadcasts no buffers: every DDP construction behind it says
+    ``broadcast_buffers=False``, or the module it wraps is shown to have no buffers (see lint.buffers)."""
     calls = ddp_constructions(model, expr, scope)
-    return bool(calls) and all(kwarg(c, "broadcast_buffers") is not None and
-                               literal(kwarg(c, "broadcast_buffers").value) is False for c in calls)
+    if bool(calls) and all(kwarg(c, "broadcast_buffers") is not None and
+                           literal(kwarg(c, "broadcast_buffers").value) is False for c in calls):
+        return True
+    return wrapped_module_has_no_buffers(model, calls, scope)
 
 
 _NO_GRAD = ("no_grad", "inference_mode")

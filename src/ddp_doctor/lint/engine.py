@@ -6,6 +6,7 @@ import fnmatch
 import io
 import os
 import re
+import stat
 import sys
 import tokenize
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from typing import Iterable, Sequence
 
 from ddp_doctor.findings import Finding
 from ddp_doctor.lint.model import ModuleModel
+from ddp_doctor.lint.project import Project
 from ddp_doctor.lint.rules import RULES, Context, Rule
 
 #: Files larger than this are reported as an error entry instead of being parsed.
@@ -58,8 +60,16 @@ class LintResult:
 
     def to_lint_dict(self) -> dict:
         from ddp_doctor.report import LINT_SCHEMA_ID
-        return {"schema": LINT_SCHEMA_ID, "findings": [f.to_lint_dict() for f in self.findings],
+        return {"schema": LINT_SCHEMA_ID, "findings": [finding_dict(f) for f in self.findings],
                 "errors": [e.to_dict() for e in self.errors]}
+
+
+def finding_dict(f: Finding) -> dict:
+    """The lint/v1 finding object, plus ``related`` (other files' lines that make it one) when there are."""
+    d = f.to_lint_dict()
+    if f.evidence.get("related"):
+        d["related"] = list(f.evidence["related"])
+    return d
 
 
 def code_selected(code: str, select: Sequence[str] | None, ignore: Sequence[str] | None) -> bool:
@@ -135,25 +145,65 @@ def discover(paths: Iterable[str | os.PathLike[str]], exclude: Sequence[str] = (
                     fp = rootp / n
                     if exclude and _excluded(fp, exclude):
                         continue
-                    if not fp.is_file():  # dangling symlink
+                    if not fp.is_file() and not fp.exists():  # dangling symlink
                         continue
                     add(fp)
     return files, errors
 
 
 # --------------------------------------------------------------- linting ---
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def _not_regular(mode: int) -> str | None:
+    """Why a file of this mode is not read (reading a FIFO blocks, /dev/zero never ends), or None."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return f"not a regular file ({kind}); skipped"
+
+
+def _too_large(size: int) -> str:
+    return f"file too large to lint ({size / 2**20:.1f} MiB > {MAX_BYTES // 2**20} MiB limit); skipped"
+
+
 def read_source(path: Path) -> tuple[str | None, str | None]:
-    """(text, None) or (None, error message)."""
+    """(text, None) or (None, error message).  Only regular files are read, and at most
+    :data:`MAX_BYTES`: the type and size are checked on the opened descriptor (no race with a file
+    swapped after a first look), which is opened non-blocking so a FIFO cannot stall the open."""
     try:
-        size = path.stat().st_size
+        st = os.stat(path)
     except OSError as e:
         return None, f"cannot read: {e.strerror or e}"
-    if size > MAX_BYTES:
-        return None, f"file too large to lint ({size / 1e6:.1f} MB > {MAX_BYTES / 1e6:.0f} MB limit); skipped"
+    why = _not_regular(st.st_mode)
+    if why is None and st.st_size > MAX_BYTES:
+        why = _too_large(st.st_size)
+    if why is not None:
+        return None, why
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     except OSError as e:
         return None, f"cannot read: {e.strerror or e}"
+    try:
+        st = os.fstat(fd)
+        why = _not_regular(st.st_mode)
+        if why is not None:
+            return None, why
+        chunks, left = [], MAX_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    except OSError as e:
+        return None, f"cannot read: {e.strerror or e}"
+    finally:
+        os.close(fd)
+    if len(data) > MAX_BYTES:  # grew after the first look
+        return None, _too_large(len(data))
     return decode_source(data)
 
 
@@ -174,10 +224,17 @@ def decode_source(data: bytes) -> tuple[str | None, str | None]:
 
 
 def lint_source(source: str, path: str = "<string>", *, select: Sequence[str] | None = None,
-                ignore: Sequence[str] | None = None, noqa: bool = True, tree: ast.Module | None = None) -> FileResult:
-    """Lint one module's text (``tree``: its already parsed AST, if the caller has it).
+                ignore: Sequence[str] | None = None, noqa: bool = True, tree: ast.Module | None = None,
+                project: Project | None = None) -> FileResult:
+    """Lint one module's text (``tree``: its already parsed AST, if the caller has it).  ``project``: the
+    files its imports may resolve to (default: the folder of ``path``, when it is a file on disk).
     Never raises for bad input: a problem becomes ``FileResult.error``."""
     res = FileResult(path, source=source)
+    if project is None and path != "<string>" and os.path.isfile(path):
+        project = Project([Path(path).parent])
+    model = project.built(path, source) if project is not None else None
+    if model is not None and tree is None:
+        tree = model.tree  # parsed already, when another file imported this one
     try:
         if tree is None:
             tree = ast.parse(source, filename=path)
@@ -189,13 +246,16 @@ def lint_source(source: str, path: str = "<string>", *, select: Sequence[str] | 
     except (ValueError, RecursionError, MemoryError, OverflowError) as e:
         res.error = LintError(path, f"cannot parse: {type(e).__name__}: {e}")
         return res
-    if not _RELEVANT.search(source):
+    if not _RELEVANT.search(source) and not (project is not None and project.imports_relevant(path, tree, _RELEVANT)):
         return res
     rules = selected_rules(select, ignore)
     if not rules:
         return res
     try:
-        model = ModuleModel(tree, path, source)
+        if model is None:
+            model = ModuleModel(tree, path, source)
+        if project is not None:
+            project.register(model)
     except RecursionError:
         res.error = LintError(path, "cannot analyse: nesting too deep")
         return res
@@ -249,21 +309,35 @@ def _suppressed(lines: list[str], f: Finding) -> bool:
     return any(f.code.startswith(c.upper()) for c in re.split(r"[\s,]+", codes) if c)
 
 
-def lint_file(path: str | os.PathLike[str], *, select=None, ignore=None) -> FileResult:
+def lint_file(path: str | os.PathLike[str], *, select=None, ignore=None, project: Project | None = None) -> FileResult:
     p = Path(path)
     text, err = read_source(p)
     if err is not None:
         return FileResult(str(p), error=LintError(str(p), err))
-    return lint_source(text, str(p), select=select, ignore=ignore)
+    return lint_source(text, str(p), select=select, ignore=ignore, project=project)
+
+
+def project_roots(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """Where imports may resolve: each directory linted, and the folder of each file linted."""
+    roots = []
+    for raw in paths:
+        p = Path(raw)
+        roots.append(p if p.is_dir() else p.parent)
+    return roots
 
 
 def lint_paths(paths: Iterable[str | os.PathLike[str]], *, select: Sequence[str] | None = None,
                ignore: Sequence[str] | None = None, exclude: Sequence[str] = ()) -> LintResult:
     """Lint files and directories.  ``.findings`` are :class:`~ddp_doctor.findings.Finding` with locations."""
+    return _lint_paths(list(paths), select, ignore, exclude)
+
+
+def _lint_paths(paths: list, select, ignore, exclude) -> LintResult:
     files, errors = discover(paths, exclude)
     result = LintResult(errors=list(errors))
+    project = Project(project_roots(paths))  # one per run: imports between the linted files resolve
     for p in files:
-        fr = lint_file(p, select=select, ignore=ignore)
+        fr = lint_file(p, select=select, ignore=ignore, project=project)
         result.files += 1
         result.findings.extend(fr.findings)
         if fr.error is not None:

@@ -18,7 +18,7 @@ import tokenize
 from pathlib import Path
 from typing import Sequence
 
-from ddp_doctor.lint.model import arg_or_kw, const_value, NOTCONST
+from ddp_doctor.lint.names import NOTCONST, arg_or_kw, const_value
 
 
 class _Text:

@@ -20,15 +20,15 @@ class Flake8Plugin:
         self.lines = lines
 
     def run(self) -> Iterator[tuple[int, int, str, type]]:
-        from ddp_doctor.lint.engine import lint_source
+        from pathlib import Path
+
+        from ddp_doctor.lint.engine import lint_source, read_source
 
         if self.lines is not None:
             source = "".join(self.lines)
         else:
-            try:
-                with open(self.filename, encoding="utf-8") as fh:
-                    source = fh.read()
-            except (OSError, UnicodeDecodeError):
+            source, _err = read_source(Path(self.filename))  # regular files only, size-capped
+            if source is None:
                 return
         tree = self.tree if isinstance(self.tree, ast.Module) else None
         res = lint_source(source, self.filename, noqa=False, tree=tree)

@@ -32,6 +32,8 @@ def format_text(result: LintResult, *, color: bool = False, show_source: bool = 
         loc = f.location
         out.append(f"{c('1', f'{loc.path}:{loc.line}:{loc.column or 1}:')} "
                    f"{c(sev_color[f.severity.value], f.code)} {f.message}")
+        for r in f.evidence.get("related", ()):
+            out.append(f"    = related: {r['path']}:{r['line']}: {r['message']}")
         src = result.sources.get(loc.path)
         if show_source and src is not None:
             lines = src.splitlines()
@@ -123,6 +125,14 @@ def format_sarif(result: LintResult) -> str:
         }
         if f.code in index:
             res["ruleIndex"] = index[f.code]
+        related = f.evidence.get("related", ())
+        if related:
+            res["relatedLocations"] = [{
+                "id": i,
+                "message": {"text": r["message"]},
+                "physicalLocation": {"artifactLocation": {"uri": _uri(r["path"])},
+                                     "region": {"startLine": r["line"]}},
+            } for i, r in enumerate(related)]
         results.append(res)
     notifications = [{
         "level": "error",
@@ -166,7 +176,9 @@ def format_github(result: LintResult) -> str:
         if loc.end_column and loc.end_line == loc.line:
             props.append(f"endColumn={loc.end_column}")
         props.append(f"title={_gh_escape(f'{f.code} {f.name}', True)}")
-        out.append(f"::{_GH_LEVEL[f.severity.value]} {','.join(props)}::{_gh_escape(f'{f.message} Fix: {f.fix}')}")
+        see = "".join(f" (related: {r['path']}:{r['line']}: {r['message']})" for r in f.evidence.get("related", ()))
+        text = f"{f.message}{see} Fix: {f.fix}"
+        out.append(f"::{_GH_LEVEL[f.severity.value]} {','.join(props)}::{_gh_escape(text)}")
     for e in result.errors:
         out.append(f"::error file={_gh_escape(e.path, True)},title=ddp-doctor::{_gh_escape(e.message)}")
     return "\n".join(out) + ("\n" if out else "")

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 from ddp_doctor.lint.rules.base import Context, Rule
 from ddp_doctor.lint.rules.collectives import DDPForwardOnSubset, RankConditionalCollective
-from ddp_doctor.lint.rules.data import (
-    CollateMayReturnNone, DataBound, LoaderWithoutDistributedSampler, LoaderWithoutPinMemory, SamplerEpochNotSet,
-    ShuffleWithSampler, WorkersNotPersistent,
-)
+from ddp_doctor.lint.rules.checkpoints import SaveOnEveryRank
+from ddp_doctor.lint.rules.collate import CollateMayReturnNone
 from ddp_doctor.lint.rules.ddp import BatchNormWithoutSyncBN, FindUnusedParameters
-from ddp_doctor.lint.rules.devices import (
-    CudaBeforeSetDevice, LaunchNotAtEntry, LoadWithoutMapLocation, SaveOnEveryRank,
-)
+from ddp_doctor.lint.rules.devices import CudaBeforeSetDevice, LoadWithoutMapLocation
+from ddp_doctor.lint.rules.launch import LaunchNotAtEntry
+from ddp_doctor.lint.rules.loader_perf import DataBound, LoaderWithoutPinMemory, WorkersNotPersistent
+from ddp_doctor.lint.rules.samplers import LoaderWithoutDistributedSampler, SamplerEpochNotSet, ShuffleWithSampler
 from ddp_doctor.lint.rules.steps import UnevenSteps
 
 #: Every lint rule, in code order.  Adding a rule = one class + one line here.

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import ast
+from typing import Sequence
+
 from ddp_doctor.findings import Finding, Location
 from ddp_doctor.lint.model import ModuleModel
+from ddp_doctor.lint.project import Related
 
 
 class Context:
@@ -36,7 +39,8 @@ class Context:
         return None if fn is None else fn.name
 
     def report(self, code: str, node: ast.AST, message: str, fix: str, *, fix_kind: str | None = None,
-               fix_node: ast.AST | None = None) -> Finding:
+               fix_node: ast.AST | None = None, related: Sequence[Related] = ()) -> Finding:
+        """``related``: the places in other files that make this a finding (SARIF relatedLocations)."""
         end_line = getattr(node, "end_lineno", None)
         end_col = getattr(node, "end_col_offset", None)
         loc = Location(
@@ -48,6 +52,8 @@ class Context:
             end_column=self._chars(end_line, end_col) + 1 if end_line and end_col is not None else None,
         )
         f = Finding(code, message, fix, loc)
+        if related:
+            f.evidence["related"] = [r.to_dict() for r in related]
         if fix_kind:
             self.fixes.append((f, fix_kind, fix_node if fix_node is not None else node))
         self.findings.append(f)

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 
 from ddp_doctor.lint import analysis as A
-from ddp_doctor.lint.model import Cond, Scope, Site
+from ddp_doctor.lint.project import Related
+from ddp_doctor.lint.names import arg_or_kw
+from ddp_doctor.lint.scopes import Cond, Scope, Site
 from ddp_doctor.lint.rules.base import Context, Rule
 
 
@@ -17,24 +20,60 @@ def _guard_text(ctx: Context, site: Site, conds: list[Cond]) -> str:
     if stmt.lineno != site.stmt.lineno and isinstance(stmt, ast.If) and not _inside(site.stmt, stmt):
         return f"it comes after the early exit under `if {t}:` (line {stmt.lineno}), so only ranks " \
                f"where `not ({t})` reach it"
-    return f"it runs only where `{t if c.positive else f'not ({t})'}` holds"
+    return f"it runs only where `{t if c.positive else f'not ({t})'}` holds{_per_node(ctx, site, c)}"
+
+
+def _per_node(ctx: Context, site: Site, c: Cond) -> str:
+    """A local-rank test is true once per *node*: say so (one writer per node, not per job)."""
+    if "local" not in ctx.text(c.test, 200).lower():
+        return ""
+    truths = ctx.model.rank_truths(c.test, site.scope, {})
+    want = "T" if c.positive else "F"
+    if truths is not None and truths.count(want) > 1:
+        return " (a local-rank test: true on one rank of every node, so several ranks of a multi-node job)"
+    return ""
 
 
 def _inside(node: ast.AST, container: ast.AST) -> bool:
     return container.lineno <= node.lineno <= (container.end_lineno or container.lineno) and node is not container
 
 
-def _groups(ctx: Context, scope: Scope, classify) -> dict[str, list[tuple[Site, list[Cond], str]]]:
+def _groups(ctx: Context, scope: Scope, classify) -> dict[str, list[tuple[Site, list[Cond], Desc]]]:
     """Sites of ``scope`` classified by ``classify(site) -> (key, description) | None``."""
-    groups: dict[str, list[tuple[Site, list[Cond], str]]] = {}
+    groups: dict[str, list[tuple[Site, list[Cond], Desc]]] = {}
     for site in scope.sites:
         got = classify(site)
         if got is None:
             continue
         key, desc = got
         conds = ctx.model.rank_conds(site.conds, scope)
-        groups.setdefault(key, []).append((site, conds, desc))
+        groups.setdefault(key, []).append((site, conds, desc if isinstance(desc, Desc) else Desc(desc)))
     return groups
+
+
+@dataclass(frozen=True)
+class Desc:
+    """How a finding names what the site does, and the other files' lines that show it."""
+
+    text: str
+    related: tuple[Related, ...] = ()
+
+
+def _other_file(ctx: Context, site: Site, scope: Scope, what: str):
+    """The summary of the function of another project file that ``site`` calls, if it ``what``s."""
+    m = ctx.model
+    if m.project is None or not (site.conds or scope.rank_guarded_all):
+        return None
+    root = site.call.func
+    while isinstance(root, ast.Attribute):
+        root = root.value
+    if not isinstance(root, ast.Name) or root.id not in m.import_from:
+        return None  # not something imported: no other file to look at
+    if m.project.resolve_call(m, site.call.func, scope) is None:
+        return None
+    if not (scope.rank_guarded_all or m.rank_conds(site.conds, scope)):
+        return None  # a call every rank makes adds one to every rank: it cannot unbalance a group
+    return m.project.summary_of_call(m, site.call.func, scope)
 
 
 def _unbalanced(ctx: Context, scope: Scope, group) -> list[tuple[Site, list[Cond], str]]:
@@ -72,6 +111,12 @@ class RankConditionalCollective(Rule):
                         return (f"call:{fn.name}",
                                 f"`{ctx.text(site.call.func)}()` (it calls `{ctx.text(ccall.func)}()` "
                                 f"at line {ccall.lineno})")
+                    return None
+                summ = _other_file(ctx, site, scope, "collective")
+                if summ is not None and summ.collectives:
+                    r = summ.collectives[0]
+                    return (f"call:{summ.path}:{summ.name}",
+                            Desc(f"`{ctx.text(site.call.func)}()` (it enters {r.message} at {r.where})", (r,)))
                 return None
 
             for key, group in _groups(ctx, scope, classify).items():
@@ -79,11 +124,12 @@ class RankConditionalCollective(Rule):
                     why = _guard_text(ctx, site, conds)
                     ctx.report(
                         self.code, site.call,
-                        f"collective {desc} is reached by only some ranks: {why}. A collective completes only "
+                        f"collective {desc.text} is reached by only some ranks: {why}. A collective completes only "
                         f"when every rank of the group enters it; the other ranks never arrive and this one "
                         f"waits forever (a silent hang until the NCCL/gloo timeout).",
                         "Call it on every rank: keep the rank-0-only work under the condition and move the "
                         "collective out of it (or use `with ddp_doctor.fixes.rank_zero_first(): ...`).",
+                        related=desc.related,
                     )
 
 
@@ -107,6 +153,21 @@ class DDPForwardOnSubset(Rule):
                     if inner is not None:
                         return "forward", (f"`{ctx.text(site.call.func)}()`, which calls the DDP model "
                                            f"(`{ctx.text(inner.func)}(...)` at line {inner.lineno}),")
+                    return None
+                summ = _other_file(ctx, site, scope, "forward")
+                if summ is not None and summ.forwards:
+                    for i, pname in enumerate(summ.params):
+                        if pname not in summ.forwards:
+                            continue
+                        arg = arg_or_kw(site.call, i, pname)
+                        if arg is None or not m.is_ddp_value(arg, scope):
+                            continue
+                        r, quiet = summ.forwards[pname]
+                        if (quiet or A.in_no_grad(m, scope, site.call.lineno)) and \
+                                A.no_buffer_broadcast(m, arg, scope):
+                            continue
+                        return "forward", Desc(f"`{ctx.text(site.call.func)}()`, which calls the DDP model "
+                                               f"`{ctx.text(arg)}` ({r.message} at {r.where}),", (r,))
                 return None
 
             for _key, group in _groups(ctx, scope, classify).items():
@@ -114,10 +175,11 @@ class DDPForwardOnSubset(Rule):
                     why = _guard_text(ctx, site, conds)
                     ctx.report(
                         self.code, site.call,
-                        f"{desc} is called on only some ranks: {why}. A DDP forward takes part in collectives "
+                        f"{desc.text} is called on only some ranks: {why}. A DDP forward takes part in collectives "
                         f"(buffer broadcast, and the gradient all-reduce of the backward), so the ranks fall out "
                         f"of step: the job hangs, often only at the next epoch's training.",
                         "Evaluate the unwrapped model on the single rank (`model.module(x)`), or run the "
                         "evaluation on every rank with a DistributedSampler and combine the metric with "
                         "`dist.all_reduce` (or `ddp_doctor.fixes.gather_variable`).",
+                        related=desc.related,
                     )

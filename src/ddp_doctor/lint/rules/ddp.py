@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 
 from ddp_doctor.lint import analysis as A
-from ddp_doctor.lint.model import BATCHNORMS, final_name, kwarg
+from ddp_doctor.lint.names import BATCHNORMS, final_name, kwarg
 from ddp_doctor.lint.rules.base import Context, Rule
 
 # torchvision constructors of models that contain BatchNorm

@@ -1,11 +1,13 @@
-"""Device and checkpoint rules: DDP301, DDP302, DDP303; and DDP206 (launch outside the entry)."""
+"""Device rules: DDP301 load-without-map-location, DDP302 cuda-before-set-device."""
 from __future__ import annotations
 
 import ast
 import re
 
 from ddp_doctor.lint import analysis as A
-from ddp_doctor.lint.model import ModuleModel, Scope, Site, arg_or_kw, final_name, kwarg
+from ddp_doctor.lint.model import ModuleModel
+from ddp_doctor.lint.names import arg_or_kw, final_name, kwarg
+from ddp_doctor.lint.scopes import Scope
 from ddp_doctor.lint.rules.base import Context, Rule
 
 
@@ -186,125 +188,3 @@ class CudaBeforeSetDevice(Rule):
                         "explicit device: `.to(f\"cuda:{local_rank}\")`.",
                     )
                     return
-
-
-def _callers_all_guarded(m: ModuleModel, fn: ast.AST) -> bool | None:
-    """True: every in-file call of ``fn`` is under a rank condition; False: one is not; None: no caller here."""
-    sites = m.call_sites_of(fn)
-    if not sites:
-        return None
-    for s in sites:
-        if not (m.rank_conds(s.conds, s.scope) or s.scope.rank_guarded_all or
-                A.single_process_only(m, s.conds, s.scope)):
-            if s.scope.is_module or not _in_guarded_fn(m, s.scope):
-                return False
-    return True
-
-
-def _in_guarded_fn(m: ModuleModel, scope: Scope) -> bool:
-    if scope.rank_guarded_all:
-        return True
-    sites = m.call_sites_of(scope.node)
-    return bool(sites) and all(m.rank_conds(s.conds, s.scope) or s.scope.rank_guarded_all or
-                               A.single_process_only(m, s.conds, s.scope) for s in sites)
-
-
-def _training_function(m: ModuleModel, scope: Scope) -> bool:
-    if scope.is_module:
-        return True
-    if m.function_referenced_as_value(scope.node):
-        return True
-    for site in scope.sites:
-        q = m.qual(site.call.func) or ""
-        if q.endswith("init_process_group") or m.is_ddp_call(site.call) or m.is_backward_call(site.call):
-            return True
-    return scope.name in ("main", "train", "main_worker", "run", "worker", "fit")
-
-
-class SaveOnEveryRank(Rule):
-    code = "DDP303"
-
-    def check(self, ctx: Context) -> None:
-        m = ctx.model
-        if not is_dist_script(m):
-            return
-        for scope in m.scopes.values():
-            for site in scope.sites:
-                if m.qual(site.call.func) != "torch.save":
-                    continue
-                if self._guarded(m, site):
-                    continue
-                path = arg_or_kw(site.call, 1, "f")
-                if path is not None and m.mentions_rank(path, scope):
-                    continue  # a per-rank file (sharded checkpoint)
-                ctx.report(
-                    self.code, site.call,
-                    "`torch.save` here runs on every rank: all ranks write the same file at once (N times the "
-                    "I/O, and a checkpoint that can be torn or half-written when two ranks race on it).",
-                    "Save on one rank: `if dist.get_rank() == 0: torch.save(...)` (then `dist.barrier()` on "
-                    "every rank if others read it next), or use `ddp_doctor.fixes.rank_zero_first`.",
-                )
-
-    @staticmethod
-    def _guarded(m: ModuleModel, site: Site) -> bool:
-        scope = site.scope
-        if m.rank_conds(site.conds, scope) or scope.rank_guarded_all or A.single_process_only(m, site.conds, scope):
-            return True  # rank-guarded, or never run under DDP (`if local_rank == -1:`)
-        if scope.is_module:
-            return False
-        callers = _callers_all_guarded(m, scope.node)
-        if callers is None:
-            return not _training_function(m, scope)
-        return callers
-
-
-class LaunchNotAtEntry(Rule):
-    code = "DDP206"
-
-    _CTORS = ("__init__", "__new__", "__post_init__")
-
-    def check(self, ctx: Context) -> None:
-        m = ctx.model
-        for scope in m.scopes.values():
-            for site in scope.sites:
-                what = self._launch(m, site.call, scope)
-                if what is None:
-                    continue
-                where = None
-                if not scope.is_module and scope.name in self._CTORS and scope.cls is not None:
-                    where = f"the constructor `{scope.cls.name}.{scope.name}`"
-                elif scope.is_module and m.has_main_guard and self._spawns(m) and not any(
-                        m._is_main_guard(c.test) for c in site.conds):
-                    where = ("module level of a script that spawns its workers with multiprocessing (every spawned "
-                             "process re-imports the module and runs it again)")
-                if where is None:
-                    continue
-                ctx.report(
-                    self.code, site.call,
-                    f"{what} is called in {where}: the distributed launch then runs as a side effect of "
-                    f"building an object or importing a module — again in every spawned process, or in an "
-                    f"order that differs between ranks — which deadlocks at start-up or at the first collective.",
-                    f"Call {what} once, at the program entry (`if __name__ == \"__main__\":` / `main()`), before "
-                    f"building trainers, models and datasets.",
-                )
-
-    @staticmethod
-    def _spawns(m: ModuleModel) -> bool:
-        for sc in m.scopes.values():
-            for s in sc.sites:
-                q = m.qual(s.call.func) or ""
-                if q in ("torch.multiprocessing.spawn", "torch.multiprocessing.start_processes",
-                         "multiprocessing.Process", "torch.multiprocessing.Process") or \
-                        q.endswith("multiprocessing.spawn"):
-                    return True
-        return False
-
-    @staticmethod
-    def _launch(m: ModuleModel, call: ast.Call, scope: Scope) -> str | None:
-        q = m.qual(call.func) or ""
-        if q in ("torch.distributed.init_process_group", "deepspeed.init_distributed"):
-            return f"`{ast.unparse(call.func)}()`"
-        f = call.func
-        if isinstance(f, ast.Attribute) and f.attr == "launch" and m._receiver_kind(f.value, scope) == "fabric":
-            return f"`{ast.unparse(f)}()`"
-        return None

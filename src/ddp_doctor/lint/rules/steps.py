@@ -4,119 +4,17 @@ from __future__ import annotations
 import ast
 
 from ddp_doctor.lint import analysis as A
-from ddp_doctor.lint.model import (
-    AGREE_FUNCS, GATHER_OUTPUT_COLLECTIVES, INPLACE_COLLECTIVES, ModuleModel, Scope, data_names, dotted,
-    final_name, kwarg,
-)
+from ddp_doctor.lint.model import ModuleModel
+from ddp_doctor.lint.names import final_name, kwarg
+from ddp_doctor.lint.scopes import Scope
 from ddp_doctor.lint.rules.base import Context, Rule
+from ddp_doctor.lint.varying import RankVariance, has_collective, rank_variance
 
 _SIZE_ATTRS = {"shape", "size", "numel", "__len__"}
-_CLOCKS = {"time.time", "time.perf_counter", "time.monotonic", "time.time_ns", "time.perf_counter_ns",
-           "time.monotonic_ns", "datetime.datetime.now", "datetime.now"}
 
 
 def _names(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-
-
-def _has_collective(m: ModuleModel, node: ast.AST, scope: Scope) -> bool:
-    for c in ast.walk(node):
-        if isinstance(c, ast.Call):
-            if m.collective_name(c, scope) or final_name(c.func) in AGREE_FUNCS or \
-                    final_name(c.func) in ("skip_if_nonfinite",):
-                return True
-            fn = m.resolve_function(c.func, scope)
-            if fn is not None and A.fn_collectives(m, fn):
-                return True
-            if _from_fixes(m, c.func, scope):
-                return True  # ddp_doctor.fixes: agree, skip_if_nonfinite, EarlyStopping.step, ...
-    return False
-
-
-def _from_fixes(m: ModuleModel, func: ast.expr, scope: Scope) -> bool:
-    q = m.qual(func) or ""
-    if q.startswith("ddp_doctor.fixes"):
-        return True
-    if isinstance(func, ast.Attribute):  # stopper.step(val_loss) with stopper = EarlyStopping(...)
-        for v in m.values_of(func.value, scope):
-            if isinstance(v, ast.Call) and (m.qual(v.func) or "").startswith("ddp_doctor.fixes"):
-                return True
-    return False
-
-
-def _loop_data_names(loop: ast.stmt) -> set[str]:
-    """Names bound to the *data* of a for loop (not ``enumerate``'s counter, not ``range``)."""
-    if not isinstance(loop, (ast.For, ast.AsyncFor)):
-        return set()
-    it = loop.iter
-    if isinstance(it, ast.Call) and final_name(it.func) in ("range", "trange"):
-        return set()
-    target = loop.target
-    if isinstance(it, ast.Call) and final_name(it.func) == "enumerate" and isinstance(target, (ast.Tuple, ast.List)) \
-            and target.elts:
-        target = ast.Tuple(elts=target.elts[1:])
-    return _names(target)
-
-
-def tainted_names(m: ModuleModel, scope: Scope) -> set[str]:
-    """Names whose value can differ between ranks because it comes from the rank's own data or loss."""
-    key = ("taint", scope.node)
-    if key in m._cache:
-        return m._cache[key]
-    tainted: set[str] = set()
-    for loop, _c, _l in scope.loops:
-        tainted |= _loop_data_names(loop)
-    agreed: set[str] = set()
-    for site in scope.sites:
-        name = m.collective_name(site.call, scope)
-        op = name.split(".")[-1] if name else None
-        if name and name.startswith("dist.") and op in GATHER_OUTPUT_COLLECTIVES and site.call.args:
-            d = dotted(site.call.args[0])  # dist.all_gather(out_list, t): every rank gets every rank's t
-            if d:
-                agreed.add(d.split(".")[0])
-        if name and op in INPLACE_COLLECTIVES and site.call.args:
-            d = dotted(site.call.args[0])
-            if d:
-                agreed.add(d.split(".")[0])
-    # results of the DDP model, of next(iterator) and of same-file helpers fed with data
-    changed = True
-    rounds = 0
-    while changed and rounds < 6:
-        changed = False
-        rounds += 1
-        for name, vals in scope.assigns.items():
-            if name in tainted or name in agreed or "." in name:
-                continue
-            for value, conds in vals:
-                if _value_tainted(m, scope, value, tainted) or any(
-                        _names(c.test) & tainted and not _has_collective(m, c.test, scope) for c in conds):
-                    tainted.add(name)
-                    changed = True
-                    break
-    tainted -= agreed
-    m._cache[key] = tainted
-    return tainted
-
-
-def _value_tainted(m: ModuleModel, scope: Scope, value: ast.expr, tainted: set[str]) -> bool:
-    if _has_collective(m, value, scope):
-        return False
-    if data_names(value) & tainted:
-        return True
-    for c in ast.walk(value):
-        if isinstance(c, ast.Call):
-            if final_name(c.func) == "next":
-                return True
-            if (m.qual(c.func) or "") in _CLOCKS:
-                return True  # each rank reads its own clock: a time budget is a rank-local decision
-            tgt = A.forward_target(c)
-            if tgt is not None:
-                if isinstance(tgt, ast.Attribute) and tgt.attr == "module":
-                    tgt = tgt.value  # model.module(x): the rank's own forward, too
-                if m.is_ddp_value(tgt, scope):
-                    return True
-    # a value computed from the rank itself (x[rank::world], rank-local validation shards)
-    return m.mentions_rank(value, scope) and not isinstance(value, (ast.Constant,))
 
 
 def _size_only(test: ast.expr, tainted: set[str]) -> bool:
@@ -171,6 +69,32 @@ def _encloses(container: ast.AST, node: ast.AST) -> bool:
     return container.lineno <= node.lineno <= (container.end_lineno or container.lineno)
 
 
+_END_OF_DATA = {"StopIteration", "StopAsyncIteration"}
+_LOADS = {"open", "load", "read", "read_bytes", "read_text", "imread", "decode", "decode_image", "read_image",
+          "urlopen", "get", "fetch", "__getitem__", "__next__"}
+
+
+def _data_exception(ctx: Context, scope: Scope, stmt: ast.stmt, loop: ast.stmt, rv: RankVariance):
+    """``try: batch = next(it) / load(path) except OSError: continue``: a handler inside the training loop
+    that catches a rank's own loading error (not the end of the data, which every rank reaches together)."""
+    for other, _conds, _loops in scope.stmts:
+        if not isinstance(other, ast.Try) or not _encloses(loop, other) or other is loop:
+            continue
+        for h in other.handlers:
+            if not any(n is stmt for b in h.body for n in ast.walk(b)):
+                continue
+            caught = [] if h.type is None else [final_name(t) for t in (
+                h.type.elts if isinstance(h.type, ast.Tuple) else [h.type])]
+            if caught and all(c in _END_OF_DATA for c in caught):
+                return None
+            loads = any(isinstance(c, ast.Call) and (final_name(c.func) in _LOADS or rv.sources(c))
+                        for b in other.body for c in ast.walk(b))
+            if loads:
+                text = "except" + (f" {ctx.text(h.type, 40)}" if h.type is not None else "")
+                return text, "exception"
+    return None
+
+
 class UnevenSteps(Rule):
     code = "DDP101"
 
@@ -183,7 +107,7 @@ class UnevenSteps(Rule):
             loops = A.training_loops(m, scope)
             if not loops:
                 continue
-            tainted = tainted_names(m, scope)
+            rv = rank_variance(m, scope)
             bws = A.backward_sites(m, scope)
             for jump in scope.jumps:
                 if jump.kind == "raise" or A.single_process_only(m, jump.conds, scope):
@@ -198,7 +122,7 @@ class UnevenSteps(Rule):
                             loop in s.loops and s.call.lineno > jump.stmt.lineno for s in bws):
                         continue  # a continue after the backward does not change the number of steps
                     conds = [c for c in jump.conds if c.loop_level > level and _encloses(c.node, jump.stmt)]
-                    got = self._reason(ctx, scope, conds, tainted)
+                    got = self._reason(ctx, scope, conds, rv) or _data_exception(ctx, scope, jump.stmt, loop, rv)
                     if got is None:
                         continue
                     reason, kind = got
@@ -282,17 +206,19 @@ class UnevenSteps(Rule):
                     return node.value.id, module_consts[node.value.id]
         return None
 
-    def _reason(self, ctx: Context, scope: Scope, conds, tainted: set[str]) -> str | None:
+    def _reason(self, ctx: Context, scope: Scope, conds, rv: RankVariance) -> tuple[str, str] | None:
+        """The innermost enclosing condition whose truth can differ between ranks at its ``if``."""
         m = ctx.model
         for c in reversed(conds):
             t = ctx.text(c.test, 50)
             text = t if c.positive else f"not ({t})"
             if m.is_rank_condition(c.test, scope):
                 return text, "rank"
-            if _has_collective(m, c.test, scope) or _exhausted_iterator(m, c.test, scope):
+            if has_collective(m, c.test, scope) or _exhausted_iterator(m, c.test, scope):
                 continue
-            hit = _names(c.test) & tainted
-            if hit and not _size_only(c.test, tainted):
+            hit = rv.varying_names(c.test, c.node)
+            direct = [k for k in rv.sources(c.test) if k != "rank"]
+            if (hit or direct) and not (hit and not direct and _size_only(c.test, hit)):
                 return text, "data"
         return None
 
@@ -300,5 +226,8 @@ class UnevenSteps(Rule):
     def _why(reason: str, kind: str) -> str:
         if kind == "rank":
             return f"`{reason}` depends on the rank itself."
+        if kind == "exception":
+            return f"`{reason}` catches an error raised while this rank loads its own data, which the other " \
+                   f"ranks do not see (no collective makes them agree)."
         return f"`{reason}` is computed by each rank from its own batch, loss or clock, so ranks decide differently " \
                f"(no collective makes them agree)."

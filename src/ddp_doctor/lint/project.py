@@ -1,0 +1,480 @@
+"""Cross-file analysis: a file's imports resolved to the other files of its project, and summaries of
+the functions there, used at call sites in this file.
+
+A training repository spreads one job over files: the loop in ``engine.py``, the loader built by
+``build_loader()`` in ``datasets/__init__.py``, the rank helpers (``is_main_process()``,
+``comm.synchronize()``) in ``utils/``.  :class:`Project` resolves ``import a.b``, ``from .engine import
+f``, ``from pkg import mod`` and aliases to files under the linted roots (never to installed packages),
+builds their :class:`~ddp_doctor.lint.model.ModuleModel` on demand, and answers per function with a
+:class:`FunctionSummary`: the collectives it enters, whether it runs a backward, which parameters it
+calls as a model, what it returns (a loader, a sampler, a DDP model, the rank).  Models and summaries
+are cached by file content hash, so a file shared by many others is read and summarised once per run.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ddp_doctor.lint.evaluate import RANKS, _Eval
+from ddp_doctor.lint.scopes import Scope
+
+if TYPE_CHECKING:
+    from ddp_doctor.lint.model import ModuleModel
+
+_DIST_TEXT = re.compile(r"torch\.distributed|import distributed|DistributedDataParallel|DistributedSampler|"
+                        r"\blightning|accelerate|deepspeed|horovod|torch\.multiprocessing")
+_SUMMARY_TEXT = re.compile(r"distributed|Distributed|backward|DataLoader|Sampler|rank|barrier|all_reduce|"
+                           r"all_gather|broadcast|lightning|accelerat|fabric|deepspeed|horovod|register_buffer|"
+                           r"BatchNorm|Dataset|^from \.|^\s+from \.", re.M)
+# libraries whose APIs the catalogue knows by qualified name (torch.distributed.barrier, DDP, Fabric,
+# accelerate): even when the linted tree is their own source, calls into them are not followed
+_MODELLED = {"torch", "torchvision", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate",
+             "deepspeed", "apex", "horovod", "transformers", "numpy"}
+_MAX_DEPTH = 3  # calls followed through other files
+_MAX_ANCESTORS = 6  # directories above a file searched for an absolute import's top package
+
+# models kept for resolution, least recently used dropped: memory stays bounded on a large tree
+_MAX_MODELS = 128
+# summaries by content hash, shared by every Project of this process (pre-commit and flake8 lint many
+# files); they hold locations and names only, never a model
+_SUMMARIES: dict[tuple[str, str, int], "FunctionSummary"] = {}
+
+
+@dataclass(frozen=True)
+class Related:
+    """A place in another file that makes a finding one (SARIF ``relatedLocations``)."""
+
+    path: str
+    line: int
+    message: str
+
+    @property
+    def where(self) -> str:
+        return f"{display_path(self.path)}:{self.line}"
+
+    def to_dict(self) -> dict:
+        return {"path": display_path(self.path), "line": self.line, "message": self.message}
+
+
+def display_path(path: str) -> str:
+    """``path`` relative to the working directory when it is under it (as the linted paths are shown)."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+@dataclass
+class FunctionSummary:
+    """What one function does, as its callers in other files need to know."""
+
+    path: str
+    name: str
+    params: tuple[str, ...]  # positional parameters, without self/cls
+    collectives: tuple[Related, ...] = ()  # entered on every rank that runs the function
+    backward: Related | None = None  # runs a backward (itself or through what it calls)
+    trains: Related | None = None  # a loop over data with a backward inside (a train-one-epoch function)
+    forwards: dict[str, tuple[Related, bool]] = field(default_factory=dict)  # param -> (its call, under no_grad)
+    iterates: dict[str, tuple[Related, bool]] = field(default_factory=dict)  # param -> (its loop, with a backward)
+    returns: dict[str, Related] = field(default_factory=dict)  # "loader" / "sampler" / "ddp" -> where made
+    rank_value: str | None = None  # "rank" (returns the rank) or "main" (returns rank == 0)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class Project:
+    """The files under ``roots`` (the linted directories, and the folders of the linted files)."""
+
+    def __init__(self, roots=()):
+        self.roots = [Path(os.path.realpath(r)) for r in roots]
+        self._by_path: OrderedDict[str, "ModuleModel | None"] = OrderedDict()
+        self._resolving: set = set()
+        self._files: dict[tuple[Path, int, str], Path | None] = {}
+        self._relevant: dict[tuple[str, str], bool] = {}
+        self._listings: dict[Path, frozenset] = {}
+
+    # --------------------------------------------------------------- files
+    def built(self, path: str, source: str) -> "ModuleModel | None":
+        """The model already built for this file with this content (another file imported it first)."""
+        model = self._by_path.get(os.path.realpath(path))
+        return model if model is not None and model.source == source else None
+
+    def register(self, model: "ModuleModel") -> None:
+        """A model the engine built for a linted file: reuse it, and give it this project."""
+        model.project = self
+        if model.path and model.path != "<string>":
+            self._keep(os.path.realpath(model.path), model)
+
+    def _keep(self, real: str, model: "ModuleModel | None") -> None:
+        self._by_path[real] = model
+        self._by_path.move_to_end(real)
+        while len(self._by_path) > _MAX_MODELS:
+            self._by_path.popitem(last=False)
+
+    def within(self, path: Path) -> bool:
+        return any(path == r or r in path.parents for r in self.roots)
+
+    def model_at(self, path: Path) -> "ModuleModel | None":
+        """The model of a project file, or None when its text shows nothing a summary could hold (no
+        collective, backward, loader, sampler, rank or DDP word: most files of a large tree)."""
+        real = os.path.realpath(path)
+        if real not in self._by_path and not real.endswith("__init__.py") and \
+                not self._relevant_file(Path(real), _SUMMARY_TEXT, "summary"):
+            return None
+        if real in self._by_path:
+            self._by_path.move_to_end(real)
+            return self._by_path[real]
+        self._keep(real, None)  # a cycle of imports ends here
+        from ddp_doctor.lint.engine import read_source
+        from ddp_doctor.lint.model import ModuleModel
+
+        text, err = read_source(Path(real))
+        if text is None:
+            return None
+        try:
+            model = ModuleModel(ast.parse(text, real), real, text)
+        except (SyntaxError, ValueError, RecursionError):
+            return None
+        model.project = self
+        self._keep(real, model)
+        return model
+
+    def _module_file(self, base: Path, dotted: str) -> Path | None:
+        parts = dotted.split(".") if dotted else []
+        d = base
+        for part in parts[:-1]:  # walk the packages by directory listings (cached), not by stat calls
+            if part not in self._entries(d):
+                return None
+            d = d / part
+        if parts:
+            last = parts[-1]
+            entries = self._entries(d)
+            if last + ".py" in entries and (d / (last + ".py")).is_file():
+                return d / (last + ".py")
+            if last not in entries:
+                return None
+            d = d / last
+        init = d / "__init__.py"
+        return init if "__init__.py" in self._entries(d) and init.is_file() else None
+
+    def _entries(self, d: Path) -> frozenset:
+        got = self._listings.get(d)
+        if got is None:
+            try:
+                got = frozenset(os.listdir(d))
+            except OSError:
+                got = frozenset()
+            self._listings[d] = got
+        return got
+
+    def imports_relevant(self, path: str, tree: ast.Module, relevant) -> bool:
+        """Does the file at ``path`` import a project module whose text matches ``relevant`` (a file that
+        only says ``from ..utils import comm`` still runs comm's barriers)?"""
+        here = Path(os.path.realpath(path)).parent
+        for node in tree.body:
+            if isinstance(node, ast.Import):
+                targets = [(0, a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                targets = [(node.level, base)] + [(node.level, f"{base}.{a.name}" if base else a.name)
+                                                  for a in node.names if a.name != "*"]
+            else:
+                continue
+            for level, module in targets:
+                f = self._lookup(here, level, module)
+                if f is not None and self._relevant_file(f, relevant):
+                    return True
+        return False
+
+    def imports_distributed(self, model: "ModuleModel") -> bool:
+        """Does ``model`` import a project module that uses torch.distributed, DDP, Fabric, accelerate,
+        Lightning, ...?  Read from the imported file's text: no model is built for it."""
+        for level, module in model.import_modules:
+            f = self.module_file(model, level, module)
+            if f is not None and os.path.realpath(f) != os.path.realpath(model.path) and \
+                    self._relevant_file(f, _DIST_TEXT, "dist"):
+                return True
+        return False
+
+    def _relevant_file(self, path: Path, relevant, kind: str = "relevant") -> bool:
+        key = (kind, str(path))
+        if key not in self._relevant:
+            from ddp_doctor.lint.engine import read_source
+
+            text, _err = read_source(path)
+            self._relevant[key] = bool(text) and bool(relevant.search(text))
+        return self._relevant[key]
+
+    def module_file(self, importer: "ModuleModel", level: int, module: str) -> Path | None:
+        """The file of module ``module`` imported from ``importer`` (``level`` dots), inside the project."""
+        here = importer._cache.get("project_dir")
+        if here is None:
+            here = importer._cache["project_dir"] = Path(os.path.realpath(importer.path)).parent
+        return self._lookup(here, level, module)
+
+    def _lookup(self, here: Path, level: int, module: str) -> Path | None:
+        if not level and module.split(".", 1)[0] in _MODELLED:
+            return None  # matched by qualified name from the catalogue, never re-read from its source
+        key = (here, level, module)
+        if key not in self._files:
+            self._files[key] = self._find_module(here, level, module)
+        return self._files[key]
+
+    def _find_module(self, here: Path, level: int, module: str) -> Path | None:
+        if level:
+            base = here
+            for _ in range(level - 1):
+                base = base.parent
+            found = self._module_file(base, module)
+            return found if found is not None and self.within(found) else None
+        bases = []
+        d = here
+        for _ in range(_MAX_ANCESTORS):  # the folders above, up to the one holding the top package
+            bases.append(d)
+            if not self.within(d) or d.parent == d:
+                break
+            d = d.parent
+        bases += [r for r in self.roots if r not in bases]
+        for base in bases:
+            found = self._module_file(base, module)
+            if found is not None and self.within(found):
+                return found
+        return None
+
+    # ---------------------------------------------------------- resolution
+    def resolve_local(self, model: "ModuleModel", name: str, depth: int = 0):
+        """What the imported name ``name`` of ``model`` is: (module model, def or class node), or
+        (module model, None) for a module; None when it is not a file of this project."""
+        entry = model.import_from.get(name)
+        if entry is None or depth > _MAX_DEPTH:
+            return None
+        key = ("project_local", name)
+        if key not in model._cache:
+            model._cache[key] = None  # an import cycle resolves to nothing
+            model._cache[key] = self._resolve_local(model, name, entry, depth)
+        return model._cache[key]
+
+    def _resolve_local(self, model: "ModuleModel", name: str, entry, depth: int):
+        level, module, attr = entry
+        if attr is None:  # `import a.b` / `import a.b as c`
+            f = self.module_file(model, 0, module)
+            m = self.model_at(f) if f is not None else None
+            return (m, None) if m is not None else None
+        f = self.module_file(model, level, module)
+        owner = self.model_at(f) if f is not None else None
+        if owner is not None:
+            got = self._member(owner, attr, depth)
+            if got is not None:
+                return got
+        sub = self.module_file(model, level, f"{module}.{attr}" if module else attr)  # from pkg import mod
+        m = self.model_at(sub) if sub is not None else None
+        return (m, None) if m is not None else None
+
+    def _member(self, owner: "ModuleModel", attr: str, depth: int):
+        defs = [d for d in owner.functions.get(attr, []) if owner.def_parent.get(d) is owner.tree]
+        if defs:
+            return owner, defs[-1]
+        if attr in owner.classes:
+            return owner, owner.classes[attr]
+        if attr in owner.import_from:  # re-exported: `from .engine import train_one_epoch` in __init__.py
+            return self.resolve_local(owner, attr, depth + 1)
+        return None
+
+    def resolve_expr(self, model: "ModuleModel", expr: ast.expr, depth: int = 0):
+        """``f`` / ``mod.f`` / ``pkg.mod.f`` / ``mod.Class`` to (module model, node or None)."""
+        if depth > _MAX_DEPTH:
+            return None
+        if isinstance(expr, ast.Name):
+            if expr.id in model.functions or expr.id in model.classes:
+                return None  # defined here: the same-file analysis handles it
+            return self.resolve_local(model, expr.id)
+        if isinstance(expr, ast.Attribute):
+            base = self.resolve_expr(model, expr.value, depth + 1)
+            if base is None or base[1] is not None:
+                return None
+            owner = base[0]
+            got = self._member(owner, expr.attr, depth)
+            if got is not None:
+                return got
+            sub = self.module_file(owner, 1, expr.attr)  # pkg.mod with pkg/__init__.py not importing mod
+            m = self.model_at(sub) if sub is not None and Path(owner.path).name == "__init__.py" else None
+            return (m, None) if m is not None else None
+        return None
+
+    def resolve_call(self, model: "ModuleModel", func: ast.expr, scope: Scope):
+        """The function (or class, whose ``__init__`` is meant) of another project file ``func`` calls."""
+        if not model.import_from:
+            return None
+        root = func
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        if not isinstance(root, ast.Name) or root.id not in model.import_from or root.id in scope.params:
+            return None
+        got = self.resolve_expr(model, func)
+        if got is None or got[1] is None:
+            return None
+        return got
+
+    # ----------------------------------------------------------- summaries
+    def summary_of_call(self, model: "ModuleModel", func: ast.expr, scope: Scope) -> FunctionSummary | None:
+        if not model.import_from:
+            return None
+        key = ("project_call", id(func), id(scope))
+        got = model._cache.get(key)
+        if got is not None and got[0] is func:
+            return got[1]
+        res = self._summary_of_call(model, func, scope)
+        model._cache[key] = (func, res)  # holding func keeps its id from being reused
+        return res
+
+    def _summary_of_call(self, model: "ModuleModel", func: ast.expr, scope: Scope) -> FunctionSummary | None:
+        got = self.resolve_call(model, func, scope)
+        if got is None:
+            return None
+        owner, node = got
+        if isinstance(node, ast.ClassDef):
+            node = owner.methods.get(node, {}).get("__init__")
+            if node is None:
+                return None
+        return self.summary(owner, node)
+
+    def collectives_of_call(self, model: "ModuleModel", func: ast.expr, scope: Scope) -> list[Related]:
+        s = self.summary_of_call(model, func, scope)
+        return list(s.collectives) if s is not None else []
+
+    def summary(self, owner: "ModuleModel", fn: ast.AST) -> FunctionSummary:
+        digest = owner._cache.get("digest")
+        if digest is None:
+            digest = owner._cache["digest"] = _digest(owner.source)
+        key = (digest, getattr(fn, "name", ""), fn.lineno)
+        got = _SUMMARIES.get(key)
+        if got is not None:
+            return got
+        if key in self._resolving:  # recursion through other files: nothing more to learn
+            return FunctionSummary(owner.path, getattr(fn, "name", "?"), ())
+        self._resolving.add(key)
+        try:
+            got = _summarise(self, owner, fn)
+        finally:
+            self._resolving.discard(key)
+        _SUMMARIES[key] = got
+        return got
+
+
+def _summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummary:
+    from ddp_doctor.lint import analysis as A
+
+    scope = m.scopes[fn]
+    params = list(scope.params)
+    a = fn.args
+    positional = [x.arg for x in (*a.posonlyargs, *a.args)]
+    if scope.cls is not None and positional and positional[0] in ("self", "cls"):
+        positional = positional[1:]
+    s = FunctionSummary(m.path, fn.name, tuple(positional))
+    colls: list[Related] = []
+    if not scope.rank_guarded_all:
+        for name, call in A.fn_collectives(m, fn):
+            colls.append(Related(m.path, call.lineno, f"`{name}()` in `{fn.name}`"))
+    for site in scope.sites:
+        guarded = bool(m.rank_conds(site.conds, scope)) or scope.rank_guarded_all
+        call = site.call
+        if m.is_backward_call(call) and s.backward is None:
+            s.backward = Related(m.path, call.lineno, f"the backward in `{fn.name}`")
+        target = A.forward_target(call)
+        if not guarded and isinstance(target, ast.Name) and target.id in params and target.id not in s.forwards:
+            quiet = A.in_no_grad(m, scope, call.lineno)
+            s.forwards[target.id] = (Related(m.path, call.lineno, f"`{target.id}(...)` in `{fn.name}`"), quiet)
+        if m.resolve_function(call.func, scope) is not None:
+            callee = m.resolve_function(call.func, scope)
+            if callee is not fn and s.backward is None and any(
+                    m.is_backward_call(x.call) for x in A.fn_direct_sites(m, callee)):
+                s.backward = Related(m.path, call.lineno, f"the backward in `{getattr(callee, 'name', '?')}`")
+            continue
+        inner = project.summary_of_call(m, call.func, scope)
+        if inner is None:
+            continue
+        if not guarded:
+            colls.extend(inner.collectives)
+        if s.backward is None and inner.backward is not None:
+            s.backward = inner.backward
+    s.collectives = tuple(dict.fromkeys(colls))
+    loops = A.training_loops(m, scope)
+    if loops:
+        s.trains = Related(m.path, loops[0].lineno, f"the training loop of `{fn.name}`")
+    for loop, _c, _l in scope.loops:
+        it = A.unwrap_iter(loop.iter) if isinstance(loop, (ast.For, ast.AsyncFor)) else None
+        if isinstance(it, ast.Name) and it.id in params and it.id not in s.iterates:
+            training = loop in loops
+            what = "trains on" if training else "iterates"
+            s.iterates[it.id] = (Related(m.path, loop.lineno, f"`{fn.name}` {what} `{it.id}` here"), training)
+    for r in m.returns_of(fn):
+        v = r.value
+        if v is None:
+            continue
+        if "loader" not in s.returns and A.resolve_loaders(m, v, scope):
+            call, lscope = A.resolve_loaders(m, v, scope)[0]
+            s.returns["loader"] = Related(m.path, call.lineno, f"the DataLoader made in `{fn.name}`")
+            sampler = _shuffling_sampler_of(m, call, lscope)
+            if sampler is not None:
+                s.returns["shuffled_sampler"] = Related(
+                    m.path, sampler.lineno, f"the shuffling DistributedSampler of the DataLoader made in `{fn.name}`")
+        if "sampler" not in s.returns and _is_sampler_value(m, v, scope):
+            s.returns["sampler"] = Related(m.path, r.lineno, f"the DistributedSampler returned by `{fn.name}`")
+        if "ddp" not in s.returns and m.is_ddp_value(v, scope):
+            s.returns["ddp"] = Related(m.path, r.lineno, f"the DDP model returned by `{fn.name}`")
+    s.rank_value = _rank_value(m, fn, scope)
+    return s
+
+
+def _shuffling_sampler_of(m: "ModuleModel", loader: ast.Call, scope: Scope) -> ast.Call | None:
+    """The DistributedSampler (shuffle not False) given to ``loader``, when the function sets no epoch."""
+    from ddp_doctor.lint.names import arg_or_kw, kwarg
+
+    s = kwarg(loader, "sampler")
+    if s is None:
+        return None
+    cands = [s.value] if isinstance(s.value, ast.Call) else [v for v in m.values_of(s.value, scope)]
+    for c in cands:
+        if isinstance(c, ast.Call) and m.is_sampler_call(c):
+            shuffle = arg_or_kw(c, 3, "shuffle")
+            if shuffle is None or (isinstance(shuffle, ast.Constant) and shuffle.value is True):
+                return c
+    return None
+
+
+def _is_sampler_value(m: "ModuleModel", v: ast.expr, scope: Scope, depth: int = 0) -> bool:
+    if depth > 4:
+        return False
+    if isinstance(v, ast.Call):
+        return m.is_sampler_call(v)
+    return any(x is not v and _is_sampler_value(m, x, scope, depth + 1) for x in m.values_of(v, scope))
+
+
+def _rank_value(m: "ModuleModel", fn: ast.AST, scope: Scope) -> str | None:
+    """``def get_rank(): return dist.get_rank() if ... else 0`` -> "rank"; ``is_main_process()`` -> "main"."""
+    rets = [r.value for r in m.returns_of(fn) if r.value is not None]
+    if not rets or len(rets) > 4 or not any(m.mentions_rank(r, scope) for r in rets):
+        return None
+    per_rank = []
+    for r in RANKS:
+        vals: set = set()
+        try:
+            for v in rets:
+                vals |= _Eval(m, scope, r, {}).ev(v, 0)
+        except Exception:  # noqa: BLE001 - not a plain function of the rank
+            vals = {object()}
+        per_rank.append(vals)
+    if all(v == {r} or v == {r, 0} for r, v in zip(RANKS, per_rank)) and per_rank[1] != per_rank[0]:
+        return "rank"
+    if all(v == {r == 0} for r, v in zip(RANKS, per_rank)):
+        return "main"
+    return None

@@ -1,0 +1,189 @@
+"""Sampler rules: DDP102 sampler-epoch-not-set, DDP103 shuffle-with-sampler, DDP105
+loader-without-distributed-sampler."""
+from __future__ import annotations
+
+import ast
+
+from ddp_doctor.lint import analysis as A
+from ddp_doctor.lint.model import ModuleModel
+from ddp_doctor.lint.names import arg_or_kw, final_name, has_star_kwargs
+from ddp_doctor.lint.scopes import Scope
+from ddp_doctor.lint.rules.base import Context, Rule
+from ddp_doctor.lint.rules.loader_facts import (
+    all_calls, dataset_is_iterable_or_sharded, dl_arg, is_none, training_loader_uses, uses_wrapper_loaders,
+)
+
+
+class SamplerEpochNotSet(Rule):
+    code = "DDP102"
+
+    def check(self, ctx: Context) -> None:
+        m = ctx.model
+        uses = A.loader_uses(m)
+        set_epoch_sites = [s for sc in m.scopes.values() for s in sc.sites if final_name(s.call.func) == "set_epoch"]
+        for call, scope in list(all_calls(m, m.is_sampler_call)):
+            shuffle = arg_or_kw(call, 3, "shuffle")
+            if shuffle is not None and A.literal(shuffle) is not True:
+                continue  # shuffle=False (or unknown): the order does not depend on the epoch
+            if any(self._sets_epoch_of(m, s, call, uses) for s in set_epoch_sites):
+                continue
+            # the loaders that use this sampler, and whether they are iterated over epochs
+            # only loaders that drive training epochs: a validation loader's order does not matter
+            drivers = [use for use in uses if use.epochs and use.training and
+                       _loader_sampler_is(m, use.loader, use.loader_scope, call)]
+            if not drivers:
+                continue
+            ctx.report(
+                self.code, call,
+                "this DistributedSampler shuffles, but its `set_epoch()` is never called: every epoch replays "
+                "the same permutation on every rank (no reshuffling between epochs, which hurts convergence).",
+                "Call `sampler.set_epoch(epoch)` at the start of every epoch, before iterating the loader "
+                "(e.g. `train_loader.sampler.set_epoch(epoch)`).",
+                related=[u.via for u in drivers[:1] if u.via is not None],
+            )
+
+        if m.project is not None and not set_epoch_sites:
+            self._loaders_from_other_files(ctx)
+
+    def _loaders_from_other_files(self, ctx: Context) -> None:
+        """``loader = create_loader(...)`` (data/loader.py builds it with a shuffling DistributedSampler),
+        iterated here over training epochs with no ``set_epoch`` anywhere in this file: reported at the
+        call that brings the loader in, naming the sampler's line."""
+        m = ctx.model
+        done = set()
+        for scope in m.scopes.values():
+            training = A.training_loops(m, scope)
+            for loop, _conds, outer in scope.loops:
+                if loop not in training or not isinstance(loop, (ast.For, ast.AsyncFor)):
+                    continue
+                if not (outer or A._called_in_loop(m, scope)):
+                    continue  # a single pass: no epoch to set
+                for call in _origin_calls(m, A.unwrap_iter(loop.iter), scope):
+                    if call in done or m.resolve_function(call.func, scope) is not None:
+                        continue
+                    summ = m.project.summary_of_call(m, call.func, scope)
+                    sampler = summ.returns.get("shuffled_sampler") if summ is not None else None
+                    if sampler is None:
+                        continue
+                    done.add(call)
+                    ctx.report(
+                        self.code, call,
+                        f"the loader that `{ctx.text(call.func)}()` returns shuffles with a DistributedSampler "
+                        f"({sampler.where}), and this file iterates it over training epochs (line {loop.lineno}) "
+                        f"without ever calling `set_epoch()`: every epoch replays the same permutation on every "
+                        f"rank (no reshuffling between epochs, which hurts convergence).",
+                        "Call `loader.sampler.set_epoch(epoch)` at the start of every epoch, before iterating "
+                        "the loader.",
+                        related=[sampler],
+                    )
+
+    @staticmethod
+    def _sets_epoch_of(m: ModuleModel, site, sampler: ast.Call, uses) -> bool:
+        """Does this ``X.set_epoch(...)`` call (possibly) reach ``sampler``?"""
+        recv = site.call.func.value if isinstance(site.call.func, ast.Attribute) else None
+        if recv is None:
+            return True
+        # loader.sampler.set_epoch / loader.batch_sampler.sampler.set_epoch
+        base = recv
+        while isinstance(base, ast.Attribute) and base.attr in ("sampler", "batch_sampler"):
+            base = base.value
+        if base is not recv:
+            loaders = A.resolve_loaders(m, base, site.scope)
+            if not loaders:
+                return True
+            return any(_loader_sampler_is(m, lc, ls, sampler) for lc, ls in loaders)
+        if isinstance(recv, ast.Call):
+            return recv is sampler
+        vals = m.values_of(recv, site.scope)
+        if not vals:
+            return True  # a parameter or an object we cannot follow: assume it is this sampler
+        known = [v for v in vals if isinstance(v, ast.Call) and m.is_sampler_call(v)]
+        if not known:
+            return True  # `s = train_sampler if cond else None`, built by a helper, ...: assume it is
+        return sampler in known
+
+
+def _origin_calls(m: ModuleModel, expr: ast.expr, scope: Scope, depth: int = 0) -> list[ast.Call]:
+    """The calls whose result ``expr`` holds: through assignments and, for a parameter, the arguments
+    of this file's callers (``train_one_epoch(epoch, model, loader_train)``)."""
+    if depth > 3:
+        return []
+    if isinstance(expr, ast.Call):
+        return [expr]
+    out = []
+    for v in m.values_of(expr, scope):
+        if v is not expr:
+            out += _origin_calls(m, v, m.scope_of_value(v, scope), depth + 1)
+    if not out and isinstance(expr, ast.Name) and expr.id in scope.params and not scope.is_module:
+        idx = scope.params.index(expr.id)
+        fn = scope.node
+        if scope.cls is not None and fn.args.args and fn.args.args[0].arg in ("self", "cls"):
+            idx -= 1
+        for site in m.call_sites_of(fn):
+            a = arg_or_kw(site.call, idx, expr.id) if idx >= 0 else None
+            if a is not None:
+                out += _origin_calls(m, a, site.scope, depth + 1)
+    return out
+
+
+def _loader_sampler_is(m: ModuleModel, loader: ast.Call, scope: Scope, sampler: ast.Call) -> bool:
+    s = dl_arg(loader, "sampler")
+    if s is None:
+        bs = dl_arg(loader, "batch_sampler")
+        s = bs.args[0] if isinstance(bs, ast.Call) and bs.args else bs
+    if s is None:
+        return False
+    return s is sampler or any(v is sampler for v in m.values_of(s, scope))
+
+
+class ShuffleWithSampler(Rule):
+    code = "DDP103"
+    needs_distributed = False
+
+    def check(self, ctx: Context) -> None:
+        m = ctx.model
+        for call, _scope in all_calls(m, m.is_dataloader_call):
+            shuffle = dl_arg(call, "shuffle")
+            if A.literal(shuffle) is not True:
+                continue
+            sampler, bsampler = dl_arg(call, "sampler"), dl_arg(call, "batch_sampler")
+            if is_none(sampler) and is_none(bsampler):
+                continue
+            which = "sampler" if not is_none(sampler) else "batch_sampler"
+            kw = next((k for k in call.keywords if k.arg == "shuffle"), None)
+            ctx.report(
+                self.code, call,
+                f"DataLoader gets both `shuffle=True` and `{which}=`: it raises `ValueError: {which} option is "
+                f"mutually exclusive with shuffle` when it is built (shuffling belongs to the sampler; a "
+                f"DistributedSampler shuffles by itself).",
+                "Drop `shuffle=True` (shuffle in the sampler: `DistributedSampler(ds, shuffle=True)`), or use "
+                "`shuffle=(sampler is None)`.",
+                fix_kind="drop-shuffle" if kw is not None else None, fix_node=kw,
+            )
+
+
+class LoaderWithoutDistributedSampler(Rule):
+    code = "DDP105"
+
+    def check(self, ctx: Context) -> None:
+        m = ctx.model
+        if not m.uses_ddp or uses_wrapper_loaders(m):
+            return
+        for call, uses in training_loader_uses(m).items():
+            if has_star_kwargs(call) or any(isinstance(a, ast.Starred) for a in call.args):
+                continue
+            if not is_none(dl_arg(call, "sampler")) or not is_none(dl_arg(call, "batch_sampler")):
+                continue
+            scope = uses[0].loader_scope
+            if dataset_is_iterable_or_sharded(m, dl_arg(call, "dataset"), scope):
+                continue
+            if A.loader_passed_to_wrapper(m, call, scope):
+                continue
+            ctx.report(
+                self.code, call,
+                "this training DataLoader has no DistributedSampler in a DDP script: every rank iterates the "
+                "whole dataset in the same order, so the ranks train on identical batches (N times the work "
+                "for one rank's worth of data, and an effective batch that is not what you think).",
+                "Give it `sampler=DistributedSampler(dataset)` (and drop `shuffle=True`), and call "
+                "`sampler.set_epoch(epoch)` every epoch.",
+            )

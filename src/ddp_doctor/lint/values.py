@@ -1,0 +1,242 @@
+"""Value flow: what a name or attribute was assigned, and what kind of object a value is (a DDP
+model, a DistributedSampler, a DataLoader, a Fabric / Accelerator, a collective call)."""
+from __future__ import annotations
+
+import ast
+
+from ddp_doctor.lint.names import (
+    ACCEL_CLASSES, ACCEL_COLLECTIVES, ACCEL_FUNCS, DATALOADERS, DCP_COLLECTIVES, DDP_CLASSES, DIST_SAMPLERS,
+    FABRIC_CLASSES, FABRIC_COLLECTIVES, FIXES_COLLECTIVES, STRATEGY_COLLECTIVES, TORCH_COLLECTIVES, _GROUP_POS,
+    arg_or_kw, dotted, final_name, kwarg,
+)
+from ddp_doctor.lint.scopes import Cond, Scope
+
+
+class ValueFlow:
+    """Mixin of :class:`~ddp_doctor.lint.model.ModuleModel`: assignments and object kinds."""
+
+    def _record_assign(self, scope: Scope, stmt: ast.stmt, conds: tuple[Cond, ...]) -> None:
+        targets: list[ast.expr] = []
+        value: ast.expr | None = None
+        if isinstance(stmt, ast.Assign):
+            targets, value = stmt.targets, stmt.value
+        elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) and stmt.value is not None:
+            targets, value = [stmt.target], stmt.value
+            if isinstance(stmt, ast.AugAssign):
+                value = ast.BinOp(left=stmt.target, op=stmt.op, right=stmt.value)
+        elif isinstance(stmt, (ast.For, ast.AsyncFor)):
+            targets, value = [stmt.target], ast.Subscript(value=stmt.iter, slice=ast.Constant(value=0))
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            for item in stmt.items:
+                if item.optional_vars is not None:
+                    self._bind(scope, item.optional_vars, item.context_expr, conds)
+            return
+        for t in targets:
+            self._bind(scope, t, value, conds)
+
+    def _bind(self, scope: Scope, target: ast.expr, value: ast.expr, conds: tuple[Cond, ...]) -> None:
+        if isinstance(target, ast.Name):
+            scope.assigns.setdefault(target.id, []).append((value, conds))
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for i, elt in enumerate(target.elts):
+                if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts):
+                    self._bind(scope, elt, value.elts[i], conds)
+                else:
+                    sub = ast.Subscript(value=value, slice=ast.Constant(value=i))
+                    ast.copy_location(sub, value)
+                    self._bind(scope, elt, sub, conds)
+        elif isinstance(target, ast.Attribute):
+            d = dotted(target)
+            if d and d.startswith("self.") and scope.cls is not None:
+                self.self_assigns.setdefault(scope.cls, {}).setdefault(d, []).append(value)
+                self.value_scope[id(value)] = scope
+            if d:
+                scope.assigns.setdefault(d, []).append((value, conds))
+
+    def values_of(self, expr: ast.expr, scope: Scope) -> list[ast.expr]:
+        """Expressions assigned to a Name / self.attr (in scope, then module / class)."""
+        d = dotted(expr)
+        if d is None:
+            return []
+        vals = scope.lookup(d)
+        if not vals and d.startswith("self.") and scope.cls is not None:
+            vals = self.self_assigns.get(scope.cls, {}).get(d, [])
+        return vals
+
+    def scope_of_value(self, value: ast.expr, default: Scope) -> Scope:
+        """The scope a value returned by :meth:`values_of` must be resolved in (self.attr values live in
+        the method that assigned them)."""
+        return self.value_scope.get(id(value), default)
+
+    def is_ddp_call(self, call: ast.AST) -> bool:
+        if not isinstance(call, ast.Call):
+            return False
+        q = self.qual(call.func)
+        if q in DDP_CLASSES:
+            return True
+        return q is None and final_name(call.func) in ("DistributedDataParallel",)
+
+    def is_sampler_call(self, call: ast.AST) -> bool:
+        if not isinstance(call, ast.Call):
+            return False
+        q = self.qual(call.func)
+        if q in DIST_SAMPLERS or (q is None and final_name(call.func) == "DistributedSampler"):
+            return True
+        return isinstance(call.func, ast.Name) and q is None and call.func.id in self._sampler_aliases()
+
+    def _is_sampler_class(self, node: ast.AST) -> bool:
+        q = self.qual(node)
+        return q in DIST_SAMPLERS or (q is None and final_name(node) == "DistributedSampler")
+
+    def _sampler_aliases(self) -> set[str]:
+        """Names bound to the DistributedSampler class itself, possibly in one branch:
+        ``train_sampler = RandomSampler if args.local_rank == -1 else DistributedSampler``."""
+        got = self._cache.get("sampler_aliases")
+        if got is None:
+            got = set()
+            for scope in self.scopes.values():
+                for name, vals in scope.assigns.items():
+                    if "." in name:
+                        continue
+                    for v, _c in vals:
+                        branches = [v.body, v.orelse] if isinstance(v, ast.IfExp) else \
+                            v.values if isinstance(v, ast.BoolOp) else [v]
+                        if any(self._is_sampler_class(b) for b in branches):
+                            got.add(name)
+            self._cache["sampler_aliases"] = got
+        return got
+
+    def is_dataloader_call(self, call: ast.AST) -> bool:
+        if not isinstance(call, ast.Call):
+            return False
+        q = self.qual(call.func)
+        return q in DATALOADERS or (q is None and final_name(call.func) == "DataLoader" and
+                                    "DataLoader" not in self.classes)
+
+    def _receiver_kind(self, recv: ast.expr, scope: Scope) -> str | None:
+        """'fabric' / 'accelerator' / 'strategy' for the objects whose methods are collectives."""
+        key = ("recv", id(recv))
+        d = dotted(recv)
+        if d is None:
+            return None
+        last = d.split(".")[-1]
+        # by name only when the library is imported here (Lightning's own `self.accelerator` is not
+        # Hugging Face accelerate's Accelerator)
+        if last in ("fabric", "_fabric", "lite") and self._imports_any("lightning", "lightning_fabric",
+                                                                        "pytorch_lightning"):
+            return "fabric"
+        if last in ("accelerator", "_accelerator") and self._imports_any("accelerate"):
+            return "accelerator"
+        if last == "strategy" and self._imports_any("lightning", "pytorch_lightning"):
+            return "strategy"
+        for v in self.values_of(recv, scope):
+            if isinstance(v, ast.Call):
+                q = self.qual(v.func)
+                if q in FABRIC_CLASSES:
+                    return "fabric"
+                if q in ACCEL_CLASSES:
+                    return "accelerator"
+        del key
+        return None
+
+    def _imports_any(self, *roots: str) -> bool:
+        key = ("imports_any", roots)
+        if key not in self._cache:
+            self._cache[key] = any(q.split(".")[0] in roots for q in self.imports.values())
+        return self._cache[key]
+
+    def collective_name(self, call: ast.Call, scope: Scope) -> str | None:
+        """``dist.barrier`` etc. when ``call`` is a collective every rank of the group must enter."""
+        func = call.func
+        q = self.qual(func)
+        if q:
+            if q in DDP_CLASSES:
+                return "DistributedDataParallel"  # construction verifies and broadcasts parameters
+            if q.startswith("torch.distributed."):
+                if q in DCP_COLLECTIVES:
+                    return "dcp." + q.rsplit(".", 1)[1]
+                op = q.rsplit(".", 1)[1]
+                if op in TORCH_COLLECTIVES and q.count(".") <= 3 and not q.startswith("torch.distributed.checkpoint"):
+                    return f"dist.{op}"
+                return None
+            if q in ACCEL_FUNCS:
+                return "accelerate." + q.rsplit(".", 1)[1]
+            if q.startswith("ddp_doctor.fixes.") and q.rsplit(".", 1)[1] in FIXES_COLLECTIVES:
+                return "fixes." + q.rsplit(".", 1)[1]
+            return None
+        if isinstance(func, ast.Attribute):
+            kind = self._receiver_kind(func.value, scope)
+            if kind == "fabric" and func.attr in FABRIC_COLLECTIVES:
+                return f"fabric.{func.attr}"
+            if kind == "accelerator" and func.attr in ACCEL_COLLECTIVES:
+                return f"accelerator.{func.attr}"
+            if kind == "strategy" and func.attr in STRATEGY_COLLECTIVES:
+                return f"strategy.{func.attr}"
+            if isinstance(func.value, ast.Name) and func.value.id == "self" and self._is_lightning_module(scope.cls):
+                if func.attr == "all_gather":
+                    return "self.all_gather"
+                if func.attr in ("log", "log_dict"):
+                    kw = kwarg(call, "sync_dist")
+                    if kw is not None and isinstance(kw.value, ast.Constant) and kw.value.value is True:
+                        return f"self.{func.attr}(sync_dist=True)"
+        return None
+
+    def _is_lightning_module(self, cls: ast.ClassDef | None) -> bool:
+        if cls is None:
+            return False
+        for b in cls.bases:
+            name = final_name(b) or ""
+            if name in ("LightningModule", "LightningLite") or (self.qual(b) or "").endswith("LightningModule"):
+                return True
+        return False
+
+    def uses_subgroup(self, call: ast.Call) -> bool:
+        """A collective on an explicit process group: legitimately entered by that group's ranks only."""
+        q = self.qual(call.func) or ""
+        pos = _GROUP_POS.get(q.rsplit(".", 1)[-1]) if q.startswith("torch.distributed.") else None
+        g = arg_or_kw(call, pos, "group") if pos is not None else (kwarg(call, "group").value
+                                                                    if kwarg(call, "group") else None)
+        if g is None:
+            return False
+        if isinstance(g, ast.Constant) and g.value is None:
+            return False
+        d = dotted(g) or ""
+        return not d.endswith("WORLD")
+
+    def is_backward_call(self, call: ast.Call) -> bool:
+        return isinstance(call.func, ast.Attribute) and call.func.attr in ("backward", "manual_backward")
+
+    # ------------------------------------------------------- DDP models
+    def is_ddp_value(self, expr: ast.expr, scope: Scope, depth: int = 0) -> bool:
+        """Does ``expr`` hold a DDP-wrapped model (``model = DDP(net)``, ``model, opt = fabric.setup(...)``)?"""
+        if depth > 4:
+            return False
+        if isinstance(expr, ast.Call):
+            if self.is_ddp_call(expr):
+                return True
+            f = expr.func
+            if isinstance(f, ast.Attribute) and f.attr in ("setup", "setup_module") and \
+                    self._receiver_kind(f.value, scope) == "fabric":
+                return True
+            return False
+        if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant):
+            inner = expr.value
+            if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute):
+                f = inner.func
+                kind = self._receiver_kind(f.value, scope)
+                if kind == "fabric" and f.attr == "setup" and expr.slice.value == 0:
+                    return True
+                if kind == "accelerator" and f.attr == "prepare":
+                    i = expr.slice.value
+                    if isinstance(i, int) and i < len(inner.args):
+                        a = inner.args[i]
+                        n = (dotted(a) or "").split(".")[-1].lower()
+                        return ("model" in n or n in ("net", "network", "module", "ddp")) and \
+                            not any(k in n for k in ("optim", "sched", "loader"))
+            return False
+        if isinstance(expr, (ast.Name, ast.Attribute)):
+            if isinstance(expr, ast.Attribute) and expr.attr == "module":
+                return False
+            return any(self.is_ddp_value(v, scope, depth + 1) for v in self.values_of(expr, scope)
+                       if v is not expr)
+        return False

@@ -1,0 +1,261 @@
+"""Order-aware "varies by rank": can a name hold different values on different ranks at a statement?
+
+A value differs between ranks when it comes from the rank's own data or state: a batch (the loop
+target over a loader, ``next(it)``), the model's output on it (the loss), the rank's clock, the local
+file system (``os.path.exists``), or the rank itself used as data (``shards[rank]``).  It is the same
+everywhere when it is a constant, a loop counter, a configuration value, something every rank reads
+from the same file, or a value made equal by a collective (``dist.all_reduce(flag)``, ``broadcast``,
+``ddp_doctor.fixes.agree``) *before* the statement in question.  So nanoGPT's ``iter_num`` (``0``,
+then ``+= 1`` every step) never varies, while ``loss`` always does, and a flag that is all-reduced
+varies up to the all_reduce and not after it.
+
+Reaching is by source order with loops taken into account: an assignment reaches a statement when
+it comes earlier, or when both are in the same loop (the next iteration sees it).  An agreement kills
+the assignments before it for the statements after it.  Conditions are control dependences: a value
+assigned under a condition that varies, varies.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from ddp_doctor.lint import analysis as A
+from ddp_doctor.lint.model import ModuleModel
+from ddp_doctor.lint.names import (
+    AGREE_FUNCS, GATHER_OUTPUT_COLLECTIVES, INPLACE_COLLECTIVES, data_names, dotted, final_name,
+)
+from ddp_doctor.lint.scopes import Cond, Scope
+
+_CLOCKS = {"time.time", "time.perf_counter", "time.monotonic", "time.time_ns", "time.perf_counter_ns",
+           "time.monotonic_ns", "datetime.datetime.now", "datetime.now", "time.process_time"}
+# the local file system: node-local disks, files appearing while others read, per-rank outputs
+_FS_PROBES = {"os.path.exists", "os.path.isfile", "os.path.isdir", "os.path.getsize", "os.path.getmtime",
+              "os.listdir", "os.scandir", "glob.glob", "glob.iglob", "os.stat"}
+_FS_METHODS = {"exists", "is_file", "is_dir", "stat", "iterdir", "glob", "rglob"}
+# iterating these is walking configuration, not data
+_CONFIG_ITER_METHODS = {"items", "keys", "values", "parameters", "named_parameters", "modules", "named_modules",
+                        "children", "named_children", "buffers", "named_buffers", "state_dict"}
+_RANGE_LIKE = {"range", "trange"}
+
+
+def has_collective(m: ModuleModel, node: ast.AST, scope: Scope) -> bool:
+    """Does ``node`` call a collective (directly, through ddp_doctor.fixes, or a same-file helper)?"""
+    for c in ast.walk(node):
+        if isinstance(c, ast.Call):
+            if m.collective_name(c, scope) or final_name(c.func) in AGREE_FUNCS or \
+                    final_name(c.func) in ("skip_if_nonfinite",):
+                return True
+            fn = m.resolve_function(c.func, scope)
+            if fn is not None and A.fn_collectives(m, fn):
+                return True
+            if m.project_collectives(c.func, scope):
+                return True
+            if _from_fixes(m, c.func, scope):
+                return True  # ddp_doctor.fixes: agree, skip_if_nonfinite, EarlyStopping.step, ...
+    return False
+
+
+def _from_fixes(m: ModuleModel, func: ast.expr, scope: Scope) -> bool:
+    q = m.qual(func) or ""
+    if q.startswith("ddp_doctor.fixes"):
+        return True
+    if isinstance(func, ast.Attribute):  # stopper.step(val_loss) with stopper = EarlyStopping(...)
+        for v in m.values_of(func.value, scope):
+            if isinstance(v, ast.Call) and (m.qual(v.func) or "").startswith("ddp_doctor.fixes"):
+                return True
+    return False
+
+
+def iterates_data(loop: ast.stmt) -> bool:
+    """Does this ``for`` walk data (a loader, a dataset, a list of batches) rather than a counter or a
+    configuration (``range``, a literal list, ``dict.items()``, ``model.parameters()``)?"""
+    if not isinstance(loop, (ast.For, ast.AsyncFor)):
+        return False
+    it = loop.iter
+    while isinstance(it, ast.Call) and final_name(it.func) in ("enumerate", "tqdm", "zip", "iter", "list",
+                                                                "sorted", "reversed") and it.args:
+        it = it.args[0]
+    if isinstance(it, (ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Constant, ast.JoinedStr)):
+        return False
+    if isinstance(it, ast.Call):
+        name = final_name(it.func)
+        if name in _RANGE_LIKE or name in _CONFIG_ITER_METHODS:
+            return False
+    if isinstance(it, ast.Attribute) and it.attr in ("param_groups", "defaults"):
+        return False
+    return True
+
+
+def loop_data_names(loop: ast.stmt) -> set[str]:
+    """Names bound to the *data* of a for loop (not ``enumerate``'s counter, not ``range``)."""
+    if not iterates_data(loop):
+        return set()
+    target = loop.target
+    it = loop.iter
+    if isinstance(it, ast.Call) and final_name(it.func) == "enumerate" and isinstance(target, (ast.Tuple, ast.List)) \
+            and target.elts:
+        target = ast.Tuple(elts=target.elts[1:])
+    return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+
+@dataclass(eq=False)
+class Binding:
+    """One assignment of ``name``: ``value`` (None for a loop's data target, which always varies)."""
+
+    name: str
+    value: ast.expr | None
+    stmt: ast.stmt
+    conds: tuple[Cond, ...]
+    loops: tuple[ast.stmt, ...]
+
+
+def _line(stmt: ast.AST) -> tuple[int, int]:
+    return stmt.lineno, stmt.col_offset
+
+
+class RankVariance:
+    """Which names vary by rank where, in one scope (see the module docstring)."""
+
+    def __init__(self, m: ModuleModel, scope: Scope):
+        self.m = m
+        self.scope = scope
+        self.where: dict[int, tuple[tuple[Cond, ...], tuple[ast.stmt, ...]]] = {}
+        self.bindings: dict[str, list[Binding]] = {}
+        self.agreed: dict[str, list[tuple[ast.stmt, tuple[ast.stmt, ...]]]] = {}
+        for stmt, conds, loops in scope.stmts:
+            self.where[id(stmt)] = (conds, loops)
+            self._collect(stmt, conds, loops)
+        for site in scope.sites:
+            name = m.collective_name(site.call, scope)
+            op = name.split(".")[-1] if name else None
+            if name and op in INPLACE_COLLECTIVES | GATHER_OUTPUT_COLLECTIVES and site.call.args:
+                d = dotted(site.call.args[0])  # all_reduce(flag) / all_gather(out, t): the same everywhere after
+                if d:
+                    self.agreed.setdefault(d.split(".")[0], []).append((site.stmt, site.loops))
+        self.varying: set[int] = set()
+        self._solve()
+
+    # ------------------------------------------------------------ bindings
+    def _collect(self, stmt: ast.stmt, conds, loops) -> None:
+        def bind(target: ast.expr, value: ast.expr | None) -> None:
+            for n in ast.walk(target):
+                if isinstance(n, ast.Name):
+                    self.bindings.setdefault(n.id, []).append(Binding(n.id, value, stmt, conds, loops))
+
+        if isinstance(stmt, ast.Assign):
+            for t in stmt.targets:
+                bind(t, stmt.value)
+        elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+            bind(stmt.target, stmt.value)
+        elif isinstance(stmt, ast.AugAssign):
+            bind(stmt.target, ast.BinOp(left=stmt.target, op=stmt.op, right=stmt.value))
+        elif isinstance(stmt, (ast.For, ast.AsyncFor)):
+            data = loop_data_names(stmt)
+            inner = loops + (stmt,)
+            for n in ast.walk(stmt.target):
+                if isinstance(n, ast.Name):
+                    value = None if n.id in data else (stmt.iter if iterates_data(stmt) or
+                                                       not isinstance(stmt.iter, ast.Call) else ast.Constant(0))
+                    self.bindings.setdefault(n.id, []).append(Binding(n.id, value, stmt, conds, inner))
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            for item in stmt.items:
+                if item.optional_vars is not None:
+                    bind(item.optional_vars, item.context_expr)
+        elif isinstance(stmt, ast.Expr):
+            for n in ast.walk(stmt.value):  # walrus: `if (batch := next(it)) is None`
+                if isinstance(n, ast.NamedExpr):
+                    bind(n.target, n.value)
+        if isinstance(stmt, (ast.If, ast.While)):
+            for n in ast.walk(stmt.test):
+                if isinstance(n, ast.NamedExpr):
+                    bind(n.target, n.value)
+
+    # ------------------------------------------------------------- reaching
+    def _reaches(self, b: Binding, stmt: ast.stmt, loops: tuple[ast.stmt, ...]) -> bool:
+        """Does assignment ``b`` reach ``stmt`` on some path that no agreement on its name cuts?"""
+        if b.stmt is stmt:
+            return False
+        kills = self.agreed.get(b.name, ())
+        lb, lp = _line(b.stmt), _line(stmt)
+        # straight down: b, then stmt, with no agreement in between
+        if lb < lp and not any(lb < _line(c) < lp for c, _l in kills):
+            return True
+        # around a loop holding both: b to the loop's end, then its start to stmt
+        shared = set(b.loops) & set(loops)
+        if not shared:
+            return False
+        return not any(set(c_loops) & shared and (_line(c) > lb or _line(c) < lp) for c, c_loops in kills)
+
+    def varying_binding(self, name: str, stmt: ast.stmt) -> Binding | None:
+        """The assignment that makes ``name`` differ between ranks at ``stmt``, if any."""
+        _conds, loops = self.where.get(id(stmt), ((), ()))
+        if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
+            loops = loops + (stmt,)
+        for b in self.bindings.get(name, ()):
+            if id(b) in self.varying and self._reaches(b, stmt, loops):
+                return b
+        return None
+
+    # ------------------------------------------------------------- solving
+    def _solve(self) -> None:
+        all_b = [b for bs in self.bindings.values() for b in bs]
+        changed, rounds = True, 0
+        while changed and rounds < 8:
+            changed, rounds = False, rounds + 1
+            for b in all_b:
+                if id(b) not in self.varying and self._binding_varies(b):
+                    self.varying.add(id(b))
+                    changed = True
+
+    def _binding_varies(self, b: Binding) -> bool:
+        if b.value is None:
+            return True  # a loop over this rank's data
+        if self.expr_varies(b.value, b.stmt):
+            return True
+        return any(self.test_varies(c) for c in b.conds if c.node is not b.stmt)
+
+    def test_varies(self, c: Cond) -> bool:
+        return self.m.is_rank_condition(c.test, self.scope) or self.expr_varies(c.test, c.node)
+
+    def expr_varies(self, expr: ast.expr, stmt: ast.stmt) -> bool:
+        return bool(self.sources(expr) or self.varying_names(expr, stmt)) and \
+            not has_collective(self.m, expr, self.scope)
+
+    def varying_names(self, expr: ast.expr, stmt: ast.stmt) -> set[str]:
+        return {n for n in data_names(expr) if self.varying_binding(n, stmt) is not None}
+
+    def sources(self, expr: ast.expr) -> list[str]:
+        """What in ``expr`` itself differs between ranks: 'batch', 'clock', 'file system', 'model output',
+        'rank'."""
+        m, scope = self.m, self.scope
+        out = []
+        for c in ast.walk(expr):
+            if not isinstance(c, ast.Call):
+                continue
+            q = m.qual(c.func) or ""
+            name = final_name(c.func)
+            if name == "next":
+                out.append("batch")
+            elif q in _CLOCKS:
+                out.append("clock")  # each rank reads its own clock: a time budget is a rank-local decision
+            elif q in _FS_PROBES or (isinstance(c.func, ast.Attribute) and name in _FS_METHODS and not q
+                                     and not c.args and not c.keywords):
+                out.append("file system")
+            else:
+                tgt = A.forward_target(c)
+                if tgt is not None:
+                    if isinstance(tgt, ast.Attribute) and tgt.attr == "module":
+                        tgt = tgt.value  # model.module(x): the rank's own forward, too
+                    if m.is_ddp_value(tgt, scope):
+                        out.append("model output")
+        if not isinstance(expr, ast.Constant) and m.varies_by_rank(expr, scope):
+            out.append("rank")
+        return out
+
+
+def rank_variance(m: ModuleModel, scope: Scope) -> RankVariance:
+    key = ("rank_variance", scope.node)
+    got = m._cache.get(key)
+    if got is None:
+        got = m._cache[key] = RankVariance(m, scope)
+    return got
