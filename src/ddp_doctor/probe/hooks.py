@@ -82,28 +82,87 @@ def _inside(entry, call, *args, **kwargs):
                 pass
 
 
+_stream_backends: dict[int, bool] = {}
+
+
+def _completes_on_stream(group, args, kwargs) -> bool:
+    """Does this call return before its work completes though the user did not ask for ``async_op``?
+
+    NCCL queues the collective on a CUDA stream and ``work.wait()`` only orders streams: the host goes
+    on while the collective may never finish.  Such calls are issued with ``async_op=True`` and waited
+    here, which is what torch does for ``async_op=False``, so the probe keeps the work to watch."""
+    first = next((a for a in (*args, *kwargs.values()) if hasattr(a, "is_cuda")), None)
+    if first is None or not first.is_cuda:
+        return False
+    key = id(group)
+    nccl = _stream_backends.get(key)
+    if nccl is None:
+        try:
+            import torch.distributed as dist
+
+            nccl = "nccl" in str(dist.get_backend(group)).lower()
+        except Exception:
+            nccl = False
+        _stream_backends[key] = nccl
+    return nccl
+
+
+def _issue(entry, call, args, kwargs, *, wait_here: bool):
+    """Run an asynchronous collective: the rank stays issued in ``entry`` until its work completes
+    (polled by the publisher).  ``wait_here``: the user asked for a synchronous call; wait as torch
+    does and return None."""
+    try:
+        work = call(*args, **kwargs)
+    except BaseException:
+        REC.failed_in = entry
+        REC.coll_leave(entry)
+        raise
+    try:
+        if hasattr(work, "is_completed"):
+            REC.coll_pending(entry, work)
+        else:  # this rank is not in the group: torch returned None
+            REC.coll_leave(entry)
+    except Exception:
+        pass
+    if wait_here:
+        if work is not None:
+            work.wait()
+        return None
+    return work
+
+
 def _wrap_collective(fn, name: str):
     try:
         params = list(inspect.signature(fn).parameters)
         gidx = params.index("group") if "group" in params else None
+        aidx = params.index("async_op") if "async_op" in params else None
     except (TypeError, ValueError):
-        gidx = None
+        gidx = aidx = None
 
     @functools.wraps(fn)
     def collective(*args, **kwargs):
         if getattr(_tls, "depth", 0):
             return fn(*args, **kwargs)
         entry = None
+        asynchronous = wait_here = False
         try:
             g = kwargs.get("group")
             if g is None and gidx is not None and len(args) > gidx:
                 g = args[gidx]
             shapes, dtypes = _describe(args, kwargs)
             entry = REC.coll_enter(_group_key(g), name, shapes, dtypes, user_site(sys._getframe(1)))
+            if aidx is not None:
+                asynchronous = bool(kwargs["async_op"] if "async_op" in kwargs
+                                    else len(args) > aidx and args[aidx])
+                if not asynchronous and len(args) <= aidx and _completes_on_stream(g, args, kwargs):
+                    kwargs = dict(kwargs, async_op=True)
+                    asynchronous = wait_here = True
         except Exception:
             entry = None
         _tls.depth = 1
         try:
+            if asynchronous and entry is not None:
+                return _issue(entry, fn, args, kwargs, wait_here=wait_here)
             return _inside(entry, fn, *args, **kwargs)
         finally:
             _tls.depth = 0

@@ -34,8 +34,9 @@ def _coll(entry, sites: list[Site | None], *, pending: bool = True) -> Collectiv
 
 
 def current_collective(rec: Recorder) -> Collective | None:
-    """The collective the rank is inside, or the one an exception escaped from."""
-    return _coll(rec.cur or rec.failed_in, [_site_of(t) for t in list(rec.sites)], pending=rec.cur is not None)
+    """The collective the rank is inside (or issued and not completed), or the one an exception escaped from."""
+    cur = rec.cur or rec.poll_pending()
+    return _coll(cur or rec.failed_in, [_site_of(t) for t in list(rec.sites)], pending=cur is not None)
 
 
 def _sampler_state(rec_l) -> SamplerState | None:
@@ -101,7 +102,7 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
         progress=rec.progress, steps_by_epoch=tuple(tl.steps_by_epoch) if tl is not None else (),
         train_loader=tl.idx if tl is not None else None, step_times=tuple(round(x, 5) for x in rec.step_times),
         cpu_s=round(time.process_time(), 3), where=_site_of(user_site(frame)) if frame is not None else None,
-        in_collective=_coll(rec.cur, sites), last_collective=_coll(rec.last, sites, pending=False),
+        in_collective=_coll(rec.cur or rec.poll_pending(), sites), last_collective=_coll(rec.last, sites, pending=False),
         in_data_wait=None if wait is None else DataWait(wait[0].idx, round(time.monotonic() - wait[1], 3)),
         seq=dict(rec.seq),
         fingerprints=_fingerprints(rec, sites),

@@ -18,6 +18,7 @@ from ddp_doctor.frames import live_frames as frames_of  # noqa: F401 - the probe
 from ddp_doctor.frames import user_site_of as user_site  # noqa: F401
 
 _RING = 256
+_PENDING = 512  # asynchronous collectives in flight at once (FSDP issues hundreds per step)
 _TIMELINE = 2000
 
 
@@ -69,6 +70,9 @@ class Recorder:
         self.cur: tuple | None = None
         self.last: tuple | None = None
         self.failed_in: tuple | None = None  # the collective an exception escaped from
+        # issued collectives whose call returned before the work completed (async_op=True; NCCL, whose
+        # calls return once queued on the stream): [entry, work] oldest first, until work.is_completed()
+        self.pending: deque[tuple] = deque(maxlen=_PENDING)
         # fingerprints: (group, seq, op, shapes, dtypes, site_idx, epoch, step_in_epoch)
         self.ring: deque[tuple] = deque(maxlen=_RING)
         self.sites: list[tuple[str, int, str] | None] = []
@@ -144,6 +148,40 @@ class Recorder:
             self.cur = None
         if dur > 0.001 or self.coll_count % 16 == 0:
             self.timeline.append((self.now() - dur, "collective", dur, entry[2]))
+
+    def coll_pending(self, entry: tuple, work) -> None:
+        """``entry``'s call returned with its ``work`` still running: the rank stays issued in it."""
+        if self.cur is entry:
+            self.cur = None
+        if len(self.pending) >= 32:
+            self.poll_pending()
+        self.pending.append((entry, work))
+
+    def poll_pending(self) -> tuple | None:
+        """Leave every pending collective whose work completed; the oldest still running, or None.
+
+        A completed asynchronous collective counts as progress; its time overlapped the rank's other
+        work, so it is not added to collective time."""
+        oldest = None
+        for item in list(self.pending):
+            entry, work = item
+            try:
+                done = bool(work.is_completed())
+            except Exception:  # a work torch no longer knows (aborted group): not ours to hold on to
+                done = True
+            if not done:
+                if oldest is None:
+                    oldest = entry
+                continue
+            try:
+                self.pending.remove(item)
+            except ValueError:  # the other thread polled it first
+                continue
+            self.coll_count += 1
+            self.progress += 1
+            if self.last is None or self.last[6] <= entry[6]:
+                self.last = entry
+        return oldest
 
     def step(self) -> None:
         t = time.monotonic()
