@@ -3,7 +3,6 @@
 it one, and a `clean/` twin that must report nothing."""
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -115,7 +114,8 @@ def test_import_forms_resolve_to_the_project_file(tmp_path, layout):
 
 def test_a_lone_file_still_resolves_its_siblings(tmp_path):
     (tmp_path / "comm.py").write_text(BARRIER_HELPER)
-    (tmp_path / "train.py").write_text("import comm\n\n\ndef main(rank):\n    if rank == 0:\n        comm.synchronize()\n")
+    (tmp_path / "train.py").write_text(
+        "import comm\n\n\ndef main(rank):\n    if rank == 0:\n        comm.synchronize()\n")
     res = lint_paths([tmp_path / "train.py"])
     assert [f.code for f in res.findings] == ["DDP201"]
 
@@ -131,7 +131,6 @@ def test_installed_packages_are_not_part_of_the_project(tmp_path):
     m = ModuleModel(ast.parse(src), str(tmp_path / "train.py"), src)
     Project([tmp_path]).register(m)
     assert m.project.resolve_local(m, "dist") is None
-    assert sys.modules.get("torch") is None or True  # resolution never imports anything
 
 
 def test_summaries_follow_the_content_of_the_other_file_not_its_name(tmp_path):

@@ -93,6 +93,13 @@ def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int
                     out += resolve_loaders(model, r.value, inner, depth + 1)
             return out
         return []
+    if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant):
+        # loaders["train"] with loaders = {"train": DataLoader(...)} or dict(train=DataLoader(...))
+        out = []
+        for v in model.values_of(expr.value, scope):
+            for item in _dict_items(v, expr.slice.value):
+                out += resolve_loaders(model, item, model.scope_of_value(v, scope), depth + 1)
+        return out
     d = dotted(expr)
     if d is None:
         return []
@@ -111,6 +118,14 @@ def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int
             if a is not None:
                 out += resolve_loaders(model, a, site.scope, depth + 1)
     return out
+
+
+def _dict_items(v: ast.expr, key) -> list[ast.expr]:
+    if isinstance(v, ast.Dict):
+        return [val for k, val in zip(v.keys, v.values) if isinstance(k, ast.Constant) and k.value == key]
+    if isinstance(v, ast.Call) and final_name(v.func) == "dict":
+        return [kw.value for kw in v.keywords if kw.arg == key]
+    return []
 
 
 @dataclass
@@ -135,6 +150,12 @@ def loader_uses(model: ModuleModel) -> list[LoaderUse]:
                 for call, lscope in resolve_loaders(model, loop.iter, scope):
                     epochs = bool(outer) or _called_in_loop(model, scope)
                     uses.append(LoaderUse(call, lscope, loop, scope, loop in tl, epochs))
+            for site in scope.sites:  # it = iter(loader) ... next(it) inside a loop
+                if final_name(site.call.func) == "next" and site.call.args and site.loops:
+                    loop = site.loops[-1]
+                    for call, lscope in resolve_loaders(model, site.call.args[0], scope):
+                        epochs = len(site.loops) > 1 or _called_in_loop(model, scope)
+                        uses.append(LoaderUse(call, lscope, loop, scope, loop in tl, epochs))
             if model.project is not None and _makes_loaders(model):
                 uses.extend(_uses_in_other_files(model, scope))
         return uses

@@ -187,7 +187,9 @@ def expensive_dataset(m: ModuleModel, ds: ast.expr | None, scope: Scope, depth: 
                 owner, fn = got
         if fn is not None:
             for r in owner.returns_of(fn):
-                why = expensive_dataset(owner, r.value, owner.scopes[fn], depth + 1, origin) if r.value is not None else None
+                if r.value is None:
+                    continue
+                why = expensive_dataset(owner, r.value, owner.scopes[fn], depth + 1, origin)
                 if why:
                     return why
         return None
