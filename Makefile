@@ -18,14 +18,14 @@ setup: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/ddp-doctor demo
 
-# Headless chromium for the HTML report test (skipped, visibly, where it cannot be installed).
+# Headless chromium for the HTML report tests; they fail (not skip) without it.
 browser:
-	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || echo "chromium not installed: the HTML browser test will be skipped"
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || { echo "chromium could not be installed (needs root or: apt-get install chromium): the HTML report tests will fail"; exit 1; }
 
 test: setup browser
 	$(PY) -m pytest
 
 # The fast tier (< 2 minutes): everything that launches no multi-rank job (`scenario` marks those):
 # unit tests, lint fixtures, renderers fed with reports and evidence captured from real runs, golden texts.
-test-fast: setup
+test-fast: setup browser
 	$(PY) -m pytest -m "not scenario" -q

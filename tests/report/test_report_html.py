@@ -22,7 +22,18 @@ def _chromium():
 
 
 CHROMIUM = _chromium()
-needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (make browser / apt-get install chromium)")
+
+
+@pytest.fixture
+def browser():
+    """The real browser these tests need: missing is a failure, never a skip (`make browser` installs it)."""
+    if CHROMIUM is None:
+        pytest.fail("chromium is not installed: run `make browser` (apt-get install chromium) - "
+                    "the HTML report must be checked in a real browser")
+    return CHROMIUM
+
+
+needs_browser = pytest.mark.usefixtures("browser")
 
 
 def artifacts_dir(tmp_path):
