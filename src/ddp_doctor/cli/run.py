@@ -235,6 +235,7 @@ class Job:
         os.environ["DDP_DOCTOR_STORE"] = self.store_addr
         os.environ["DDP_DOCTOR_DIR"] = run_dir
         os.environ["DDP_DOCTOR_T0"] = repr(self.t0)
+        os.environ["DDP_DOCTOR_LAUNCHER_PID"] = str(os.getpid())  # ranks die with this process (probe.lifeline)
         a.monitor_interval = max(float(a.monitor_interval), 1.0)  # let the watcher see an exit first
         self.watcher = Watcher(self.store, world_size=_world_size_hint(a), hang_timeout=self.hang_timeout,
                                run_dir=run_dir, is_host=is_host, on_decision=self.on_decision,

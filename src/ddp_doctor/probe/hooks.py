@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 
+from ddp_doctor.probe import lifeline
 from ddp_doctor.probe.recorder import LoaderRec, Recorder, set_torch_dir, user_site
 
 COLLECTIVES = (
@@ -247,6 +248,7 @@ def _patch_data() -> None:
 
     @functools.wraps(orig_iter)
     def __iter__(self):
+        lifeline.forking_thread_is_main = threading.current_thread() is threading.main_thread()
         it = orig_iter(self)
         try:
             rec = getattr(self, "_ddpd_rec", None)
@@ -341,6 +343,7 @@ def _worker_loop(*args, **kwargs):
     from torch.utils.data._utils import worker as worker_mod
 
     _register_stack_dump("worker")
+    lifeline.tie_worker_to_rank()
     orig = getattr(_worker_loop, "__ddp_doctor_wrapped__", None) or worker_mod._worker_loop
     return orig(*args, **kwargs)
 
