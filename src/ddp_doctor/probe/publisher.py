@@ -20,6 +20,8 @@ from typing import Any
 from ddp_doctor.probe.recorder import Recorder, frames_of, user_site
 
 INTERVAL = 0.25
+DEADLINE_S = 2.0   # the most any store call may keep the rank's thread (or its exit) waiting
+GIVE_UP_S = 60.0   # no connection by then: the side channel is lost, the probe records locally
 # torch's elastic agent restarts the whole worker group after a failure (--max-restarts); the
 # watcher tells a restarted rank's states from its predecessor's by this number
 ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
@@ -152,42 +154,42 @@ class Publisher(threading.Thread):
         self.rec = rec
         host, _, port = address.rpartition(":")
         self.host, self.port = host or "127.0.0.1", int(port)
-        self.store = None
-        self.lock = threading.Lock()
+        self.store = self._channel()
         self.last_req = 0
         self.stopped = threading.Event()
 
-    def _connect(self):
+    def _channel(self):
+        """Signed, never-blocking client of the watcher's store (``ddp_doctor.channel``)."""
         import torch.distributed as dist
 
-        return dist.TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=15),
-                             wait_for_workers=False)
+        from ddp_doctor.channel import SideChannel, job_secret
+
+        def connect():
+            return dist.TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=15),
+                                 wait_for_workers=False)
+
+        return SideChannel(connect=connect, secret=job_secret(), deadline=DEADLINE_S, give_up_s=GIVE_UP_S)
 
     def publish(self, *, final: bool = False) -> None:
-        data = json.dumps(snapshot(self.rec, with_stack=final), separators=(",", ":"), default=str)
-        with self.lock:
-            if self.store is None:
-                self.store = self._connect()
-            self.store.set(f"ddpd/rank/{self.rec.rank}", data)
+        state = snapshot(self.rec, with_stack=final)
+        state["side_channel"] = {"dropped": self.store.stats.dropped, "timeouts": self.store.stats.timeouts}
+        data = json.dumps(state, separators=(",", ":"), default=str)
+        self.store.set(f"ddpd/rank/{self.rec.rank}", data)
 
     def _answer_requests(self) -> None:
-        with self.lock:
-            req = self.store.add("ddpd/req", 0)
+        req = self.store.add("ddpd/req", 0)
         if req > self.last_req:
             self.last_req = req
             stacks = {"threads": thread_stacks(self.rec)}
             data = json.dumps(snapshot(self.rec, with_stack=True), separators=(",", ":"), default=str)
-            with self.lock:
-                self.store.set(f"ddpd/rank/{self.rec.rank}", data)
-                self.store.set(f"ddpd/stack/{self.rec.rank}/{req}", json.dumps(stacks))
+            self.store.set(f"ddpd/rank/{self.rec.rank}", data)
+            self.store.set(f"ddpd/stack/{self.rec.rank}/{req}", json.dumps(stacks))
 
     def _check_stop(self) -> None:
         """Embedded mode: the watcher in rank 0 decided; end this rank (and its loader workers)."""
         if os.environ.get("DDP_DOCTOR_STORE_EMBEDDED") != "1":
             return
-        with self.lock:
-            stop = self.store.check(["ddpd/stop"])
-        if stop:
+        if self.store.check(["ddpd/stop"]):
             import signal
 
             try:
@@ -200,6 +202,8 @@ class Publisher(threading.Thread):
             os.kill(os.getpid(), signal.SIGTERM)
 
     def run(self) -> None:
+        from ddp_doctor.channel import ChannelDown
+
         failures = 0
         while not self.stopped.is_set():
             try:
@@ -207,27 +211,28 @@ class Publisher(threading.Thread):
                 self._answer_requests()
                 self._check_stop()
                 failures = 0
+            except ChannelDown:
+                pass  # behind or overdue: this post is dropped (and counted); the next one may go through
             except Exception:
                 failures += 1
-                with self.lock:
-                    self.store = None
-                if failures > 40:  # watcher gone for ~10 s: stay silent, training goes on
-                    return
+            if self.store.lost or failures > 40:  # no watcher: record locally, training goes on
+                return
             self.stopped.wait(INTERVAL)
 
     def final(self, wait_ack: float = 0.0) -> None:
-        """Post the final state synchronously; optionally wait for the watcher to have taken the others' stacks."""
+        """Post the final state; optionally wait (<= wait_ack s) for the watcher to have taken the others' stacks.
+
+        Never blocks on the side channel: each call has a deadline, and a channel that is behind
+        (a call still stuck on an unanswering store) drops the post at once."""
         try:
             self.publish(final=True)
-            with self.lock:
-                if self.store.check(["ddpd/stop"]):
-                    wait_ack = 0.0  # the watcher has already decided; nobody will ack
+            if self.store.check(["ddpd/stop"]):
+                wait_ack = 0.0  # the watcher has already decided; nobody will ack
             if wait_ack > 0:
                 end = time.monotonic() + wait_ack
                 while time.monotonic() < end:
-                    with self.lock:
-                        if self.store.add(f"ddpd/ack/{ATTEMPT}/{self.rec.rank}", 0) > 0:
-                            break
+                    if self.store.add(f"ddpd/ack/{ATTEMPT}/{self.rec.rank}", 0, deadline=end - time.monotonic()) > 0:
+                        break
                     time.sleep(0.05)
         except Exception:
             pass

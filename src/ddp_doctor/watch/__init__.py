@@ -38,19 +38,27 @@ EXIT_GRACE_S = 3.0       # a rank finished; the others stall this long -> exit v
 
 
 def host_store(port: int = 0):
-    """Host the side-channel TCPStore; returns (store, port)."""
+    """Host the side-channel TCPStore (values signed with the job's secret); returns (channel, port)."""
     import torch.distributed as dist
+
+    from ddp_doctor.channel import SideChannel, job_secret
 
     store = dist.TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=30))
-    return store, store.port
+    return SideChannel(store, secret=job_secret()), store.port
 
 
 def join_store(host: str, port: int, timeout_s: float = 60.0):
+    """Join another node's side channel; returns at once (connects in the background, calls never block)."""
     import torch.distributed as dist
 
-    return dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
-                         timeout=timedelta(seconds=timeout_s))
+    from ddp_doctor.channel import SideChannel, job_secret
+
+    def connect():
+        return dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
+                             timeout=timedelta(seconds=timeout_s))
+
+    return SideChannel(connect=connect, secret=job_secret(), deadline=2.0, give_up_s=timeout_s)
 
 
 def _p(values: list[float], q: float) -> float:
