@@ -88,11 +88,12 @@ class ChannelStats:
     dropped: int = 0      # calls not made because the channel was behind, overdue or lost
     timeouts: int = 0     # calls that overran their deadline
     lost: bool = False    # gave up connecting: this side is unwatched
+    connected: bool = True  # a client: has it ever reached the store?
 
     def to_dict(self) -> dict[str, Any]:
         return {"authenticated": self.authenticated, "rejected": dict(self.rejected),
                 "rejected_keys": list(self.rejected_keys), "dropped": self.dropped,
-                "timeouts": self.timeouts, "lost": self.lost}
+                "timeouts": self.timeouts, "lost": self.lost or not self.connected}
 
 
 class _Worker:
@@ -116,6 +117,7 @@ class _Worker:
                     self.first_try = self.first_try or time.monotonic()
                     self.client = self.connect()
                     self.first_try = None
+                    self.stats.connected = True
                 box.append((True, fn(self.client)))
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 self.client = None  # a broken connection: connect afresh on the next call
@@ -157,6 +159,7 @@ class SideChannel:
         self.stats = ChannelStats(authenticated=secret is not None)
         self._store = store
         self._worker = _Worker(connect, self.stats, give_up_s) if connect is not None else None
+        self.stats.connected = connect is None
         self.deadline = deadline
         # strictly increasing per writer, across restarts: torch's restart count, then the clock
         self._base = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) << 64
@@ -169,6 +172,10 @@ class SideChannel:
     @property
     def lost(self) -> bool:
         return self.stats.lost
+
+    @property
+    def connected(self) -> bool:
+        return self.stats.connected
 
     def _call(self, fn: Callable[[Any], Any], deadline: float | None = None) -> Any:
         if self._worker is None:

@@ -75,3 +75,30 @@ def cleanup():
             os.killpg(p.pid, signal.SIGKILL)
         except (OSError, psutil.Error):
             pass
+
+
+class Blackhole:
+    """A TCP port that accepts connections and never answers (a hung or black-holed store server)."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.conns: list = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                self.conns.append(self.sock.accept()[0])
+            except OSError:
+                return
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.close()
+        self.sock.close()

@@ -379,7 +379,34 @@ class Job:
             report["restarts"] = [self._earlier_attempt(e, evidence["lint"]) for e in w.earlier]
         if self.leftovers:
             report["leftover_pids"] = self.leftovers
+        side = self.side_channel_section()
+        if side is not None:
+            report["side_channel"] = side
         return report
+
+    def side_channel_section(self) -> dict[str, Any] | None:
+        """Was the side channel signed, what did it drop, and which ranks/nodes went unwatched."""
+        stats = getattr(self.store if self.store is not None else getattr(self.watcher, "store", None), "stats", None)
+        if stats is None:
+            return None
+        out = stats.to_dict()
+        try:
+            from torch.distributed import run as torchrun
+
+            local_ws = max(1, int(torchrun.determine_local_world_size(self.args.nproc_per_node)))
+        except Exception:
+            local_ws = 1
+        if out["lost"]:
+            # this node never reached the side channel: its own ranks went unwatched (their global
+            # numbers are the rendezvous's to give, unknown here)
+            out["unwatched_ranks"] = []
+            out["unwatched_nodes"] = [f"node-rank {int(getattr(self.args, 'node_rank', 0) or 0)} (this node)"]
+            return out
+        ranks = [r for r, v in sorted(self.watcher.views.items()) if v.state is None]
+        out["unwatched_ranks"] = ranks
+        out["unwatched_nodes"] = [f"node {n} (ranks {', '.join(str(r) for r in ranks if r // local_ws == n)})"
+                                  for n in sorted({r // local_ws for r in ranks})]
+        return out
 
     def _earlier_attempt(self, earlier: dict[str, Any], lint: list[dict]) -> dict[str, Any]:
         """The diagnosis of an attempt torch's agent restarted after a failure (``--max-restarts``)."""
@@ -437,7 +464,7 @@ class Job:
                         self.store.add("ddpd/report_read", 1)
                         break
                 except Exception:
-                    if getattr(self.store, "lost", True):
+                    if getattr(self.store, "lost", True) or not getattr(self.store, "connected", True):
                         break
                 time.sleep(0.2)
         elif self.store is not None and self.own:
