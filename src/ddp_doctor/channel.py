@@ -96,6 +96,19 @@ class ChannelStats:
                 "timeouts": self.timeouts, "lost": self.lost or not self.connected}
 
 
+def _immortal(client: Any) -> Any:
+    """Keep a client store alive to the very end: destroying one whose call is stuck on an unanswering
+    server blocks the interpreter's exit (its destructor waits for that call); one leaked object per
+    connection is the price of exiting at once."""
+    try:
+        import ctypes
+
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(client))
+    except Exception:
+        pass
+    return client
+
+
 class _Worker:
     """One daemon thread that owns a client store and makes its calls (so a caller can stop waiting)."""
 
@@ -115,7 +128,7 @@ class _Worker:
             try:
                 if self.client is None:
                     self.first_try = self.first_try or time.monotonic()
-                    self.client = self.connect()
+                    self.client = _immortal(self.connect())
                     self.first_try = None
                     self.stats.connected = True
                 box.append((True, fn(self.client)))
