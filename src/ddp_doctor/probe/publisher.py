@@ -9,6 +9,8 @@ Keys (all under the ``ddpd/`` prefix of the side-channel store, never the user's
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import sys
@@ -48,13 +50,13 @@ def _sampler_state(rec_l) -> dict[str, Any] | None:
     if s is None:
         return None
     return {
-        "type": type(s).__name__,
+        "type": rec_l.sampler_type,
         "epoch": getattr(s, "epoch", None),
         "shuffle": getattr(s, "shuffle", None),
         "drop_last": getattr(s, "drop_last", None),
         "num_samples": getattr(s, "num_samples", None),
         "set_epoch_calls": getattr(s, "_ddpd_set_epoch_calls", 0),
-        "epochs_seen": list(rec_l.sampler_epochs[-50:]),
+        "epochs_seen": list(rec_l.sampler_epochs)[-50:],
     }
 
 
@@ -73,13 +75,14 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> dict[str, Any]:
         "epoch": epoch, "step": rec.steps, "step_in_epoch": step_in_epoch,
         "forwards": rec.forwards, "backwards": rec.backwards, "progress": rec.progress,
         "steps_by_epoch": list(tl.steps_by_epoch) if tl is not None else [],
-        "train_loader": tl.idx if tl is not None else None,
+        "train_loader": _position(rec.loaders, tl),
         "step_times": [round(x, 5) for x in rec.step_times],
         "cpu_s": round(time.process_time(), 3),
         "where": None if where is None else {"path": where[0], "line": where[1], "function": where[2]},
         "in_collective": _coll(rec, rec.cur),
         "last_collective": _coll(rec, rec.last),
-        "in_data_wait": None if wait is None else {"loader": wait[0].idx, "waiting_s": round(time.monotonic() - wait[1], 3)},
+        "in_data_wait": None if wait is None else {"loader": _position(rec.loaders, wait[0]),
+                                                   "waiting_s": round(time.monotonic() - wait[1], 3)},
         "seq": dict(rec.seq),
         "fingerprints": [[g, s, op, list(sh), list(dt), si, ep, st] for (g, s, op, sh, dt, si, ep, st) in list(rec.ring)],
         "sites": [None if s is None else [s[0], s[1], s[2]] for s in rec.sites],
@@ -101,7 +104,7 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> dict[str, Any]:
             "skips_by_epoch": list(lr.skips_by_epoch[-100:]),
             "sampler": _sampler_state(lr), "worker_pids": list(lr.worker_pids),
         } for lr in list(rec.loaders)],
-        "ddp": [dict(d) for d in rec.ddps],
+        "ddp": [dict(d) for d, _ref in list(rec.ddps)],
         "exc": rec.exc, "done": rec.done, "exit_code": rec.exit_code, "exit_site": rec.exit_site,
     }
     _ddp_unused(rec, state)
@@ -116,9 +119,20 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> dict[str, Any]:
     return state
 
 
+def _position(items, item) -> int | None:
+    """Index of ``item`` in the bounded list as published (None once it has aged out)."""
+    if item is None:
+        return None
+    for i, x in enumerate(list(items)):
+        if x is item:
+            return i
+    return None
+
+
 def _ddp_unused(rec: Recorder, state: dict[str, Any]) -> None:
-    for d, obj in zip(state["ddp"], rec.ddp_objs):
-        if not d.get("find_unused_parameters"):
+    for d, (_rec, ref) in zip(state["ddp"], list(rec.ddps)):
+        obj = ref()
+        if not d.get("find_unused_parameters") or obj is None:
             continue
         try:
             data = obj._get_ddp_logging_data()
@@ -146,6 +160,22 @@ def thread_stacks(rec: Recorder) -> list[dict[str, Any]]:
     return out
 
 
+@contextlib.contextmanager
+def no_gc():
+    """No garbage collection while this thread builds a state: the cyclic GC runs in whichever thread
+    allocates, and the user's objects (a DDP model dropped by a sweep) must be finalized in the user's
+    threads, not the probe's (a DDP reducer torn down from this thread aborted the rank at exit).
+    Never held across a store call, so a stuck side channel cannot leave GC off."""
+    was = gc.isenabled()
+    if was:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 class Publisher(threading.Thread):
     """Daemon thread: connect to the watcher's store, post state, answer stack requests."""
 
@@ -170,20 +200,23 @@ class Publisher(threading.Thread):
 
         return SideChannel(connect=connect, secret=job_secret(), deadline=DEADLINE_S, give_up_s=GIVE_UP_S)
 
+    def _state_json(self, *, with_stack: bool) -> str:
+        with no_gc():
+            state = snapshot(self.rec, with_stack=with_stack)
+            state["side_channel"] = {"dropped": self.store.stats.dropped, "timeouts": self.store.stats.timeouts}
+            return json.dumps(state, separators=(",", ":"), default=str)
+
     def publish(self, *, final: bool = False) -> None:
-        state = snapshot(self.rec, with_stack=final)
-        state["side_channel"] = {"dropped": self.store.stats.dropped, "timeouts": self.store.stats.timeouts}
-        data = json.dumps(state, separators=(",", ":"), default=str)
-        self.store.set(f"ddpd/rank/{self.rec.rank}", data)
+        self.store.set(f"ddpd/rank/{self.rec.rank}", self._state_json(with_stack=final))
 
     def _answer_requests(self) -> None:
         req = self.store.add("ddpd/req", 0)
         if req > self.last_req:
             self.last_req = req
-            stacks = {"threads": thread_stacks(self.rec)}
-            data = json.dumps(snapshot(self.rec, with_stack=True), separators=(",", ":"), default=str)
-            self.store.set(f"ddpd/rank/{self.rec.rank}", data)
-            self.store.set(f"ddpd/stack/{self.rec.rank}/{req}", json.dumps(stacks))
+            with no_gc():
+                stacks = json.dumps({"threads": thread_stacks(self.rec)})
+            self.store.set(f"ddpd/rank/{self.rec.rank}", self._state_json(with_stack=True))
+            self.store.set(f"ddpd/stack/{self.rec.rank}/{req}", stacks)
 
     def _check_stop(self) -> None:
         """Embedded mode: the watcher in rank 0 decided; end this rank (and its loader workers)."""
