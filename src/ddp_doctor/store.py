@@ -1,0 +1,86 @@
+"""The side-channel store between the ranks' probes and the watcher: torch's own TCPStore, never the user's groups.
+
+One place for the store's address handling and for every key name, so the probe (writer), the
+watcher (reader) and the session (stop / multi-node report exchange) cannot disagree about them.
+Values are JSON text; their shape is :mod:`ddp_doctor.evidence` (rank states) or small dicts below.
+
+Keys (all under ``ddpd/``):
+- ``rank_key(r)``               a rank's state (evidence wire format), every ~0.25 s
+- ``REQ``                       counter the watcher bumps to ask every probe for its stacks
+- ``stack_key(r, req)``         ``{"threads": [...]}`` answering request ``req``
+- ``exit_key(attempt, r)``      a local rank's exit status, posted by the launcher that saw it die
+- ``ack_key(attempt, r)``       the watcher's go-ahead for a failing rank to exit
+- ``STOP``                      the watcher is stopping the job
+- ``REPORT`` / ``REPORT_READ``  multi-node: the hosting node's report, and how many nodes took it
+"""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+REQ = "ddpd/req"
+STOP = "ddpd/stop"
+REPORT = "ddpd/report"
+REPORT_READ = "ddpd/report_read"
+
+
+def rank_key(rank: int) -> str:
+    return f"ddpd/rank/{rank}"
+
+
+def stack_key(rank: int, req: int) -> str:
+    return f"ddpd/stack/{rank}/{req}"
+
+
+def exit_key(attempt: int, rank: int) -> str:
+    return f"ddpd/exit/{attempt}/{rank}"
+
+
+def ack_key(attempt: int, rank: int) -> str:
+    return f"ddpd/ack/{attempt}/{rank}"
+
+
+def host_store(port: int = 0):
+    """Host the side-channel TCPStore; returns (channel, port): values signed with the job's secret
+    (:mod:`ddp_doctor.channel`)."""
+    import torch.distributed as dist
+
+    from ddp_doctor.channel import SideChannel, job_secret
+
+    store = dist.TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=30))
+    return SideChannel(store, secret=job_secret()), store.port
+
+
+def tcp_client(host: str, port: int, timeout_s: float = 60.0):
+    """A plain TCPStore client (blocks without limit on a server that accepts and never answers:
+    use it only through :class:`ddp_doctor.channel.SideChannel`)."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
+                         timeout=timedelta(seconds=timeout_s))
+
+
+def join_store(host: str, port: int, timeout_s: float = 60.0, deadline_s: float = 2.0):
+    """Join a store hosted elsewhere (the watcher's, from a probe or a follower node).  Returns at once:
+    it connects in the background, every call has a deadline, and a store unreachable for
+    ``timeout_s`` is given up (the caller goes on unwatched)."""
+    from ddp_doctor.channel import SideChannel, job_secret
+
+    return SideChannel(connect=lambda: tcp_client(host, port, timeout_s), secret=job_secret(),
+                       deadline=deadline_s, give_up_s=timeout_s)
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` -> (host, port); an empty host means this machine."""
+    host, _, port = address.rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+def embedded_address() -> str | None:
+    """Where rank 0 hosts the store when no ``ddp-doctor run`` is around (another launcher started the
+    ranks): ``MASTER_ADDR:(MASTER_PORT+1)``, ``DDP_DOCTOR_PORT`` overrides the port."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        return None
+    return f"{addr}:{int(os.environ.get('DDP_DOCTOR_PORT') or int(port) + 1)}"
