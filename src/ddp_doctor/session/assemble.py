@@ -94,10 +94,32 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
         report["restarts"] = [earlier_attempt(e, marks) for e in w.earlier]
     if job.leftovers:
         report["leftover_pids"] = job.leftovers
+    report["sources"] = job_sources(evidence, job.args.training_script)
     side_channel = side_channel_section(job)
     if side_channel is not None:
         report["side_channel"] = side_channel
     return report
+
+
+def job_sources(evidence: JobEvidence, script: str | None) -> list[str]:
+    """Every source file the job's ranks were seen running (sites, stacks, tracebacks, loaders, models),
+    plus the script: the only files a snippet may quote (``report.snippets``), never a path that is
+    merely written in a report."""
+    paths: set[str] = set()
+    todo: list[Any] = [st.to_json() for st in evidence.ranks.values()]
+    while todo:
+        o = todo.pop()
+        if isinstance(o, dict):
+            if isinstance(o.get("path"), str) and "line" in o:
+                paths.add(o["path"])
+            todo.extend(o.values())
+        elif isinstance(o, (list, tuple)):
+            if len(o) >= 3 and isinstance(o[0], str) and isinstance(o[1], int) and o[0].endswith(".py"):
+                paths.add(o[0])  # a site table entry [path, line, function]
+            todo.extend(o)
+    if script and not script.startswith("-") and os.path.isfile(script):
+        paths.add(os.path.abspath(script))
+    return sorted(p for p in paths if os.path.isabs(p))
 
 
 def side_channel_section(job) -> dict[str, Any] | None:
@@ -240,7 +262,7 @@ def emit(job, report: dict[str, Any], is_host: bool) -> int:
     try:
         from ddp_doctor.report.snippets import attach_snippets
 
-        report = attach_snippets(report)
+        report = attach_snippets(report, allowed=set(report.get("sources") or ()))
     except Exception:
         pass
     if job.own.get("--report"):
