@@ -17,7 +17,8 @@ SCRIPTS = HERE / "scripts"
 
 
 def env(**extra: str) -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(SRC), **extra)
+    path = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONPATH=path, **extra)
 
 
 def start_run(args: list[str], *, python_flags: tuple[str, ...] = (), **kw) -> subprocess.Popen:
@@ -36,7 +37,7 @@ def alive(p: psutil.Process) -> bool:
 
 def ranks_of(launcher_pid: int) -> list[psutil.Process]:
     try:
-        kids = psutil.Process(launcher_pid).children(recursive=True)
+        kids = psutil.Process(launcher_pid).children()  # the ranks (their loader workers are their children)
     except psutil.Error:
         return []
     out = []

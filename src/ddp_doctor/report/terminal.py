@@ -20,12 +20,13 @@ from rich.text import Text
 
 from ddp_doctor.report import _view
 
-VERDICT_STYLE = {"fail": "bold red", "ok": "bold green", "hang": "bold red", "crash": "bold red", "desync": "bold magenta", None: "bold cyan"}
+VERDICT_STYLE = {"fail": "bold red", "ok": "bold green", "hang": "bold red", "crash": "bold red", "desync": "bold magenta", "interrupted": "bold yellow", None: "bold cyan"}
 VERDICT_TEXT = {
     "ok": "OK: the job ran clean",
     "hang": "HANG: the job stopped making progress",
     "crash": "CRASH: a rank failed",
     "desync": "DESYNC: ranks disagreed",
+    "interrupted": "INTERRUPTED: stopped by a signal; every rank's stack below",
     "fail": "FAIL: the pre-flight check found problems",
     None: "LINT",
 }

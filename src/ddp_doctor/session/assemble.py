@@ -63,6 +63,9 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
         exit_code = 1
     elif job_error is not None:
         exit_code = 1
+    if getattr(job, "interrupted", None) is not None:
+        # stopped by the user or the scheduler: every rank's stack, no finding that blames the user's code
+        verdict, findings, exit_code = "interrupted", [], 128 + int(job.interrupted)
     runtime = [f.to_report_dict() | {"source": "runtime"} for f in findings]
     lint = [f.to_report_dict() | {"source": "lint"} for f in lint_findings]
     confirm_lint(runtime, lint)
