@@ -35,3 +35,13 @@ def test_interrupted_job(tmp_path, cleanup, sig, group, code):
     assert rep["findings"] == []
     assert all(r["stack"] for r in rep["ranks"]), [r["stack"] for r in rep["ranks"]]
     assert poll(lambda: not [p for p in everything if alive(p)], 10), [p.pid for p in everything if alive(p)]
+
+
+def test_exit_code_the_failing_ranks_agree_on(tmp_path):
+    report = tmp_path / "r.json"
+    run = start_run(["--quiet", "--no-lint", "--report", str(report), "--nproc-per-node", "2",
+                     str(SCRIPTS / "every_rank_exits_3.py")])
+    out = run.communicate(timeout=120)[0]
+    assert run.returncode == 3, out[-3000:]
+    rep = json.loads(report.read_text())
+    assert rep["exit_code"] == 3 and rep["verdict"] == "crash", (rep["verdict"], rep["exit_code"])

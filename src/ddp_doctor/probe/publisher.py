@@ -5,6 +5,7 @@ The keys are :mod:`ddp_doctor.store`'s (a side-channel store, never the user's p
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -44,11 +45,13 @@ def current_collective(rec: Recorder) -> Collective | None:
 
 def _sampler_state(rec_l) -> SamplerState | None:
     s = rec_l.sampler
-    if s is None:
-        return None
-    return SamplerState(rec_l.sampler_type, getattr(s, "epoch", None), getattr(s, "shuffle", None),
-                        getattr(s, "drop_last", None), getattr(s, "num_samples", None),
-                        getattr(s, "_ddpd_set_epoch_calls", 0), tuple(rec_l.sampler_epochs)[-50:])
+    if s is None:  # the user's program dropped it (the probe holds it weakly): its last known state
+        last = rec_l.sampler_last
+        return None if last is None else dataclasses.replace(last, epochs_seen=tuple(rec_l.sampler_epochs)[-50:])
+    rec_l.sampler_last = SamplerState(rec_l.sampler_type, getattr(s, "epoch", None), getattr(s, "shuffle", None),
+                                      getattr(s, "drop_last", None), getattr(s, "num_samples", None),
+                                      getattr(s, "_ddpd_set_epoch_calls", 0), tuple(rec_l.sampler_epochs)[-50:])
+    return rec_l.sampler_last
 
 
 def _loader(lr, sites_of) -> LoaderState:

@@ -27,7 +27,7 @@ class LoaderRec:
     """What the probe knows about one DataLoader (keyed by the object)."""
 
     __slots__ = ("site", "settings", "length", "epochs", "batches", "data_wait_s", "epoch_start_s",
-                 "batch_wait", "steps_by_epoch", "_sampler", "sampler_type", "sampler_epochs", "worker_pids",
+                 "batch_wait", "steps_by_epoch", "_sampler", "sampler_type", "sampler_last", "sampler_epochs", "worker_pids",
                  "iter_t", "first_batch_pending", "idx", "batches_by_epoch", "skips_by_epoch", "steps_at_batch")
 
     def __init__(self, idx: int, site, settings: dict[str, Any], sampler) -> None:
@@ -46,6 +46,7 @@ class LoaderRec:
         self.steps_at_batch = -1
         self._sampler = _weak(sampler)  # never keep the user's sampler (and its dataset) alive
         self.sampler_type = type(sampler).__name__ if sampler is not None else None
+        self.sampler_last: Any = None  # its last published state, kept once the user drops it
         self.sampler_epochs: deque[int | None] = deque(maxlen=100)
         self.worker_pids: list[int] = []
         self.iter_t = 0.0

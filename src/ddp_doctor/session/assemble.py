@@ -51,14 +51,7 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
     verdict, findings = diagnose(evidence, decision, job.failures)
     exit_code = 0
     if verdict == "crash":
-        # the root rank's own exit status (as a shell shows it: 128+N for a signal)
-        root = findings[0].ranks[0] if findings and findings[0].ranks else None
-        root_st = evidence.ranks.get(root)
-        ex = job.failures.get(root) or (root_st.exit if root_st else None)
-        code = ex.exit_code if ex else None
-        if not code:
-            code = next((c for c in (f.exit_code for f in job.failures.values()) if c), 1)
-        exit_code = 128 - code if code < 0 else code
+        exit_code = crash_exit_code(job, evidence, findings)
     elif verdict != "ok":
         exit_code = 1
     elif job_error is not None:
@@ -123,6 +116,24 @@ def job_sources(evidence: JobEvidence, script: str | None) -> list[str]:
     if script and not script.startswith("-") and os.path.isfile(script):
         paths.add(os.path.abspath(script))
     return sorted(p for p in paths if os.path.isabs(p))
+
+
+def crash_exit_code(job, evidence: JobEvidence, findings) -> int:
+    """The job's own exit code, as a shell shows it (128+N for a signal): the code every failing rank
+    agrees on (schedulers requeue on it), else the root-cause rank's, else 1."""
+    def code_of(r: int) -> int | None:
+        st = evidence.ranks.get(r)
+        ex = job.failures.get(r) or (st.exit if st else None)
+        c = ex.exit_code if ex else None
+        if c is None and st is not None:
+            c = st.exit_code
+        return None if c is None else (128 - c if c < 0 else c)
+
+    failing = {c for c in (code_of(r) for r in set(evidence.ranks) | set(job.failures)) if c}
+    if len(failing) == 1:
+        return failing.pop()
+    root = findings[0].ranks[0] if findings and findings[0].ranks else None
+    return (code_of(root) if root is not None else None) or next(iter(sorted(failing)), 1)
 
 
 def side_channel_section(job) -> dict[str, Any] | None:
