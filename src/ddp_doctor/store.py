@@ -41,20 +41,34 @@ def ack_key(attempt: int, rank: int) -> str:
 
 
 def host_store(port: int = 0):
-    """Host the side-channel TCPStore; returns (store, port)."""
+    """Host the side-channel TCPStore; returns (channel, port): values signed with the job's secret
+    (:mod:`ddp_doctor.channel`)."""
     import torch.distributed as dist
+
+    from ddp_doctor.channel import SideChannel, job_secret
 
     store = dist.TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=30))
-    return store, store.port
+    return SideChannel(store, secret=job_secret()), store.port
 
 
-def join_store(host: str, port: int, timeout_s: float = 60.0):
-    """Connect to a store hosted elsewhere (the watcher's, from a probe or a follower node)."""
+def tcp_client(host: str, port: int, timeout_s: float = 60.0):
+    """A plain TCPStore client (blocks without limit on a server that accepts and never answers:
+    use it only through :class:`ddp_doctor.channel.SideChannel`)."""
     import torch.distributed as dist
 
     return dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
                          timeout=timedelta(seconds=timeout_s))
+
+
+def join_store(host: str, port: int, timeout_s: float = 60.0, deadline_s: float = 2.0):
+    """Join a store hosted elsewhere (the watcher's, from a probe or a follower node).  Returns at once:
+    it connects in the background, every call has a deadline, and a store unreachable for
+    ``timeout_s`` is given up (the caller goes on unwatched)."""
+    from ddp_doctor.channel import SideChannel, job_secret
+
+    return SideChannel(connect=lambda: tcp_client(host, port, timeout_s), secret=job_secret(),
+                       deadline=deadline_s, give_up_s=timeout_s)
 
 
 def split_address(address: str) -> tuple[str, int]:

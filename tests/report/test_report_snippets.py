@@ -8,7 +8,7 @@ def test_attach(tmp_path):
     r = S.get("lint_only")
     r["findings"][0]["location"] = {"path": str(src), "line": 1, "function": None}
     r["findings"][1]["location"] = {"path": str(src), "line": 10, "function": None}
-    attach_snippets(r, context=2)
+    attach_snippets(r, context=2, allowed={str(src)})
     assert r["findings"][0]["location"]["snippet"] == {"start": 1, "lines": ["line1", "line2", "line3"]}
     assert r["findings"][1]["location"]["snippet"] == {"start": 8, "lines": ["line8", "line9", "line10"]}
 
@@ -26,3 +26,24 @@ def test_never_raises(tmp_path):
     assert "snippet" not in r["findings"][1]["location"]
     # existing snippets are kept
     assert r["findings"][0]["location"]["snippet"]["start"] == 39
+
+
+def test_only_files_the_job_ran(tmp_path):
+    """A path merely written in a report is never read; a saved report's sources must be Python files."""
+    src = tmp_path / "train.py"
+    src.write_text("a = 1\nb = 2\n")
+    r = S.get("lint_only")
+    r["findings"][0]["location"] = {"path": "/etc/passwd", "line": 1, "function": None}
+    r["findings"][1]["location"] = {"path": str(src), "line": 2, "function": None}
+    attach_snippets(r)  # no sources: nothing is read
+    assert all("snippet" not in f["location"] for f in r["findings"][:2])
+    r["sources"] = ["/etc/passwd", str(src)]  # a hostile report lists /etc/passwd as run
+    attach_snippets(r)
+    assert "snippet" not in r["findings"][0]["location"]
+    assert r["findings"][1]["location"]["snippet"] == {"start": 1, "lines": ["a = 1", "b = 2"]}
+    link = tmp_path / "passwd.py"
+    link.symlink_to("/etc/passwd")  # a .py name leading elsewhere
+    r["findings"][0]["location"] = {"path": str(link), "line": 1, "function": None}
+    r["sources"].append(str(link))
+    attach_snippets(r)
+    assert "snippet" not in r["findings"][0]["location"]

@@ -96,12 +96,16 @@ def test_missing_optional_fields_do_not_crash():
     assert "CRASH" in out and "SIGKILL" in out and "No specific cause" in out
 
 
-def test_snippet_read_from_file(tmp_path):
+def test_snippet_read_from_a_file_the_job_ran(tmp_path):
     src = tmp_path / "train.py"
     src.write_text("a = 1\nb = 2\nif rank == 0:\n    dist.barrier()\nc = 3\n")
     r = S.get("lint_only")
     r["findings"][0]["location"] = {"path": str(src), "line": 4, "function": None}
-    out = render(r)
+    assert not re.search(r">\s+4 \|", render(r))  # the renderer never opens a file named in a report
+    from ddp_doctor.report.snippets import attach_snippets
+
+    r["sources"] = [str(src)]  # ... only the files the job ran, attached beforehand
+    out = render(attach_snippets(r))
     assert re.search(r">\s+4 \|\s+dist.barrier\(\)", out)
 
 

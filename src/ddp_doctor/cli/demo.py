@@ -44,7 +44,7 @@ def _lint(con, script: Path) -> list[dict[str, Any]]:
     res = lint_paths([str(script)])
     findings = [dict(f.to_report_dict(), source="lint") for f in res.findings]
     doc = attach_snippets({"schema": "ddp-doctor/report/v1", "verdict": "ok", "exit_code": 1 if findings else 0,
-                           "world_size": 0, "findings": findings, "ranks": []})
+                           "world_size": 0, "findings": findings, "ranks": []}, allowed={str(script)})
     if findings:
         print_report(doc, file=con.file, color=con.is_terminal and not con.no_color)
     else:

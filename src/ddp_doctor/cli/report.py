@@ -69,11 +69,35 @@ def main(argv: list[str]) -> int:
     except (ValueError, UnicodeDecodeError) as exc:
         print(f"ddp-doctor report: {args.report} is not JSON: {exc}", file=sys.stderr)
         return 2
+    except RecursionError:
+        print(f"ddp-doctor report: {args.report} is nested too deeply to be a report", file=sys.stderr)
+        return 2
+    from ddp_doctor.report.safe import MAX_DEPTH, depth
+
+    if depth(data) > MAX_DEPTH:
+        print(f"ddp-doctor report: {args.report} is nested deeper than {MAX_DEPTH} levels: not a ddp-doctor report",
+              file=sys.stderr)
+        return 2
+    try:
+        return _render(args, data)
+    except BrokenPipeError:  # `... | head`
+        return 0
+    except Exception as exc:  # odd but schema-valid input: one clear line, never a traceback
+        from ddp_doctor.report.safe import clean_text
+
+        print(f"ddp-doctor report: cannot render {args.report}: {type(exc).__name__}: {clean_text(str(exc))[:200]}",
+              file=sys.stderr)
+        return 2
+
+
+def _render(args: argparse.Namespace, data: dict) -> int:
     problems = validate(data)
     if problems:
         print(f"ddp-doctor report: {args.report} is not a ddp-doctor report:", file=sys.stderr)
+        from ddp_doctor.report.safe import clean_text
+
         for p in problems:
-            print(f"  {p}", file=sys.stderr)
+            print(f"  {clean_text(p)}", file=sys.stderr)
         return 2
     if not args.no_snippets:
         from ddp_doctor.report.snippets import attach_snippets

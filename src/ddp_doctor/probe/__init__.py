@@ -27,8 +27,9 @@ class Probe:
     """The installed probe of this process: recorder + publisher."""
 
     def __init__(self, host_watcher: Callable[[str], None] | None = None) -> None:
-        from ddp_doctor.probe import hooks
+        from ddp_doctor.probe import hooks, lifeline
 
+        lifeline.tie_to_launcher()
         self.rec = Recorder()
         hooks.install(self.rec)
         self.publisher = None

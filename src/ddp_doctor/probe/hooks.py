@@ -15,7 +15,9 @@ import signal
 import sys
 import threading
 import time
+import weakref
 
+from ddp_doctor.probe import lifeline
 from ddp_doctor.probe.recorder import LoaderRec, Recorder, user_site
 
 COLLECTIVES = (
@@ -204,15 +206,14 @@ def _patch_ddp() -> None:
         _inside(entry, orig_init, self, *args, **kwargs)
         try:
             nbuf = sum(1 for _ in self.module.buffers())
-            REC.ddps.append({
+            REC.ddps.append(({
                 "site": site,
                 "find_unused_parameters": bool(getattr(self, "find_unused_parameters", False)),
                 "broadcast_buffers": bool(getattr(self, "forward_sync_buffers", getattr(self, "broadcast_buffers", False))),
                 "buffers": nbuf,
                 "params": sum(1 for _ in self.module.parameters()),
                 "unused_seen": None,
-            })
-            REC.ddp_objs.append(self)
+            }, weakref.ref(self)))
             REC.version += 1
         except Exception:
             pass
@@ -262,6 +263,21 @@ def _patch_ddp() -> None:
     torch.autograd.backward = backward
 
 
+def _length(loader) -> int:
+    """``len(loader)``, or -1 where asking has side effects or fails.
+
+    Never for an IterableDataset: torch then remembers the length and warns when more samples come
+    (a job run with ``-W error`` would crash on the probe's question)."""
+    try:
+        from torch.utils.data import IterableDataset
+
+        if isinstance(getattr(loader, "dataset", None), IterableDataset):
+            return -1
+        return len(loader)
+    except Exception:
+        return -1
+
+
 def _sampler_of(loader):
     s = getattr(loader, "sampler", None)
     bs = getattr(loader, "batch_sampler", None)
@@ -291,7 +307,8 @@ def _patch_data() -> None:
                 "persistent_workers": bool(self.persistent_workers), "prefetch_factor": self.prefetch_factor,
                 "batch_size": self.batch_size,
             }
-            rec = LoaderRec(len(REC.loaders), site, settings, _sampler_of(self))
+            rec = LoaderRec(REC.loaders_made, site, settings, _sampler_of(self))
+            REC.loaders_made += 1
             REC.loaders.append(rec)
             object.__setattr__(self, "_ddpd_rec", rec)
             REC.version += 1
@@ -300,6 +317,7 @@ def _patch_data() -> None:
 
     @functools.wraps(orig_iter)
     def __iter__(self):
+        lifeline.forking_thread_is_main = threading.current_thread() is threading.main_thread()
         it = orig_iter(self)
         try:
             rec = getattr(self, "_ddpd_rec", None)
@@ -312,10 +330,7 @@ def _patch_data() -> None:
                 s = rec.sampler
                 rec.sampler_epochs.append(getattr(s, "epoch", None))
                 if rec.length is None:
-                    try:
-                        rec.length = len(self)
-                    except Exception:
-                        rec.length = -1
+                    rec.length = _length(self)
                 ws = getattr(it, "_workers", None)
                 if ws:
                     rec.worker_pids = [w.pid for w in ws if w.pid]
@@ -394,6 +409,7 @@ def _worker_loop(*args, **kwargs):
     from torch.utils.data._utils import worker as worker_mod
 
     _register_stack_dump("worker")
+    lifeline.tie_worker_to_rank()
     orig = getattr(_worker_loop, "__ddp_doctor_wrapped__", None) or worker_mod._worker_loop
     return orig(*args, **kwargs)
 

@@ -4,6 +4,9 @@ The keys are :mod:`ddp_doctor.store`'s (a side-channel store, never the user's p
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import gc
 import json
 import os
 import sys
@@ -17,6 +20,8 @@ from ddp_doctor.evidence import (Collective, DataWait, DdpModel, LoaderState, Ra
 from ddp_doctor.probe.recorder import Recorder, frames_of, user_site
 
 INTERVAL = 0.25
+DEADLINE_S = 2.0   # the most any store call may keep the rank's thread (or its exit) waiting
+GIVE_UP_S = 60.0   # no connection by then: the side channel is lost, the probe records locally
 # torch's elastic agent restarts the whole worker group after a failure (--max-restarts); the
 # watcher tells a restarted rank's states from its predecessor's by this number
 ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
@@ -41,11 +46,13 @@ def current_collective(rec: Recorder) -> Collective | None:
 
 def _sampler_state(rec_l) -> SamplerState | None:
     s = rec_l.sampler
-    if s is None:
-        return None
-    return SamplerState(type(s).__name__, getattr(s, "epoch", None), getattr(s, "shuffle", None),
-                        getattr(s, "drop_last", None), getattr(s, "num_samples", None),
-                        getattr(s, "_ddpd_set_epoch_calls", 0), tuple(rec_l.sampler_epochs[-50:]))
+    if s is None:  # the user's program dropped it (the probe holds it weakly): its last known state
+        last = rec_l.sampler_last
+        return None if last is None else dataclasses.replace(last, epochs_seen=tuple(rec_l.sampler_epochs)[-50:])
+    rec_l.sampler_last = SamplerState(rec_l.sampler_type, getattr(s, "epoch", None), getattr(s, "shuffle", None),
+                                      getattr(s, "drop_last", None), getattr(s, "num_samples", None),
+                                      getattr(s, "_ddpd_set_epoch_calls", 0), tuple(rec_l.sampler_epochs)[-50:])
+    return rec_l.sampler_last
 
 
 def _loader(lr, sites_of) -> LoaderState:
@@ -100,10 +107,11 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
         agent_store=AGENT_STORE, world_size=rec.world_size, t=round(rec.now(), 3),
         epoch=epoch, step=rec.steps, step_in_epoch=step_in_epoch, forwards=rec.forwards, backwards=rec.backwards,
         progress=rec.progress, steps_by_epoch=tuple(tl.steps_by_epoch) if tl is not None else (),
-        train_loader=tl.idx if tl is not None else None, step_times=tuple(round(x, 5) for x in rec.step_times),
+        train_loader=_position(rec.loaders, tl), step_times=tuple(round(x, 5) for x in rec.step_times),
         cpu_s=round(time.process_time(), 3), where=_site_of(user_site(frame)) if frame is not None else None,
         in_collective=_coll(rec.cur or rec.poll_pending(), sites), last_collective=_coll(rec.last, sites, pending=False),
-        in_data_wait=None if wait is None else DataWait(wait[0].idx, round(time.monotonic() - wait[1], 3)),
+        in_data_wait=None if wait is None else DataWait(_position(rec.loaders, wait[0]),
+                                                        round(time.monotonic() - wait[1], 3)),
         seq=dict(rec.seq),
         fingerprints=_fingerprints(rec, sites),
         site_counts=tuple(SiteCount(op, sites[si] if si < n else None, c)
@@ -112,7 +120,7 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
                       round(rec.coll_time, 4), round(max(0.0, rec.step_time_total - rec.data_wait_s - rec.coll_time), 4)),
         coll_count=rec.coll_count, coll_time_s=round(rec.coll_time, 4),
         loaders=tuple(_loader(lr, _site_of) for lr in list(rec.loaders)),
-        ddp=tuple(_ddp(d, obj) for d, obj in zip(list(rec.ddps), list(rec.ddp_objs))),
+        ddp=tuple(_ddp(d, ref()) for d, ref in list(rec.ddps)),
         exc=rec.exc, done=rec.done, exit_code=rec.exit_code, exit_site=rec.exit_site,
         timeline=tuple(TimelineEvent(round(t, 4), k, round(d, 5), lab) for (t, k, d, lab) in list(rec.timeline))
         if with_stack else None,
@@ -126,10 +134,21 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
     return st
 
 
+def _position(items, item) -> int | None:
+    """Index of ``item`` in the bounded list as published (None once it has aged out)."""
+    if item is None:
+        return None
+    for i, x in enumerate(list(items)):
+        if x is item:
+            return i
+    return None
+
+
 def _ddp(d: dict[str, Any], obj) -> DdpModel:
-    """A DDP model's record; with find_unused_parameters, whether DDP ever found an unused parameter."""
+    """A DDP model's record; with find_unused_parameters, whether DDP ever found an unused parameter
+    (``obj`` is None once the user's program has dropped the model: the probe holds it weakly)."""
     unused_seen, size = d.get("unused_seen"), None
-    if d.get("find_unused_parameters"):
+    if d.get("find_unused_parameters") and obj is not None:
         try:
             size = int(obj._get_ddp_logging_data().get("unused_parameter_size", 0))
             unused_seen = size > 0
@@ -153,6 +172,22 @@ def thread_stacks(rec: Recorder) -> list[ThreadStack]:
     return out
 
 
+@contextlib.contextmanager
+def no_gc():
+    """No garbage collection while this thread builds a state: the cyclic GC runs in whichever thread
+    allocates, and the user's objects (a DDP model dropped by a sweep) must be finalized in the user's
+    threads, not the probe's (a DDP reducer torn down from this thread aborted the rank at exit).
+    Never held across a store call, so a stuck side channel cannot leave GC off."""
+    was = gc.isenabled()
+    if was:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 class Publisher(threading.Thread):
     """Daemon thread: connect to the watcher's store, post state, answer stack requests."""
 
@@ -160,39 +195,40 @@ class Publisher(threading.Thread):
         super().__init__(name="ddp-doctor-probe", daemon=True)
         self.rec = rec
         self.host, self.port = side.split_address(address)
-        self.store = None
-        self.lock = threading.Lock()
+        self.store = self._channel()
         self.last_req = 0
         self.stopped = threading.Event()
 
-    def _connect(self):
-        return side.join_store(self.host, self.port, timeout_s=15)
+    def _channel(self):
+        """Signed, never-blocking client of the watcher's store (``ddp_doctor.channel``)."""
+        from ddp_doctor.channel import SideChannel, job_secret
+
+        return SideChannel(connect=lambda: side.tcp_client(self.host, self.port, timeout_s=15), secret=job_secret(),
+                           deadline=DEADLINE_S, give_up_s=GIVE_UP_S)
+
+    def _state_json(self, *, with_stack: bool) -> str:
+        with no_gc():
+            state = snapshot(self.rec, with_stack=with_stack).to_json()
+            state["side_channel"] = {"dropped": self.store.stats.dropped, "timeouts": self.store.stats.timeouts}
+            return json.dumps(state, separators=(",", ":"), default=str)
 
     def publish(self, *, final: bool = False) -> None:
-        data = json.dumps(snapshot(self.rec, with_stack=final).to_json(), separators=(",", ":"), default=str)
-        with self.lock:
-            if self.store is None:
-                self.store = self._connect()
-            self.store.set(side.rank_key(self.rec.rank), data)
+        self.store.set(side.rank_key(self.rec.rank), self._state_json(with_stack=final))
 
     def _answer_requests(self) -> None:
-        with self.lock:
-            req = self.store.add(side.REQ, 0)
+        req = self.store.add(side.REQ, 0)
         if req > self.last_req:
             self.last_req = req
-            stacks = stacks_to_json(thread_stacks(self.rec))
-            data = json.dumps(snapshot(self.rec, with_stack=True).to_json(), separators=(",", ":"), default=str)
-            with self.lock:
-                self.store.set(side.rank_key(self.rec.rank), data)
-                self.store.set(side.stack_key(self.rec.rank, req), json.dumps(stacks))
+            with no_gc():
+                stacks = json.dumps(stacks_to_json(thread_stacks(self.rec)))
+            self.store.set(side.rank_key(self.rec.rank), self._state_json(with_stack=True))
+            self.store.set(side.stack_key(self.rec.rank, req), stacks)
 
     def _check_stop(self) -> None:
         """Embedded mode: the watcher in rank 0 decided; end this rank (and its loader workers)."""
         if os.environ.get("DDP_DOCTOR_STORE_EMBEDDED") != "1":
             return
-        with self.lock:
-            stop = self.store.check([side.STOP])
-        if stop:
+        if self.store.check([side.STOP]):
             import signal
 
             try:
@@ -205,6 +241,8 @@ class Publisher(threading.Thread):
             os.kill(os.getpid(), signal.SIGTERM)
 
     def run(self) -> None:
+        from ddp_doctor.channel import ChannelDown
+
         failures = 0
         while not self.stopped.is_set():
             try:
@@ -212,27 +250,28 @@ class Publisher(threading.Thread):
                 self._answer_requests()
                 self._check_stop()
                 failures = 0
+            except ChannelDown:
+                pass  # behind or overdue: this post is dropped (and counted); the next one may go through
             except Exception:
                 failures += 1
-                with self.lock:
-                    self.store = None
-                if failures > 40:  # watcher gone for ~10 s: stay silent, training goes on
-                    return
+            if self.store.lost or failures > 40:  # no watcher: record locally, training goes on
+                return
             self.stopped.wait(INTERVAL)
 
     def final(self, wait_ack: float = 0.0) -> None:
-        """Post the final state synchronously; optionally wait for the watcher to have taken the others' stacks."""
+        """Post the final state; optionally wait (<= wait_ack s) for the watcher to have taken the others' stacks.
+
+        Never blocks on the side channel: each call has a deadline, and a channel that is behind
+        (a call still stuck on an unanswering store) drops the post at once."""
         try:
             self.publish(final=True)
-            with self.lock:
-                if self.store.check([side.STOP]):
-                    wait_ack = 0.0  # the watcher has already decided; nobody will ack
+            if self.store.check([side.STOP]):
+                wait_ack = 0.0  # the watcher has already decided; nobody will ack
             if wait_ack > 0:
                 end = time.monotonic() + wait_ack
                 while time.monotonic() < end:
-                    with self.lock:
-                        if self.store.add(side.ack_key(ATTEMPT, self.rec.rank), 0) > 0:
-                            break
+                    if self.store.add(side.ack_key(ATTEMPT, self.rec.rank), 0, deadline=end - time.monotonic()) > 0:
+                        break
                     time.sleep(0.05)
         except Exception:
             pass

@@ -11,6 +11,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Any
 
@@ -20,13 +21,14 @@ from ddp_doctor.frames import user_site_of as user_site  # noqa: F401
 _RING = 256
 _PENDING = 512  # asynchronous collectives in flight at once (FSDP issues hundreds per step)
 _TIMELINE = 2000
+_OBJECTS = 32   # the last DataLoaders / DDP models kept on record (a job may build thousands)
 
 
 class LoaderRec:
     """What the probe knows about one DataLoader (keyed by the object)."""
 
     __slots__ = ("site", "settings", "length", "epochs", "batches", "data_wait_s", "epoch_start_s",
-                 "batch_wait", "steps_by_epoch", "sampler", "sampler_epochs", "worker_pids",
+                 "batch_wait", "steps_by_epoch", "_sampler", "sampler_type", "sampler_last", "sampler_epochs", "worker_pids",
                  "iter_t", "first_batch_pending", "idx", "batches_by_epoch", "skips_by_epoch", "steps_at_batch")
 
     def __init__(self, idx: int, site, settings: dict[str, Any], sampler) -> None:
@@ -43,11 +45,28 @@ class LoaderRec:
         self.batches_by_epoch: list[int] = []
         self.skips_by_epoch: list[int] = []  # batches followed by no optimizer step before the next batch
         self.steps_at_batch = -1
-        self.sampler = sampler
-        self.sampler_epochs: list[int | None] = []
+        self._sampler = _weak(sampler)  # never keep the user's sampler (and its dataset) alive
+        self.sampler_type = type(sampler).__name__ if sampler is not None else None
+        self.sampler_last: Any = None  # its last published state, kept once the user drops it
+        self.sampler_epochs: deque[int | None] = deque(maxlen=100)
         self.worker_pids: list[int] = []
         self.iter_t = 0.0
         self.first_batch_pending = False
+
+    @property
+    def sampler(self):
+        """The loader's sampler while the user's program still holds it, else None."""
+        return self._sampler() if self._sampler is not None else None
+
+
+def _weak(obj):
+    """A weak reference to ``obj`` (None for None or an object that cannot be weakly referenced)."""
+    if obj is None:
+        return None
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return None
 
 
 class Recorder:
@@ -88,13 +107,14 @@ class Recorder:
         self.step_time_total = 0.0
         self.last_step_t: float | None = None
         self.first_step_t: float | None = None
-        self.loaders: list[LoaderRec] = []
+        self.loaders: deque[LoaderRec] = deque(maxlen=_OBJECTS)
+        self.loaders_made = 0
         self.train_loader: LoaderRec | None = None
         self.last_loader: LoaderRec | None = None
         self.data_wait_s = 0.0
         self.in_data_wait: tuple[LoaderRec, float] | None = None
-        self.ddps: list[dict[str, Any]] = []
-        self.ddp_objs: list[Any] = []
+        # (record, weak reference to the DDP module): the model is the user's to free
+        self.ddps: deque[tuple[dict[str, Any], Any]] = deque(maxlen=_OBJECTS)
         self.pending_grad_sync: Any = None
         self.timeline: deque[tuple] = deque(maxlen=_TIMELINE)
         self.exc: Any = None  # evidence.RaisedError, set once by the probe when the program raises

@@ -57,7 +57,7 @@ REPORT_JSON_SCHEMA: dict[str, Any] = {
     "required": ["schema", "verdict", "exit_code", "world_size", "findings", "ranks"],
     "properties": {
         "schema": {"const": REPORT_SCHEMA_ID},
-        "verdict": {"enum": ["ok", "hang", "crash", "desync"]},
+        "verdict": {"enum": ["ok", "hang", "crash", "desync", "interrupted"]},
         "exit_code": {"type": "integer"},
         "world_size": {"type": "integer", "minimum": 0},
         "findings": {

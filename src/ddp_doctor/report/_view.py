@@ -236,8 +236,7 @@ def snippet_of(f: dict[str, Any], context: int = 2) -> dict[str, Any] | None:
     snip = loc.get("snippet")
     if isinstance(snip, dict) and snip.get("lines"):
         return snip
-    from ddp_doctor.report.snippets import read_snippet
-    return read_snippet(loc.get("path") or "", loc.get("line") or 0, context)
+    return None  # renderers never open files: report.snippets attached what the job ran
 
 
 def fmt_duration(s: Any) -> str:

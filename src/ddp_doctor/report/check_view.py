@@ -65,6 +65,9 @@ def _table(title: str, *columns: str) -> Table:
 
 def print_check(report: dict[str, Any], console: Console | None = None) -> None:
     """Render a check report: ranks, one table per test, bandwidth, audit, findings, verdict."""
+    from ddp_doctor.report.safe import clean
+
+    report = clean(report)
     c = _console(console)
     ranks = report.get("ranks", [])
     if ranks:

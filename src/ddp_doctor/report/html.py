@@ -23,6 +23,7 @@ VERDICT_TEXT = {
     "hang": ("HANG", "the job stopped making progress"),
     "crash": ("CRASH", "a rank failed"),
     "desync": ("DESYNC", "ranks disagreed on what to run"),
+    "interrupted": ("INTERRUPTED", "stopped by a signal (Ctrl-C, SIGTERM, SIGHUP)"),
     "fail": ("FAIL", "the pre-flight check found problems"),
     None: ("LINT", "static findings"),
 }

@@ -2,10 +2,16 @@
 
 ``attach_snippets`` is best effort: a file that is missing, unreadable, binary or
 huge simply gets no snippet; it never raises.
+
+It quotes only files the job actually ran: the report's ``sources`` (recorded from the ranks'
+sites and stacks when the report was made), never a path that is merely written in a finding —
+a report handed to ``ddp-doctor report`` could name ``/etc/passwd``.  From a saved report (which
+anyone could have written) only Python source files are read.
 """
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any, Iterable
 
 MAX_FILE_BYTES = 4 * 1024 * 1024
@@ -56,12 +62,33 @@ def _all_findings(report: dict[str, Any]) -> Iterable[dict[str, Any]]:
             yield from past.get("findings") or []
 
 
-def attach_snippets(report: dict[str, Any], context: int = 2) -> dict[str, Any]:
-    """Add ``location.snippet`` to every finding (runtime and folded lint) whose file can be read.
+def saved_report_sources(report: dict[str, Any]) -> set[str]:
+    """The files a saved report may have quoted: its ``sources`` that are Python source files."""
+    out = set()
+    for p in report.get("sources") or ():
+        if isinstance(p, str) and _python_source(p):
+            out.add(p)
+    return out
 
-    Existing snippets are kept.  Returns ``report`` (modified in place).
+
+def _python_source(path: str) -> bool:
+    """A regular ``.py`` file (the name and the file a symlink leads to)."""
+    try:
+        real = os.path.realpath(path)
+        return path.endswith(".py") and real.endswith(".py") and stat.S_ISREG(os.stat(real).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def attach_snippets(report: dict[str, Any], context: int = 2, allowed: set[str] | None = None) -> dict[str, Any]:
+    """Add ``location.snippet`` to every finding (runtime and folded lint) whose file the job ran.
+
+    ``allowed``: the files that may be read (default: :func:`saved_report_sources`).  Existing
+    snippets are kept.  Returns ``report`` (modified in place).
     """
     cache: dict[str, list[str]] = {}
+    if allowed is None:
+        allowed = saved_report_sources(report)
     try:
         for f in _all_findings(report):
             if not isinstance(f, dict):
@@ -69,7 +96,10 @@ def attach_snippets(report: dict[str, Any], context: int = 2) -> dict[str, Any]:
             loc = f.get("location")
             if not isinstance(loc, dict) or loc.get("snippet"):
                 continue
-            snip = read_snippet(loc.get("path") or "", loc.get("line") or 0, context, cache)
+            path = loc.get("path") or ""
+            if path not in allowed:
+                continue
+            snip = read_snippet(path, loc.get("line") or 0, context, cache)
             if snip:
                 loc["snippet"] = snip
     except Exception:  # never let decoration break a report

@@ -20,12 +20,13 @@ from rich.text import Text
 
 from ddp_doctor.report import _view
 
-VERDICT_STYLE = {"fail": "bold red", "ok": "bold green", "hang": "bold red", "crash": "bold red", "desync": "bold magenta", None: "bold cyan"}
+VERDICT_STYLE = {"fail": "bold red", "ok": "bold green", "hang": "bold red", "crash": "bold red", "desync": "bold magenta", "interrupted": "bold yellow", None: "bold cyan"}
 VERDICT_TEXT = {
     "ok": "OK: the job ran clean",
     "hang": "HANG: the job stopped making progress",
     "crash": "CRASH: a rank failed",
     "desync": "DESYNC: ranks disagreed",
+    "interrupted": "INTERRUPTED: stopped by a signal; every rank's stack below",
     "fail": "FAIL: the pre-flight check found problems",
     None: "LINT",
 }
@@ -61,7 +62,10 @@ def make_console(file: IO[str] | None = None, color: bool | None = None) -> Cons
 # ---------------------------------------------------------------- final report
 def print_report(report: dict[str, Any], file: IO[str] | None = None, color: bool | None = None) -> None:
     """Print a ``ddp-doctor/report/v1`` (or lint/v1) dict for people.  Never raises on odd data."""
+    from ddp_doctor.report.safe import clean
+
     con = make_console(file, color)
+    report = clean(report)  # no terminal control sequence from the job or a hostile file reaches the screen
     try:
         _print_report(con, report)
     except Exception as exc:  # a renderer bug must not hide the diagnosis: fall back to plain lines
@@ -104,6 +108,7 @@ def _print_report(con: Console, report: dict[str, Any]) -> None:
         con.print(Text(f"error: {err.get('path')}: {err.get('message')}", style="red"))
     if report.get("ranks"):
         _rank_table(con, report)
+    _side_channel(con, report)
     reports = [report.get(k) for k in ("report_path", "html_path") if report.get(k)]
     for p in reports:
         con.print(Text(f"written: {p}", style="dim"))
@@ -176,6 +181,32 @@ def _finding(con: Console, f: dict[str, Any], also_lint: list[int] | None = None
         t = Text(body)
         t.stylize("bold green", 2, 6)
         con.print(t)
+    con.print()
+
+
+def _side_channel(con: Console, report: dict[str, Any]) -> None:
+    """Say what went unwatched or was refused on the side channel (nothing when all was well)."""
+    side = report.get("side_channel")
+    if not isinstance(side, dict):
+        return
+    notes = []
+    if side.get("lost"):
+        notes.append(f"{', '.join(map(str, side.get('unwatched_nodes') or ['this node']))} never reached the side "
+                     "channel: its ranks trained unwatched (recorded locally, not diagnosed)")
+    elif side.get("unwatched_ranks"):
+        notes.append(f"{'; '.join(map(str, side.get('unwatched_nodes') or []))}: no state ever arrived on the side "
+                     "channel, so those ranks went unwatched")
+    rejected = side.get("rejected") or {}
+    if rejected:
+        what = ", ".join(f"{n} {why}" for why, n in sorted(rejected.items()))
+        keys = ", ".join(map(str, (side.get("rejected_keys") or [])[:3]))
+        notes.append(f"dropped side-channel values not written by this job ({what}; under {keys}): someone else "
+                     "can reach the side-channel port")
+    if not notes:
+        return
+    con.print(Text("Side channel", style="bold underline"))
+    for n in notes:
+        con.print(_wrap(con, n, indent=2), style="yellow", markup=False, highlight=False)
     con.print()
 
 

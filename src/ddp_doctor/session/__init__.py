@@ -26,6 +26,8 @@ from ddp_doctor.procs import descendants, terminate
 from ddp_doctor.session import assemble
 
 GRACE_S = 3.0
+# a signal that interrupts the job -> ddp-doctor's exit code (as a shell reports a process it killed)
+INTERRUPT_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 
 
 def _world_size_hint(args) -> int:
@@ -80,6 +82,7 @@ class Job:
         self.leftovers: list[int] = []
         self.failures: dict[int, ExitStatus] = {}
         self.nnodes = 1
+        self.interrupted: int | None = None  # the signal that interrupted the job (SIGINT/SIGTERM/SIGHUP)
 
     @classmethod
     def for_report(cls, watcher, *, argv: list[str], script: str, t0: float, nnodes: str = "1") -> "Job":
@@ -101,6 +104,7 @@ class Job:
         except Exception:
             pass
         self.nnodes = nnodes_max
+        _job_secret(multi_node=nnodes_max > 1 and not a.standalone)
         if nnodes_max <= 1 or a.standalone:
             self.store, port = side.host_store(0)
             self.store_addr = f"127.0.0.1:{port}"
@@ -145,6 +149,50 @@ class Job:
         time.sleep(self.grace)
         self.leftovers = _leftovers(terminate([p for p in self.procs if p.is_running()], 1.0))
 
+    # -- interruption --------------------------------------------------------------------
+    def hook_interrupts(self) -> None:
+        """Ctrl-C, SIGTERM, SIGHUP: take every rank's stacks while the ranks still live, then let torch's
+        agent forward the signal to the ranks and wait out its grace period, as torchrun does.
+
+        torch's agent installs its own handler when it starts the ranks (raising SignalException into
+        the launch); ours wraps it, and a stop ddp-doctor itself decided (SIGTERM to this process)
+        passes straight through."""
+        from torch.distributed.elastic.multiprocessing import api
+
+        orig = api._terminate_process_handler
+        if getattr(orig, "__ddp_doctor_job__", None) is not None:
+            orig = orig.__wrapped__
+
+        def handler(signum, frame):
+            if signum in INTERRUPT_EXIT and not self.stop_requested.is_set() and self.interrupted is None:
+                self.interrupted = signum
+                self.take_stacks()
+            orig(signum, frame)
+
+        handler.__wrapped__ = orig
+        handler.__ddp_doctor_job__ = self
+        api._terminate_process_handler = handler
+        if threading.current_thread() is threading.main_thread():
+            for sig in INTERRUPT_EXIT:  # before torch's agent starts the ranks (lint, rendezvous)
+                signal.signal(sig, handler)
+
+    def take_stacks(self) -> None:
+        """The watcher stops deciding (an interrupted job gets no verdict on the user's code) and asks every
+        probe for its stacks; never more than a couple of seconds."""
+        w = self.watcher
+        if w is None:
+            return
+        w.stopping.set()
+        try:
+            if w.lock.acquire(timeout=1.0):
+                try:
+                    w.read_states()
+                    w.collect_stacks(1.5)
+                finally:
+                    w.lock.release()
+        except Exception:
+            pass
+
     def follower_loop(self) -> None:
         """On a node that does not host the store: stop when the host says so."""
         while not self.stop_requested.is_set():
@@ -162,12 +210,14 @@ class Job:
         from ddp_doctor.watch import Watcher
 
         a = self.args
+        self.hook_interrupts()
         lint_findings = _lint(a.training_script, a.module)
         is_host = self.open_store()
         run_dir = tempfile.mkdtemp(prefix="ddp-doctor-")
         os.environ["DDP_DOCTOR_STORE"] = self.store_addr
         os.environ["DDP_DOCTOR_DIR"] = run_dir
         os.environ["DDP_DOCTOR_T0"] = repr(self.t0)
+        os.environ["DDP_DOCTOR_LAUNCHER_PID"] = str(os.getpid())  # ranks die with this process (probe.lifeline)
         a.monitor_interval = max(float(a.monitor_interval), 1.0)  # let the watcher see an exit first
         self.watcher = Watcher(self.store, world_size=_world_size_hint(a), hang_timeout=self.hang_timeout,
                                run_dir=run_dir, is_host=is_host, on_decision=self.on_decision,
@@ -249,6 +299,23 @@ def _failures(e: BaseException) -> dict[int, ExitStatus]:
                 sig = str(-code)
         out[int(rank)] = ExitStatus(code, sig)
     return out
+
+
+def _job_secret(multi_node: bool) -> None:
+    """The side channel's HMAC key (``ddp_doctor.channel``), handed to the ranks in their environment.
+
+    One node: made here, per job.  Several nodes: every node's launcher needs the same key and
+    there is no channel to share it secretly, so it must come from the user (``DDP_DOCTOR_SECRET``
+    on every node); without it the side channel runs unauthenticated, and says so."""
+    from ddp_doctor.channel import SECRET_ENV, new_secret
+
+    if os.environ.get(SECRET_ENV):
+        return
+    if multi_node:
+        print(f"ddp-doctor: side channel unauthenticated (set the same {SECRET_ENV} on every node to sign it; "
+              "see README 'Security model')", file=sys.stderr)
+        return
+    os.environ[SECRET_ENV] = new_secret()
 
 
 def _is_local(host: str) -> bool:

@@ -51,18 +51,14 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
     verdict, findings = diagnose(evidence, decision, job.failures)
     exit_code = 0
     if verdict == "crash":
-        # the root rank's own exit status (as a shell shows it: 128+N for a signal)
-        root = findings[0].ranks[0] if findings and findings[0].ranks else None
-        root_st = evidence.ranks.get(root)
-        ex = job.failures.get(root) or (root_st.exit if root_st else None)
-        code = ex.exit_code if ex else None
-        if not code:
-            code = next((c for c in (f.exit_code for f in job.failures.values()) if c), 1)
-        exit_code = 128 - code if code < 0 else code
+        exit_code = crash_exit_code(job, evidence, findings)
     elif verdict != "ok":
         exit_code = 1
     elif job_error is not None:
         exit_code = 1
+    if getattr(job, "interrupted", None) is not None:
+        # stopped by the user or the scheduler: every rank's stack, no finding that blames the user's code
+        verdict, findings, exit_code = "interrupted", [], 128 + int(job.interrupted)
     runtime = [f.to_report_dict() | {"source": "runtime"} for f in findings]
     lint = [f.to_report_dict() | {"source": "lint"} for f in lint_findings]
     confirm_lint(runtime, lint)
@@ -94,7 +90,76 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
         report["restarts"] = [earlier_attempt(e, marks) for e in w.earlier]
     if job.leftovers:
         report["leftover_pids"] = job.leftovers
+    report["sources"] = job_sources(evidence, job.args.training_script)
+    side_channel = side_channel_section(job)
+    if side_channel is not None:
+        report["side_channel"] = side_channel
     return report
+
+
+def job_sources(evidence: JobEvidence, script: str | None) -> list[str]:
+    """Every source file the job's ranks were seen running (sites, stacks, tracebacks, loaders, models),
+    plus the script: the only files a snippet may quote (``report.snippets``), never a path that is
+    merely written in a report."""
+    paths: set[str] = set()
+    todo: list[Any] = [st.to_json() for st in evidence.ranks.values()]
+    while todo:
+        o = todo.pop()
+        if isinstance(o, dict):
+            if isinstance(o.get("path"), str) and "line" in o:
+                paths.add(o["path"])
+            todo.extend(o.values())
+        elif isinstance(o, (list, tuple)):
+            if len(o) >= 3 and isinstance(o[0], str) and isinstance(o[1], int) and o[0].endswith(".py"):
+                paths.add(o[0])  # a site table entry [path, line, function]
+            todo.extend(o)
+    if script and not script.startswith("-") and os.path.isfile(script):
+        paths.add(os.path.abspath(script))
+    return sorted(p for p in paths if os.path.isabs(p))
+
+
+def crash_exit_code(job, evidence: JobEvidence, findings) -> int:
+    """The job's own exit code, as a shell shows it (128+N for a signal): the code every failing rank
+    agrees on (schedulers requeue on it), else the root-cause rank's, else 1."""
+    def code_of(r: int) -> int | None:
+        st = evidence.ranks.get(r)
+        ex = job.failures.get(r) or (st.exit if st else None)
+        c = ex.exit_code if ex else None
+        if c is None and st is not None:
+            c = st.exit_code
+        return None if c is None else (128 - c if c < 0 else c)
+
+    failing = {c for c in (code_of(r) for r in set(evidence.ranks) | set(job.failures)) if c}
+    if len(failing) == 1:
+        return failing.pop()
+    root = findings[0].ranks[0] if findings and findings[0].ranks else None
+    return (code_of(root) if root is not None else None) or next(iter(sorted(failing)), 1)
+
+
+def side_channel_section(job) -> dict[str, Any] | None:
+    """Was the side channel signed, what did it drop or refuse, and which ranks/nodes went unwatched."""
+    channel = job.store if job.store is not None else getattr(job.watcher, "store", None)
+    stats = getattr(channel, "stats", None)
+    if stats is None:
+        return None
+    out = stats.to_dict()
+    try:
+        from torch.distributed import run as torchrun
+
+        local_ws = max(1, int(torchrun.determine_local_world_size(job.args.nproc_per_node)))
+    except Exception:
+        local_ws = 1
+    if out["lost"]:
+        # this node never reached the side channel: its own ranks went unwatched (their global
+        # numbers are the rendezvous's to give, unknown here)
+        out["unwatched_ranks"] = []
+        out["unwatched_nodes"] = [f"node-rank {int(getattr(job.args, 'node_rank', 0) or 0)} (this node)"]
+        return out
+    ranks = [r for r, v in sorted(job.watcher.views.items()) if v.state is None]
+    out["unwatched_ranks"] = ranks
+    out["unwatched_nodes"] = [f"node {n} (ranks {', '.join(str(r) for r in ranks if r // local_ws == n)})"
+                              for n in sorted({r // local_ws for r in ranks})]
+    return out
 
 
 def save_evidence(evidence: JobEvidence, decision: Verdict | None, failures: dict[int, ExitStatus]) -> None:
@@ -196,7 +261,8 @@ def emit(job, report: dict[str, Any], is_host: bool) -> int:
                     job.store.add(side.REPORT_READ, 1)
                     break
             except Exception:
-                break
+                if getattr(job.store, "lost", True) or not getattr(job.store, "connected", True):
+                    break  # no side channel: this node's own report
             time.sleep(0.2)
     elif job.store is not None and job.own:
         try:
@@ -210,7 +276,7 @@ def emit(job, report: dict[str, Any], is_host: bool) -> int:
     try:
         from ddp_doctor.report.snippets import attach_snippets
 
-        report = attach_snippets(report)
+        report = attach_snippets(report, allowed=set(report.get("sources") or ()))
     except Exception:
         pass
     if job.own.get("--report"):

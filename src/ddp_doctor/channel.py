@@ -1,0 +1,254 @@
+"""The side channel between the probes and the watcher: signed messages, and store calls that never block.
+
+Two guarantees, in one place for the publisher (in every rank), the watcher and the launcher:
+
+* **Trust.**  torch's TCPStore has no authentication and its server listens on all interfaces, so
+  anyone who reaches the port could post a rank's state (a forged exception would stop the job).
+  Every value written with :meth:`SideChannel.set` is sealed with HMAC-SHA256 under a per-job
+  secret and a per-writer sequence number; :meth:`SideChannel.get` / :meth:`SideChannel.check`
+  drop a value that is unsigned, signed with another key, moved from another key, or older than
+  one already read from that key (a replay), and count it.  The secret is made by the launcher
+  (``ddp-doctor run``) and reaches the ranks in their environment (``DDP_DOCTOR_SECRET``), never
+  the wire.  Counters (``add``) carry no payload and stay unsigned: a forged one can only make a
+  rank answer a stack request or exit its 3 s wait sooner.
+* **No blocking.**  A TCPStore client call blocks without limit when the server accepts but does
+  not answer (a stopped process, a black-holed port), whatever its timeout says.  Here a client
+  store's calls run on one daemon thread; the caller waits at most ``deadline`` seconds, and while
+  a call is overdue or the client is still connecting, further calls are dropped and counted
+  instead of queued.  A channel that cannot connect within ``give_up_s`` is lost for good (the
+  probe records locally, training goes on).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import queue
+import secrets
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+SECRET_ENV = "DDP_DOCTOR_SECRET"
+_MAGIC = b"ddpd1"
+
+
+class ChannelDown(Exception):
+    """The side channel cannot take this call now (behind, overdue, or lost): the message is dropped."""
+
+
+class Rejected(Exception):
+    """A value on the store failed verification (unsigned, forged or replayed)."""
+
+
+def new_secret() -> str:
+    return secrets.token_hex(32)
+
+
+def job_secret() -> bytes | None:
+    """This job's secret from the environment (set by ``ddp-doctor run``, or by the user on every node)."""
+    s = os.environ.get(SECRET_ENV)
+    return s.encode() if s else None
+
+
+def _mac(secret: bytes, key: str, seq: int, payload: bytes) -> str:
+    msg = key.encode() + b"\n" + str(seq).encode() + b"\n" + payload
+    return hmac.new(secret, msg, hashlib.sha256).hexdigest()
+
+
+def seal(secret: bytes | None, key: str, seq: int, payload: bytes) -> bytes:
+    """``ddpd1|seq|mac|payload``; the MAC covers the key too, so a value cannot be moved to another key."""
+    mac = _mac(secret, key, seq, payload) if secret else "-"
+    return b"|".join((_MAGIC, str(seq).encode(), mac.encode(), payload))
+
+
+def unseal(secret: bytes | None, key: str, raw: bytes) -> tuple[int, bytes]:
+    """(seq, payload) of a sealed value; raises Rejected(reason) when it does not verify."""
+    parts = raw.split(b"|", 3)
+    if len(parts) != 4 or parts[0] != _MAGIC:
+        raise Rejected("unsigned")
+    try:
+        seq = int(parts[1])
+    except ValueError:
+        raise Rejected("malformed") from None
+    if secret is not None and not hmac.compare_digest(parts[2].decode("ascii", "replace"), _mac(secret, key, seq, parts[3])):
+        raise Rejected("bad signature")
+    return seq, parts[3]
+
+
+@dataclass
+class ChannelStats:
+    """What the channel dropped: the report's ``side_channel`` section."""
+
+    authenticated: bool
+    rejected: dict[str, int] = field(default_factory=dict)   # reason -> distinct values dropped
+    rejected_keys: list[str] = field(default_factory=list)   # first few keys a bad value was found under
+    dropped: int = 0      # calls not made because the channel was behind, overdue or lost
+    timeouts: int = 0     # calls that overran their deadline
+    lost: bool = False    # gave up connecting: this side is unwatched
+    connected: bool = True  # a client: has it ever reached the store?
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"authenticated": self.authenticated, "rejected": dict(self.rejected),
+                "rejected_keys": list(self.rejected_keys), "dropped": self.dropped,
+                "timeouts": self.timeouts, "lost": self.lost or not self.connected}
+
+
+def _immortal(client: Any) -> Any:
+    """Keep a client store alive to the very end: destroying one whose call is stuck on an unanswering
+    server blocks the interpreter's exit (its destructor waits for that call); one leaked object per
+    connection is the price of exiting at once."""
+    try:
+        import ctypes
+
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(client))
+    except Exception:
+        pass
+    return client
+
+
+class _Worker:
+    """One daemon thread that owns a client store and makes its calls (so a caller can stop waiting)."""
+
+    def __init__(self, connect: Callable[[], Any], stats: ChannelStats, give_up_s: float) -> None:
+        self.connect = connect
+        self.stats = stats
+        self.give_up_s = give_up_s
+        self.client = None
+        self.q: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()
+        self.busy = threading.Lock()   # held while a call (or the connect) is in progress
+        self.first_try: float | None = None
+        threading.Thread(target=self._loop, name="ddp-doctor-store-io", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            fn, done, box = self.q.get()
+            try:
+                if self.client is None:
+                    self.first_try = self.first_try or time.monotonic()
+                    self.client = _immortal(self.connect())
+                    self.first_try = None
+                    self.stats.connected = True
+                box.append((True, fn(self.client)))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                self.client = None  # a broken connection: connect afresh on the next call
+                if self.first_try is not None and time.monotonic() - self.first_try > self.give_up_s:
+                    self.stats.lost = True
+                box.append((False, e))
+            finally:
+                self.busy.release()
+                done.set()
+
+    def call(self, fn: Callable[[Any], Any], deadline: float) -> Any:
+        if self.first_try is not None and time.monotonic() - self.first_try > self.give_up_s:
+            self.stats.lost = True  # still connecting (a port that accepts and never answers)
+        if self.stats.lost:
+            self.stats.dropped += 1
+            raise ChannelDown("side channel lost")
+        if not self.busy.acquire(blocking=False):
+            self.stats.dropped += 1
+            raise ChannelDown("side channel behind")
+        done = threading.Event()
+        box: list = []
+        self.q.put((fn, done, box))
+        if not done.wait(deadline):
+            self.stats.timeouts += 1
+            raise ChannelDown(f"side channel call overran {deadline:g}s")
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+
+class SideChannel:
+    """A TCPStore seen through signatures (and, for a client, deadlines).  Same calls as a store."""
+
+    def __init__(self, store: Any = None, *, connect: Callable[[], Any] | None = None,
+                 secret: bytes | None = None, deadline: float = 2.0, give_up_s: float = 60.0,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.secret = secret
+        self.stats = ChannelStats(authenticated=secret is not None)
+        self._store = store
+        self._worker = _Worker(connect, self.stats, give_up_s) if connect is not None else None
+        self.stats.connected = connect is None
+        self.deadline = deadline
+        # strictly increasing per writer, across restarts: torch's restart count, then the clock
+        self._base = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) << 64
+        self._seq = 0
+        self._seq_lock = threading.Lock()
+        self._last: dict[str, int] = {}     # key -> newest seq read (replay guard)
+        self._seen_bad: set[tuple[str, bytes]] = set()
+        self._log = log if log is not None else (lambda m: print(m, file=sys.stderr))
+
+    @property
+    def lost(self) -> bool:
+        return self.stats.lost
+
+    @property
+    def connected(self) -> bool:
+        return self.stats.connected
+
+    def _call(self, fn: Callable[[Any], Any], deadline: float | None = None) -> Any:
+        if self._worker is None:
+            return fn(self._store)
+        return self._worker.call(fn, self.deadline if deadline is None else deadline)
+
+    def _next_seq(self) -> int:
+        with self._seq_lock:
+            self._seq = max(self._seq + 1, time.time_ns())
+            return self._base + self._seq
+
+    # -- the store's calls ---------------------------------------------------------------
+    def set(self, key: str, value: str | bytes, deadline: float | None = None) -> None:
+        payload = value.encode() if isinstance(value, str) else bytes(value)
+        sealed = seal(self.secret, key, self._next_seq(), payload)
+        self._call(lambda s: s.set(key, sealed), deadline)
+
+    def get(self, key: str, deadline: float | None = None) -> bytes:
+        raw = self._call(lambda s: s.get(key), deadline)
+        return self.verify(key, bytes(raw))
+
+    def check(self, keys: list[str], deadline: float | None = None) -> bool:
+        """True when every key holds a value that verifies (a forged ``ddpd/stop`` does not count)."""
+        if not self._call(lambda s: s.check(list(keys)), deadline):
+            return False
+        for k in keys:
+            try:
+                self.get(k, deadline)
+            except Rejected:
+                return False
+        return True
+
+    def add(self, key: str, n: int, deadline: float | None = None) -> int:
+        return int(self._call(lambda s: s.add(key, n), deadline))
+
+    @property
+    def port(self) -> int:
+        return self._store.port
+
+    # -- verification --------------------------------------------------------------------
+    def verify(self, key: str, raw: bytes) -> bytes:
+        """The payload of a value read from ``key``; Rejected (counted, logged once per key) when it is bad."""
+        try:
+            seq, payload = unseal(self.secret, key, raw)
+            if seq < self._last.get(key, 0):
+                raise Rejected("replayed")
+        except Rejected as e:
+            self._reject(key, raw, str(e))
+            raise
+        self._last[key] = seq
+        return payload
+
+    def _reject(self, key: str, raw: bytes, reason: str) -> None:
+        mark = (key, hashlib.sha256(raw).digest())
+        if mark in self._seen_bad:
+            return
+        self._seen_bad.add(mark)
+        self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
+        if key not in self.stats.rejected_keys:
+            if len(self.stats.rejected_keys) < 20:
+                self.stats.rejected_keys.append(key)
+            self._log(f"ddp-doctor: dropped a side-channel value under {key!r} ({reason}): it was not written "
+                      "by this job's ranks or launcher — someone else can reach the side-channel port")

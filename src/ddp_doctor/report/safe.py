@@ -1,0 +1,63 @@
+"""Report text is data, never terminal commands: strip control sequences; refuse absurdly nested input.
+
+A report's strings come from the job (exception messages, file names, a rank's own output) or from a
+JSON file anyone may hand to ``ddp-doctor report``: an ESC sequence in them could rewrite the screen,
+set the window title or hide lines.  Every string is cleaned before the terminal sees it.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+MAX_DEPTH = 64  # a real report nests about 8 deep
+
+# OSC (ESC ] ... BEL | ESC \), CSI (ESC [ params final), other two-byte ESC sequences, and their C1 forms
+_SEQ = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x9d[^\x07\x9c]*[\x07\x9c]?"
+                  r"|\x1b\[[0-?]*[ -/]*[@-~]|\x9b[0-?]*[ -/]*[@-~]|\x1b[@-_]?")
+_CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 (but \t, \n), DEL, C1
+
+
+def clean_text(s: str) -> str:
+    """``s`` without terminal control sequences or control characters (tabs and newlines kept)."""
+    if not isinstance(s, str):
+        return s
+    return _CTRL.sub("", _SEQ.sub("", s))
+
+
+def clean(obj: Any) -> Any:
+    """A copy of a JSON-like value with every string (keys too) cleaned; iterative, any depth."""
+    if isinstance(obj, str):
+        return clean_text(obj)
+    if not isinstance(obj, (dict, list, tuple)):
+        return obj
+    root: list[Any] = [None]
+    stack: list[tuple[Any, Any, Any]] = [(obj, root, 0)]
+    while stack:
+        src, parent, key = stack.pop()
+        if isinstance(src, dict):
+            dst: Any = {}
+            for k, v in src.items():
+                stack.append((v, dst, clean_text(k) if isinstance(k, str) else k))
+        elif isinstance(src, (list, tuple)):
+            dst = [None] * len(src)
+            for i, v in enumerate(src):
+                stack.append((v, dst, i))
+        else:
+            dst = clean_text(src) if isinstance(src, str) else src
+        parent[key] = dst
+    return root[0]
+
+
+def depth(obj: Any) -> int:
+    """Nesting depth of a JSON-like value (iterative: no RecursionError on hostile input)."""
+    best = 0
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if isinstance(o, dict):
+            best = max(best, d)
+            stack.extend((v, d + 1) for v in o.values())
+        elif isinstance(o, list):
+            best = max(best, d)
+            stack.extend((v, d + 1) for v in o)
+    return best

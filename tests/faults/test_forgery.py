@@ -1,0 +1,71 @@
+"""A second client on the job's side-channel store forges a rank's state: the job is not stopped, the forgery
+is dropped, counted and logged (values are signed with a per-job secret the wire never carries)."""
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+
+import psutil
+
+from conftest import SCRIPTS, alive, env, poll, ranks_of, start_run
+
+
+def _store_of(ranks: list[psutil.Process]) -> str | None:
+    for r in ranks:
+        try:
+            addr = r.environ().get("DDP_DOCTOR_STORE")
+        except psutil.Error:
+            continue
+        if addr:
+            return addr
+    return None
+
+
+def test_forged_rank_state_does_not_stop_the_job(tmp_path, cleanup):
+    import torch.distributed as dist
+
+    report = tmp_path / "r.json"
+    run = start_run(["--quiet", "--no-lint", "--report", str(report), "--nproc-per-node", "2",
+                     str(SCRIPTS / "short_train.py")], env=env(STEPS="100"))
+    cleanup.append(psutil.Process(run.pid))
+    ranks = poll(lambda: len(ranks_of(run.pid)) == 2 and ranks_of(run.pid), 90)
+    assert ranks, run.poll()
+    cleanup.extend(ranks)
+    addr = poll(lambda: _store_of(ranks), 10)
+    assert addr, "no DDP_DOCTOR_STORE in the ranks' environment"
+    host, _, port = addr.rpartition(":")
+    # the attacker: any process that reaches the port
+    evil = dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False, timeout=timedelta(seconds=20))
+    assert poll(lambda: evil.check(["ddpd/rank/1"]) and json.loads(evil.get("ddpd/rank/1").split(b"|", 3)[3]).get("step"), 60)
+    old = evil.get("ddpd/rank/1")  # a genuine, signed value, replayed later
+    state = json.loads(old.split(b"|", 3)[3])
+    forged = dict(state, exc={"type": "RuntimeError", "module": "builtins", "message": "forged by a third party",
+                              "location": {"path": "/etc/passwd", "line": 1, "function": "x"}, "traceback": [],
+                              "in_collective": False, "collective": None, "t": 1.0})
+    forged_json = json.dumps(forged).encode()
+    end = time.monotonic() + 3.0
+    while time.monotonic() < end and run.poll() is None:
+        evil.set("ddpd/rank/1", forged_json)                                   # unsigned
+        evil.set("ddpd/exit/0/1", json.dumps({"exit_code": 1, "signal": "SIGKILL"}))
+        time.sleep(0.05)
+        evil.set("ddpd/rank/1", b"ddpd1|99999999999999999999999|" + b"0" * 64 + b"|" + forged_json)  # bad signature
+        evil.set("ddpd/stop", json.dumps({"reason": "hang"}))
+        time.sleep(0.05)
+    end = time.monotonic() + 2.0
+    while time.monotonic() < end and run.poll() is None:
+        evil.set("ddpd/rank/1", old)                                           # replay of a genuine value
+        time.sleep(0.04)
+    out = run.communicate(timeout=120)[0]
+    assert run.returncode == 0, out[-3000:]
+    assert "TRAINING DONE" in out
+    rep = json.loads(report.read_text())
+    assert rep["verdict"] == "ok" and not [f for f in rep["findings"] if f["severity"] == "error"], rep["findings"]
+    side = rep["side_channel"]
+    assert side["authenticated"] is True
+    assert side["rejected"].get("unsigned", 0) >= 1, side
+    assert side["rejected"].get("bad signature", 0) >= 1, side
+    assert side["rejected"].get("replayed", 0) >= 1, side
+    assert "ddpd/rank/1" in side["rejected_keys"] and "ddpd/exit/0/1" in side["rejected_keys"], side
+    assert "dropped a side-channel value under 'ddpd/rank/1'" in out
+    assert not [p for p in ranks if alive(p)]

@@ -1,0 +1,83 @@
+"""A rank never blocks on the side channel: with the watcher's store stopped (SIGSTOP: it accepts and never
+answers) or black-holed, the rank's exit takes no longer than a store call's deadline."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+
+from conftest import SCRIPTS, Blackhole, env
+
+SERVER = ("import sys, time, torch.distributed as d; s = d.TCPStore('127.0.0.1', 0, is_master=True, "
+          "wait_for_workers=False); print(s.port, flush=True); time.sleep(300)")
+
+
+def _client(port: int):
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=10))
+
+
+def _exit_delay(tmp_path, fault: str, end: str) -> tuple[float, subprocess.Popen, str]:
+    """Seconds between the program's end and its process's exit, under the probe, with the store in state ``fault``."""
+    go = tmp_path / f"go-{fault}-{end}"
+    server = hole = None
+    if fault in ("stopped", "healthy"):
+        server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
+        port = int(server.stdout.readline())
+    else:
+        hole = Blackhole()
+        port = hole.port
+    rank = subprocess.Popen(
+        [sys.executable, "-m", "ddp_doctor.probe", str(SCRIPTS / "wait_then_exit.py")],
+        env=env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", DDP_DOCTOR_STORE=f"127.0.0.1:{port}",
+                DDP_DOCTOR_SECRET="k" * 64, GO_FILE=str(go), END=end),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert rank.stdout.readline().strip() == "READY"
+        if server is not None:
+            client = _client(port)
+            end_t = time.monotonic() + 30
+            while not client.check(["ddpd/rank/0"]) and time.monotonic() < end_t:
+                time.sleep(0.05)
+            assert client.check(["ddpd/rank/0"]), "the probe never published"
+            if fault == "stopped":
+                os.kill(server.pid, signal.SIGSTOP)
+            time.sleep(1.0)  # let the publisher's next call get stuck on the stopped server
+        go.touch()
+        out = rank.communicate(timeout=60)[0]
+        exited = time.time()
+        ended = float(next(line for line in out.splitlines() if line.startswith("END ")).split()[1])
+        return exited - ended, rank, out
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+            rank.communicate()
+        if server is not None:
+            server.kill()
+            server.wait()
+        if hole is not None:
+            hole.close()
+
+
+@pytest.fixture(scope="module")
+def healthy_exit_s(tmp_path_factory) -> float:
+    """How long this (loaded) machine takes to end such a process when the store answers."""
+    delay, rank, out = _exit_delay(tmp_path_factory.mktemp("healthy"), "healthy", "exit")
+    assert rank.returncode == 0, out[-2000:]
+    return delay
+
+
+@pytest.mark.parametrize("fault,end", [("stopped", "exit"), ("stopped", "raise"), ("blackhole", "exit")])
+def test_rank_exits_at_once_when_the_store_does_not_answer(tmp_path, healthy_exit_s, fault, end):
+    delay, rank, out = _exit_delay(tmp_path, fault, end)
+    # one store call's deadline (2 s) at most on top of a normal exit; it used to be 15-150 s
+    assert delay < healthy_exit_s + 3.0, f"exit took {delay:.1f}s (healthy {healthy_exit_s:.1f}s)\n{out[-2000:]}"
+    assert rank.returncode == (1 if end == "raise" else 0), out[-2000:]
+    if end == "raise":
+        assert "the user's own error" in out
