@@ -16,7 +16,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("explain", "show the documentation page of a finding code"),
     "run": ("run", "launch like torchrun, watch every rank, diagnose hangs and desyncs"),
     "check": ("check", "pre-flight self-test of the environment and every rank's links"),
-    "report": ("report", "re-render a saved JSON report (terminal or HTML)"),
+    "attach": ("attach", "diagnose a running (hung) job started without ddp-doctor: which rank, which line"),
+    "report": ("report", "re-render or merge saved JSON reports, or read Flight Recorder dumps"),
     "demo": ("demo", "run a shipped buggy 2-rank job, diagnose it, then run the fixed one"),
 }
 

@@ -1,0 +1,132 @@
+"""Take a few stack samples of every rank (and DataLoader worker) of a job, without stopping anything."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ddp_doctor.attach.classify import Activity, classify
+from ddp_doctor.attach.discover import Job, RankProcess
+from ddp_doctor.attach.stacks import ThreadStack, dump, main_thread
+
+
+@dataclass
+class WorkerView:
+    """A DataLoader worker (or other child) of a rank: its main thread's latest stack."""
+
+    pid: int
+    stack: ThreadStack | None
+    unchanged_s: float
+
+
+@dataclass
+class RankView:
+    """One rank as seen over the sampling window."""
+
+    proc: RankProcess
+    activity: Activity
+    stack: ThreadStack | None  # main thread, latest sample
+    threads: list[ThreadStack]
+    unchanged_s: float  # the main thread's position (activity and user line) has not changed for at least this
+    window_s: float  # how long the sampling window was
+    cpu_s: float | None  # CPU seconds the process (all threads) used during the window
+    moved: bool  # the position changed between samples
+    gone: bool = False
+    workers: list[WorkerView] = field(default_factory=list)
+
+    @property
+    def busy(self) -> bool:
+        """Computing, not waiting: more than a third of a core over the window."""
+        return self.cpu_s is not None and self.window_s > 0 and self.cpu_s / self.window_s > 0.33
+
+    @property
+    def stuck(self) -> bool:
+        return not self.gone and not self.moved and not self.busy
+
+
+def _cpu(pid: int) -> float | None:
+    import psutil
+
+    try:
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system
+    except psutil.Error:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _unchanged(history: list[tuple[float, tuple]]) -> tuple[float, bool]:
+    """(seconds the latest key has held, whether the key ever changed) from [(t, key)]."""
+    if not history:
+        return 0.0, False
+    t_last, k_last = history[-1]
+    since = t_last
+    moved = False
+    for t, k in reversed(history):
+        if k != k_last:
+            moved = True
+            break
+        since = t
+    return t_last - since, moved
+
+
+def sample_job(job: Job, samples: int = 3, interval_s: float = 1.0) -> list[RankView]:
+    """``samples`` stack dumps of every rank ``interval_s`` apart; ranks that vanish are marked gone."""
+    samples = max(1, samples)
+    cpu0 = {r.pid: _cpu(r.pid) for r in job.ranks}
+    t0 = time.monotonic()
+    hist: dict[int, list[tuple[float, tuple]]] = {r.pid: [] for r in job.ranks}
+    whist: dict[int, list[tuple[float, tuple]]] = {w: [] for r in job.ranks for w in r.workers}
+    last: dict[int, list[ThreadStack]] = {}
+    gone: set[int] = set()
+    for i in range(samples):
+        if i:
+            time.sleep(interval_s)
+        for r in job.ranks:
+            if r.pid in gone:
+                continue
+            if not _alive(r.pid):
+                gone.add(r.pid)
+                continue
+            try:
+                threads = dump(r.pid)
+            except ProcessLookupError:
+                gone.add(r.pid)
+                continue
+            now = time.monotonic()
+            last[r.pid] = threads
+            mt = main_thread(threads, r.pid)
+            hist[r.pid].append((now, classify(mt.frames if mt else []).key()))
+            for w in r.workers:
+                if not _alive(w):
+                    continue
+                try:
+                    wt = dump(w)
+                except (ProcessLookupError, Exception):  # a worker that exits between listing and dump
+                    continue
+                last[w] = wt
+                wm = main_thread(wt, w)
+                whist[w].append((time.monotonic(), wm.key() if wm else ()))
+    window = time.monotonic() - t0
+    views = []
+    for r in job.ranks:
+        threads = last.get(r.pid, [])
+        mt = main_thread(threads, r.pid)
+        unchanged, moved = _unchanged(hist[r.pid])
+        c1 = _cpu(r.pid)
+        cpu = (c1 - cpu0[r.pid]) if c1 is not None and cpu0[r.pid] is not None else None
+        workers = []
+        for w in r.workers:
+            if w in last:
+                wm = main_thread(last[w], w)
+                workers.append(WorkerView(w, wm, _unchanged(whist[w])[0]))
+        views.append(RankView(r, classify(mt.frames if mt else []), mt, threads, unchanged, window, cpu, moved,
+                              gone=r.pid in gone or not threads, workers=workers))
+    return views
