@@ -258,7 +258,10 @@ def diagnose(dumps: list[RankDump]) -> tuple[str, list[Finding], dict[int, Entry
                "dump: crashed or killed (gloo aborts a rank on a size mismatch), stuck before its timeout handler, "
                "or run with TORCH_FR_BUFFER_SIZE unset.")
         if ref is not None:
-            msg += f" The others' last recorded collective: {_desc(ref)}."
+            holder = next(d for d in dumps if d.rank == min(r for r in last if last[r] is not None))
+            recent = sorted((e for e in holder.entries if not e.is_p2p and e.group == ref.group),
+                            key=lambda e: e.seq)[-3:]
+            msg += (f" Rank {holder.rank}'s last recorded collectives: " + "; ".join(_desc(e) for e in recent) + ".")
         findings.append(Finding("DDP204", msg, "Look at that rank's stderr for an abort or exception; make every "
                                 "rank record and dump (TORCH_FR_BUFFER_SIZE, TORCH_FR_DUMP_TEMP_FILE).",
                                 location=_loc(ref) if ref else None, ranks=missing,
