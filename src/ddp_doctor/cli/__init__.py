@@ -44,8 +44,21 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"{USAGE}\nddp-doctor: error: unknown subcommand {name!r}", file=sys.stderr)
         return 2
-    module = importlib.import_module(f"ddp_doctor.cli.{SUBCOMMANDS[name][0]}")
     try:
+        module = importlib.import_module(f"ddp_doctor.cli.{SUBCOMMANDS[name][0]}")
         return int(module.main(rest) or 0)
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as e:  # a `pip install ddp-doctor` without the runtime extra: say what to install
+        hint = MISSING.get((e.name or "").split(".")[0])
+        if hint is None:
+            raise
+        print(f"ddp-doctor {name}: needs {hint}", file=sys.stderr)
+        return 2
+
+
+# what a subcommand needs when an optional dependency is missing (lint and explain need none of them)
+MISSING = {
+    "torch": ("PyTorch, which is not installed in this Python (" + sys.executable + "): "
+              "pip install 'ddp-doctor[run]'  (or install the torch build for your CUDA from https://pytorch.org)"),
+}
