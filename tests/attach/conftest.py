@@ -25,11 +25,11 @@ def free_port() -> int:
 class HungJob:
     """A torchrun job started in its own session; ``wait_for(text, n)`` polls its output."""
 
-    def __init__(self, script: str, tmp: Path, nproc: int = 2):
-        self.log = tmp / f"{script}.log"
+    def __init__(self, script: str, tmp: Path, nproc: int = 2, launcher_args: list[str] | None = None):
+        self.log = tmp / f"{script}.{time.monotonic_ns()}.log"
         self.out = open(self.log, "w")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-               "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(SCRIPTS / script)]
+               *(launcher_args or ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]), str(SCRIPTS / script)]
         env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1")
         self.proc = subprocess.Popen(cmd, cwd=SCRIPTS, env=env, stdout=self.out, stderr=subprocess.STDOUT,
                                      start_new_session=True)
@@ -73,8 +73,8 @@ class HungJob:
 def hung_job(tmp_path):
     jobs: list[HungJob] = []
 
-    def start(script: str, nproc: int = 2) -> HungJob:
-        job = HungJob(script, tmp_path, nproc)
+    def start(script: str, nproc: int = 2, launcher_args: list[str] | None = None) -> HungJob:
+        job = HungJob(script, tmp_path, nproc, launcher_args)
         jobs.append(job)
         return job
 

@@ -114,3 +114,37 @@ def test_no_training_process(tmp_path):
         idle.wait()
     assert p.returncode == 2
     assert "no training process found" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_two_nodes_partial_reports_merge(hung_job, tmp_path):
+    """Two torchrun "nodes" (one rank each) form one job; each node's attach report is partial, the merge
+    names rank 0's barrier."""
+    from conftest import free_port
+
+    port = free_port()
+    nodes = [hung_job("barrier_rank0.py", 1, ["--nnodes", "2", "--node-rank", str(k), "--rdzv-backend", "c10d",
+                                              "--rdzv-endpoint", f"127.0.0.1:{port}"]) for k in (0, 1)]
+    for n in nodes:
+        n.wait_for("at step 5", 1)
+    paths = []
+    for k, n in enumerate(nodes):
+        rep = _diagnose(n, tmp_path)
+        assert rep["partial"] is True and len(rep["ranks"]) == 1
+        path = tmp_path / f"node{k}.json"
+        path.write_text(json.dumps({k: v for k, v in rep.items() if k != "_stdout"}))
+        paths.append(str(path))
+    merged = tmp_path / "merged.json"
+    import os
+    import subprocess
+    import sys
+
+    from conftest import SRC
+
+    p = subprocess.run([sys.executable, "-m", "ddp_doctor", "report", *paths, "-o", str(merged), "--color", "never"],
+                       env=dict(os.environ, PYTHONPATH=str(SRC)), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(merged.read_text())
+    assert rep["partial"] is False and [r["rank"] for r in rep["ranks"]] == [0, 1]
+    f = _only(rep, "DDP201")
+    assert f["ranks"] == [0] and f["location"]["line"] == _line("barrier_rank0.py", "dist.barrier()")
+    assert "DDP201" in p.stdout

@@ -125,10 +125,13 @@ def diagnose(views: list[RankView], world_size: int, whole_job_here: bool,
             groups.setdefault(v.activity.key(), []).append(v)
         if len(groups) == 1:
             a = inside[0].activity
-            msg = (f"Every rank waits inside the same {a.op} at {where(a.site)} and it never completes: the transport "
-                   "is stuck (network, a dead peer on another node, GPU)" +
-                   ("" if whole_job_here else ", or a rank on another node is elsewhere: attach there too and merge "
-                    "the reports with `ddp-doctor report a.json b.json`") + ".")
+            if whole_job_here:
+                msg = (f"Every rank waits inside the same {a.op} at {where(a.site)} and it never completes: the "
+                       "transport is stuck (network, a dead peer, GPU).")
+            else:
+                msg = (f"Every rank on this node waits inside {a.op} at {where(a.site)}: a rank on another node is "
+                       "elsewhere, or the transport is stuck. Attach on every node and merge the reports with "
+                       "`ddp-doctor report a.json b.json ...` to name it.")
             return "hang", [Finding("DDP205", msg, "Check the interconnect and the other nodes' logs; run "
                                     "`ddp-doctor check`.", location=_loc(a.site), ranks=sorted(found), evidence=ev)]
         return "hang", [_mismatch(groups, inside, ev, flags)]
