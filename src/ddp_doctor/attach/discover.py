@@ -8,6 +8,7 @@ environment).  A job is told apart from another by its rendezvous (run id, maste
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 
 from ddp_doctor.attach.stacks import PTRACE_HELP, AttachError
@@ -70,7 +71,46 @@ def _job_key(env: dict) -> str:
 
 
 def _is_rank_env(env: dict | None) -> bool:
-    return bool(env) and _int(env, "RANK") is not None and _int(env, "WORLD_SIZE") is not None
+    """RANK and WORLD_SIZE (torchrun, srun-style, accelerate), or Lightning's LOCAL_RANK + NODE_RANK + WORLD_SIZE."""
+    if not env or _int(env, "WORLD_SIZE") is None:
+        return False
+    return _int(env, "RANK") is not None or (_int(env, "LOCAL_RANK") is not None and "NODE_RANK" in env)
+
+
+def _rank_of(env: dict, local_per_node: int) -> int:
+    r = _int(env, "RANK")
+    if r is not None:
+        return r
+    return (_int(env, "NODE_RANK") or 0) * local_per_node + (_int(env, "LOCAL_RANK") or 0)
+
+
+def _candidates(pids: list[int] | None, mine: set[int]) -> list:
+    import psutil
+
+    if not pids:
+        return [p for p in psutil.process_iter() if p.pid not in mine]
+    out = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            raise AttachError(f"no process with PID {pid}") from None
+        out.append(p)
+        try:
+            out += p.children(recursive=True)
+            out += p.parents()[:3]
+        except psutil.Error:
+            pass
+    return out
+
+
+def _is_python(p) -> bool:
+    import psutil
+
+    try:
+        return "python" in p.name().lower() or "python" in " ".join(p.cmdline()[:1]).lower()
+    except psutil.Error:
+        return False
 
 
 def find_jobs(pids: list[int] | None = None) -> list[Job]:
@@ -79,38 +119,11 @@ def find_jobs(pids: list[int] | None = None) -> list[Job]:
 
     me = os.getpid()
     mine = {me} | {p.pid for p in psutil.Process(me).children(recursive=True)}
-    ranks: dict[int, tuple[RankProcess, int]] = {}  # pid -> (rank process, parent pid)
-    candidates: list = []
-    if pids:
-        for pid in pids:
-            try:
-                p = psutil.Process(pid)
-            except psutil.NoSuchProcess:
-                raise AttachError(f"no process with PID {pid}") from None
-            candidates.append(p)
-            try:
-                candidates += p.children(recursive=True)
-                candidates += p.parents()[:3]
-            except psutil.Error:
-                pass
-    else:
-        candidates = [p for p in psutil.process_iter() if p.pid not in mine]
-    seen = set()
     envs: dict[int, dict] = {}
-    for p in candidates:
-        if p.pid in seen or p.pid in mine:
+    info: dict[int, tuple[int, list[str], str]] = {}  # pid -> (ppid, cmdline, status)
+    for p in _candidates(pids, mine):
+        if p.pid in envs or p.pid in mine or (not pids and not _is_python(p)):
             continue
-        seen.add(p.pid)
-        try:
-            name = p.name()
-        except psutil.Error:
-            continue
-        if "python" not in name.lower() and not pids:
-            try:
-                if "python" not in " ".join(p.cmdline()[:1]).lower():
-                    continue
-            except psutil.Error:
-                continue
         try:
             env = _env(p)
         except AttachError:
@@ -119,35 +132,56 @@ def find_jobs(pids: list[int] | None = None) -> list[Job]:
             continue  # another user's process: not ours to read
         if not _is_rank_env(env):
             continue
-        envs[p.pid] = env
-    # a process whose parent is a rank with the same RANK is that rank's worker (DataLoader, a spawned helper)
-    for pid, env in envs.items():
         try:
-            p = psutil.Process(pid)
-            ppid, cmd, status = p.ppid(), p.cmdline(), p.status()
+            info[p.pid] = (p.ppid(), p.cmdline(), p.status())
         except psutil.Error:
             continue
-        parent_env = envs.get(ppid)
-        if parent_env is not None and parent_env.get("RANK") == env.get("RANK"):
+        envs[p.pid] = env
+    # Lightning's own launcher: the process the user started becomes local rank 0 and sets its rank variables
+    # in os.environ only (not visible in /proc/PID/environ); its children carry LOCAL_RANK >= 1.
+    implicit: dict[int, dict] = {}
+    for pid, env in envs.items():
+        ppid = info[pid][0]
+        if "RANK" not in env and (_int(env, "LOCAL_RANK") or 0) > 0 and ppid not in envs:
+            implicit.setdefault(ppid, dict(env, LOCAL_RANK="0"))
+    for ppid, env in implicit.items():
+        try:
+            pp = psutil.Process(ppid)
+            info[ppid] = (pp.ppid(), pp.cmdline(), pp.status())
+        except psutil.Error:
             continue
-        rp = RankProcess(pid, int(env["RANK"]), _int(env, "LOCAL_RANK"), int(env["WORLD_SIZE"]),
+        envs[ppid] = env
+    local_n = Counter((e.get("NODE_RANK"), e.get("MASTER_PORT")) for e in envs.values())
+    ranks: dict[int, tuple[RankProcess, int]] = {}
+    workers: dict[int, int] = {}  # worker pid -> rank pid
+    for pid, env in envs.items():
+        ppid, cmd, status = info[pid]
+        parent_env = envs.get(ppid)
+        # a child of a rank with the same rank variables is that rank's DataLoader worker (inherited environment)
+        if parent_env is not None and (parent_env.get("RANK"), parent_env.get("LOCAL_RANK")) == \
+                (env.get("RANK"), env.get("LOCAL_RANK")):
+            workers[pid] = ppid
+            continue
+        n_local = _int(env, "LOCAL_WORLD_SIZE") or local_n[(env.get("NODE_RANK"), env.get("MASTER_PORT"))]
+        rp = RankProcess(pid, _rank_of(env, n_local), _int(env, "LOCAL_RANK"), int(env["WORLD_SIZE"]),
                          _int(env, "LOCAL_WORLD_SIZE"), _job_key(env), cmd, status=status)
         ranks[pid] = (rp, ppid)
-    for pid, env in envs.items():
-        try:
-            ppid = psutil.Process(pid).ppid()
-        except psutil.Error:
-            continue
-        if pid not in ranks and ppid in ranks:
-            ranks[ppid][0].workers.append(pid)
+    for w, owner in workers.items():
+        while owner in workers:
+            owner = workers[owner]
+        if owner in ranks:
+            ranks[owner][0].workers.append(w)
     jobs: dict[str, Job] = {}
     for rp, ppid in ranks.values():
         job = jobs.setdefault(rp.job, Job(rp.job, rp.world_size, []))
         job.ranks.append(rp)
-        parents = {pp for r, pp in ranks.values() if r.job == rp.job}
-        job.agent_pid = next(iter(parents)) if len(parents) == 1 else None
     for job in jobs.values():
         job.ranks.sort(key=lambda r: r.rank)
+        parents = {ranks[r.pid][1] for r in job.ranks}
+        # the launcher only when torch's elastic agent started the ranks (never a shell, srun or a test runner:
+        # `--stop` signals it)
+        elastic = all("TORCHELASTIC_RUN_ID" in envs[r.pid] for r in job.ranks)
+        job.agent_pid = next(iter(parents)) if elastic and len(parents) == 1 and not (parents & set(ranks)) else None
         job.node = os.uname().nodename
     return sorted(jobs.values(), key=lambda j: -len(j.ranks))
 
