@@ -61,12 +61,30 @@ class HungJob:
         return out
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=30)
+        kill_tree(self.proc)
         self.out.close()
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a launcher and every process under it: torch's agent starts each rank in its own session,
+    so killing the launcher's process group alone leaves the ranks running."""
+    import psutil
+
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        tree = []
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    proc.wait(timeout=30)
+    psutil.wait_procs(tree, timeout=10)
 
 
 @pytest.fixture
