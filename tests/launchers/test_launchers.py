@@ -191,3 +191,12 @@ def test_accelerate_launch_attach(procs, tmp_path):
     rep = _attach(tmp_path, p.pid)
     _ddp201(rep, ACCELERATE, "wait_for_everyone()")
     assert p.poll() is None
+
+
+def test_accelerate_script_under_ddp_doctor_run(procs, tmp_path):
+    """An accelerate script needs no `accelerate launch` to be watched: Accelerator reads torchrun's variables."""
+    report = tmp_path / "r.json"
+    procs.start([sys.executable, "-m", "ddp_doctor", "run", "--report", str(report), "--nproc-per-node", "2",
+                 "--rdzv-endpoint", f"127.0.0.1:{_port()}", str(ACCELERATE)], _env(), cwd=ACCELERATE.parent)
+    assert procs.wait_all(timeout=180) == [1], procs.text()[-3000:]
+    _ddp201(_probe_report(report), ACCELERATE, "wait_for_everyone()")
