@@ -200,3 +200,16 @@ def test_accelerate_script_under_ddp_doctor_run(procs, tmp_path):
                  "--rdzv-endpoint", f"127.0.0.1:{_port()}", str(ACCELERATE)], _env(), cwd=ACCELERATE.parent)
     assert procs.wait_all(timeout=180) == [1], procs.text()[-3000:]
     _ddp201(_probe_report(report), ACCELERATE, "wait_for_everyone()")
+
+
+def test_srun_style_stop_ends_only_the_ranks(procs, tmp_path):
+    """No elastic agent: --stop signals the ranks themselves, never their parent (srun, a shell, this test)."""
+    ps = _srun_style(procs, ATTACH_BARRIER, [])
+    procs.wait_for("at step 5", 2)
+    p = subprocess.run([sys.executable, "-m", "ddp_doctor", "attach", *(str(x.pid) for x in ps), "--stop",
+                        "--samples", "2", "--interval", "0.5"], env=_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode in (0, 1), p.stderr
+    assert "stopped:" in p.stdout
+    for x in ps:
+        x.wait(timeout=30)
+    assert all(x.returncode != 0 for x in ps)

@@ -58,19 +58,25 @@ def attach(pids: list[int] | None = None, samples: int = 3, interval_s: float = 
 
 
 def stop_job(report: dict[str, Any], grace_s: float = 3.0) -> dict[int, str]:
-    """Only with ``--stop``: SIGTERM the launcher (it tears the ranks down) or the ranks, SIGKILL after grace."""
+    """Only with ``--stop``: SIGTERM torch's elastic agent first (it tears its ranks down through torch's own
+    shutdown path), then SIGTERM/SIGKILL whatever rank or DataLoader worker is still running."""
     import psutil
 
     from ddp_doctor.procs import terminate
 
-    pids = [report["agent_pid"]] if report.get("agent_pid") else [r["pid"] for r in report["ranks"]]
-    procs = []
-    for pid in pids + [w["pid"] for r in report["ranks"] for w in r.get("workers") or []]:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.Error:
-            pass
-    how = terminate(procs[:1] if report.get("agent_pid") else procs, grace_s)
-    rest = [p for p in procs if p.is_running() and p.pid != os.getpid()]
-    how.update(terminate(rest, grace_s) if rest else {})
+    def procs(pids):
+        out = []
+        for pid in pids:
+            try:
+                out.append(psutil.Process(pid))
+            except psutil.Error:
+                pass
+        return out
+
+    how: dict[int, str] = {}
+    if report.get("agent_pid"):
+        how.update(terminate(procs([report["agent_pid"]]), grace_s))
+    targets = [r["pid"] for r in report["ranks"]] + [w["pid"] for r in report["ranks"] for w in r.get("workers") or []]
+    left = [p for p in procs(targets) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    how.update(terminate(left, grace_s) if left else {})
     return how
