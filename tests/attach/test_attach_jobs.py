@@ -148,3 +148,13 @@ def test_two_nodes_partial_reports_merge(hung_job, tmp_path):
     f = _only(rep, "DDP201")
     assert f["ranks"] == [0] and f["location"]["line"] == _line("barrier_rank0.py", "dist.barrier()")
     assert "DDP201" in p.stdout
+
+
+def test_healthy_job_is_not_a_hang(hung_job, tmp_path):
+    """Never blame a healthy job: ranks that move or compute get verdict ok and no error finding."""
+    job = hung_job("healthy.py")
+    job.wait_for("training", 2)
+    for _ in range(3):  # several independent looks: none may call it a hang
+        rep = _diagnose(job, tmp_path)
+        assert rep["verdict"] == "ok", rep["findings"]
+        assert not [f for f in rep["findings"] if f["severity"] == "error"]

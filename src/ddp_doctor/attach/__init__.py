@@ -33,7 +33,8 @@ def build_report(job: Job, views: list[RankView], verdict: str, findings: list) 
             "exit_code": None, "signal": None, "pid": v.proc.pid, "local_rank": v.proc.local_rank,
             "node": job.node, "unchanged_s": round(v.unchanged_s, 1),
             "activity": {"kind": a.kind, "op": a.op, "moved": v.moved, "gone": v.gone,
-                         "cpu_s": None if v.cpu_s is None else round(v.cpu_s, 3), "window_s": round(v.window_s, 3)},
+                         "cpu_s": None if v.cpu_s is None else round(v.cpu_s, 3), "window_s": round(v.window_s, 3),
+                         "io_bytes": v.io_bytes},
             "threads": [{"name": t.name, "thread_id": t.thread_id, "stack": [f.to_dict() for f in t.frames]}
                         for t in v.threads if v.stack is None or t.thread_id != v.stack.thread_id],
             "workers": [{"pid": w.pid, "stack": [f.to_dict() for f in (w.stack.frames if w.stack else [])],

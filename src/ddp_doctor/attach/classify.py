@@ -10,6 +10,7 @@ The site is the innermost *user* frame: torch, ddp_doctor and installed packages
 from __future__ import annotations
 
 import os
+import sysconfig
 from dataclasses import dataclass
 
 from ddp_doctor.attach.stacks import Frame
@@ -29,9 +30,13 @@ LIB_MARKERS = (os.sep + "torch" + os.sep, os.sep + "ddp_doctor" + os.sep, "site-
                os.sep + "selectors.py", os.sep + "queue.py", os.sep + "socket.py", os.sep + "subprocess.py")
 
 
+_STDLIB = tuple(p for p in {sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")} if p)
+
+
 def is_user(f: Frame) -> bool:
-    """A frame of the user's code (not torch, ddp_doctor, an installed package or the stdlib's plumbing)."""
-    return bool(f.path) and not any(m in f.path for m in LIB_MARKERS) and not f.path.startswith("<")
+    """A frame of the user's code (not torch, ddp_doctor, an installed package or the standard library)."""
+    return bool(f.path) and not any(m in f.path for m in LIB_MARKERS) and not f.path.startswith("<") \
+        and not (_STDLIB and f.path.startswith(_STDLIB))
 
 
 def user_frame(frames: list[Frame]) -> Frame | None:

@@ -57,6 +57,7 @@ def _evidence(views: list[RankView]) -> dict:
                                           "site": v.activity.site.to_dict() if v.activity.site else None,
                                           "unchanged_s": round(v.unchanged_s, 1),
                                           "cpu_s": None if v.cpu_s is None else round(v.cpu_s, 2),
+                                          "io_bytes": v.io_bytes,
                                           "moved": v.moved, "pid": v.proc.pid}
                       for v in views},
             "workers": {str(w.pid): {"rank": v.proc.rank,
@@ -205,7 +206,7 @@ def _busy_notes(live: list[RankView]) -> list[Finding]:
     if not waiting:
         return []
     msg = ("Not a hang yet: " + "; ".join(
-        f"rank {v.proc.rank} is busy {v.activity.describe()}" + (f" ({v.cpu_s / v.window_s:.0%} CPU)" if v.cpu_s else "")
+        f"rank {v.proc.rank} is busy and {v.activity.describe()}" + (f" ({v.cpu_s / v.window_s:.0%} CPU)" if v.cpu_s else "")
         for v in sorted(busy, key=lambda v: v.proc.rank)) + ", while " + "; ".join(_for(v) for v in waiting) +
         ". Attach again later; if the busy rank's line never changes it is the one to look at.")
     b = sorted(busy, key=lambda v: v.proc.rank)[0]

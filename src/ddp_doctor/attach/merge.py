@@ -33,7 +33,7 @@ def _view(r: dict[str, Any], world_size: int) -> RankView:
                           float(x.get("unchanged_s") or 0)) for x in r.get("workers") or []]
     return RankView(proc, Activity(act.get("kind") or "outside", act.get("op"), site), stack, [stack],
                     float(r.get("unchanged_s") or 0), float(act.get("window_s") or 0), act.get("cpu_s"),
-                    bool(act.get("moved")), gone=bool(act.get("gone")), workers=workers)
+                    bool(act.get("moved")), gone=bool(act.get("gone")), workers=workers, io_bytes=act.get("io_bytes"))
 
 
 def merge(reports: list[dict[str, Any]], names: list[str] | None = None) -> dict[str, Any]:

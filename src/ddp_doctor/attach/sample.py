@@ -9,6 +9,10 @@ from ddp_doctor.attach.discover import Job, RankProcess
 from ddp_doctor.attach.stacks import ThreadStack, dump, main_thread
 
 
+BUSY_CPU_SHARE = 0.05  # of one core, over the sampling window
+BUSY_IO_BYTES = 4096
+
+
 @dataclass
 class WorkerView:
     """A DataLoader worker (or other child) of a rank: its main thread's latest stack."""
@@ -32,11 +36,17 @@ class RankView:
     moved: bool  # the position changed between samples
     gone: bool = False
     workers: list[WorkerView] = field(default_factory=list)
+    io_bytes: int | None = None  # bytes read + written by the process during the window (/proc/PID/io)
 
     @property
     def busy(self) -> bool:
-        """Computing, not waiting: more than a third of a core over the window."""
-        return self.cpu_s is not None and self.window_s > 0 and self.cpu_s / self.window_s > 0.33
+        """Making progress where the stack cannot show it: a training loop spends most of its time in the same
+        backward() line, but uses CPU and moves bytes (gloo's socket writes); a rank blocked in a collective or on
+        a lock does neither (measured here: < 1% CPU and 0 bytes hung, > 10% and > 100 kB/s training)."""
+        if self.window_s <= 0:
+            return False
+        return (self.cpu_s is not None and self.cpu_s / self.window_s > BUSY_CPU_SHARE) or \
+            (self.io_bytes is not None and self.io_bytes > BUSY_IO_BYTES)
 
     @property
     def stuck(self) -> bool:
@@ -50,6 +60,16 @@ def _cpu(pid: int) -> float | None:
         t = psutil.Process(pid).cpu_times()
         return t.user + t.system
     except psutil.Error:
+        return None
+
+
+def _io(pid: int) -> int | None:
+    import psutil
+
+    try:
+        c = psutil.Process(pid).io_counters()
+        return c.read_chars + c.write_chars
+    except (psutil.Error, AttributeError, NotImplementedError):
         return None
 
 
@@ -81,6 +101,7 @@ def sample_job(job: Job, samples: int = 3, interval_s: float = 1.0) -> list[Rank
     """``samples`` stack dumps of every rank ``interval_s`` apart; ranks that vanish are marked gone."""
     samples = max(1, samples)
     cpu0 = {r.pid: _cpu(r.pid) for r in job.ranks}
+    io0 = {r.pid: _io(r.pid) for r in job.ranks}
     t0 = time.monotonic()
     hist: dict[int, list[tuple[float, tuple]]] = {r.pid: [] for r in job.ranks}
     whist: dict[int, list[tuple[float, tuple]]] = {w: [] for r in job.ranks for w in r.workers}
@@ -122,11 +143,13 @@ def sample_job(job: Job, samples: int = 3, interval_s: float = 1.0) -> list[Rank
         unchanged, moved = _unchanged(hist[r.pid])
         c1 = _cpu(r.pid)
         cpu = (c1 - cpu0[r.pid]) if c1 is not None and cpu0[r.pid] is not None else None
+        i1 = _io(r.pid)
+        io = (i1 - io0[r.pid]) if i1 is not None and io0[r.pid] is not None else None
         workers = []
         for w in r.workers:
             if w in last:
                 wm = main_thread(last[w], w)
                 workers.append(WorkerView(w, wm, _unchanged(whist[w])[0]))
         views.append(RankView(r, classify(mt.frames if mt else []), mt, threads, unchanged, window, cpu, moved,
-                              gone=r.pid in gone or not threads, workers=workers))
+                              gone=r.pid in gone or not threads, workers=workers, io_bytes=io))
     return views
