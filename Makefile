@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 # torch==2.13.0 first and pinned: a bare `torch` would pull multi-GB CUDA wheels.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test setup browser
+.PHONY: demo test test-fast setup browser
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -24,3 +24,8 @@ browser:
 
 test: setup browser
 	$(PY) -m pytest
+
+# The fast tier (< 2 minutes): everything that launches no multi-rank job (`scenario` marks those):
+# unit tests, lint fixtures, renderers fed with reports and evidence captured from real runs, golden texts.
+test-fast: setup
+	$(PY) -m pytest -m "not scenario" -q

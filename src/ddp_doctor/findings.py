@@ -74,6 +74,64 @@ CATALOGUE: dict[str, CodeInfo] = _entries(
 )
 
 
+# What to change, per runtime code (``CODE`` or ``CODE.case``): the one place these texts live; the
+# diagnosis composes the message (what happened, which rank, which line) and takes the fix from here.
+# Performance codes (DDP3xx/4xx) compose fixes from their measurements (workers to use, the slow phase).
+RUNTIME_FIXES: dict[str, str] = {
+    "DDP101": (
+        "Make every rank run the same number of steps: agree on skips/early stops with "
+        "`ddp_doctor.fixes.agree(flag)` (all_reduce of the decision) or "
+        "`ddp_doctor.fixes.skip_if_nonfinite(loss)`; give every rank the same number of batches with "
+        "`ddp_doctor.fixes.EvenBatches` / DistributedSampler."),
+    "DDP102": (
+        "Call `sampler.set_epoch(epoch)` at the start of every epoch, before iterating the loader."),
+    "DDP201": (
+        "Call the collective on every rank of its group (move it out of the rank-dependent branch), or "
+        "make only rank 0 do the work and let the others wait at a barrier every rank reaches, e.g. `with"
+        " ddp_doctor.fixes.rank_zero_first(): ...`."),
+    "DDP202": (
+        "Do not call the DDP-wrapped model on a subset of ranks: evaluate `model.module` (the unwrapped "
+        "model) on rank 0, or run the evaluation on every rank and reduce the metric; or construct DDP "
+        "with broadcast_buffers=False if the buffers need no sync."),
+    "DDP203": (
+        "Make every rank call the same collectives in the same order with the same shapes and dtypes; for"
+        " per-rank variable-size tensors use `ddp_doctor.fixes.gather_variable(...)` (or "
+        "all_gather_object) instead of all_gather."),
+    "DDP204.finished": (
+        "Make every rank leave the training loop at the same step (agree on early stops with "
+        "`ddp_doctor.fixes.agree(...)`)."),
+    "DDP204.exception": (
+        "Fix the exception on that line (full traceback in the report's rank entry). If only some ranks "
+        "can hit it (rank-dependent data), make all ranks agree before acting, e.g. "
+        "`ddp_doctor.fixes.agree(flag)`, so they stop together."),
+    "DDP204.same-exception": (
+        "Fix the exception on that line (full traceback in the report's rank entries)."),
+    "DDP204.oom": (
+        "Reduce memory per rank: smaller batch, fewer DataLoader workers / prefetch_factor, load "
+        "checkpoints with map_location (`ddp_doctor.fixes.load_checkpoint`)."),
+    "DDP204.signal": (
+        "Find who sent the signal (scheduler preemption, a timeout, a user) or handle it."),
+    "DDP204.exit": (
+        "Find why the rank called exit (sys.exit / os._exit) and make every rank stop together."),
+    "DDP204.unknown": (
+        "Look at the ranks' stderr."),
+    "DDP205.stall": (
+        "Look at the line shown: a DataLoader worker blocked on I/O or a lock, a dataset __getitem__ that"
+        " never returns, or a rank waiting on a file/queue another rank never fills. Set "
+        "DataLoader(timeout=...) so a stuck worker raises instead of hanging."),
+    "DDP205.transport": (
+        "Check the interconnect and the other nodes' logs; run `ddp-doctor check`."),
+    "DDP501.stale-store": (
+        "Launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in the environment (for `ddp-doctor run` and "
+        "for torchrun alike): each attempt then gets a fresh store and the restart connects."),
+}
+
+
+def runtime_fix(key: str) -> str:
+    """The fix text of a runtime code (``"DDP201"``) or of one of its cases (``"DDP204.oom"``)."""
+    return RUNTIME_FIXES[key]
+
+
 def info(code: str) -> CodeInfo:
     """The catalogue entry for ``code``; KeyError names an unknown code."""
     try:
@@ -153,7 +211,7 @@ class Finding:
             "message": self.message,
             "ranks": sorted(self.ranks),
             "location": self.location.to_report_dict() if self.location else None,
-            "evidence": self.evidence,
+            "evidence": plain(self.evidence),
             "fix": self.fix,
         }
 
@@ -171,3 +229,14 @@ class Finding:
             evidence=dict(data.get("evidence", {})),
             title=data.get("title"),
         )
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON-able data: records (anything with ``to_json``) rendered, containers walked."""
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [plain(v) for v in value]
+    return value

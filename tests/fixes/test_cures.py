@@ -24,19 +24,23 @@ def job(tmp_path_factory):
     return res
 
 
+@pytest.mark.scenario  # launches 2 gloo ranks: not in `make test-fast`
 def test_nan_skip_desyncs_without_fix():
     run = run_ranks("cures.py", "nan", timeout=120)
     assert run.code != 0  # rank 1 skipped a backward: rank 0's next gradient all-reduce fails
 
 
+@pytest.mark.scenario  # launches 2 gloo ranks: not in `make test-fast`
 def test_skip_if_nonfinite_keeps_ranks_in_step(job):
     assert job[0]["nan_fix"] == job[1]["nan_fix"] == {"steps": 5, "skipped": 1, "total": 10.0}
 
 
+@pytest.mark.scenario  # launches 2 gloo ranks: not in `make test-fast`
 def test_agree(job):
     assert job[0]["agree"] == job[1]["agree"] == {"any": True, "all": False, "all_true": True, "tensor_any": True}
 
 
+@pytest.mark.scenario  # launches 2 gloo ranks: not in `make test-fast`
 def test_early_stopping_stops_all_ranks_together(job):
     e0, e1 = job[0]["early"], job[1]["early"]
     assert e0 == e1
@@ -44,6 +48,7 @@ def test_early_stopping_stops_all_ranks_together(job):
     assert e0["mean_stops"] == [False, False, True, True] and e0["best"] == 1.5
 
 
+@pytest.mark.scenario  # launches 2 gloo ranks: not in `make test-fast`
 def test_gather_variable(job):
     g = job[0]["gather"]
     assert g == job[1]["gather"]
@@ -58,12 +63,14 @@ def test_gather_variable(job):
     ("rzf_fail", "OSError: download failed", "RankZeroFailed"),
     ("rzf_fail_other", "RankZeroFailed", "OSError: disk full"),
 ])
+@pytest.mark.scenario  # launches 2 gloo ranks: not in `make test-fast`
 def test_rank_zero_first(job, case, expect0, expect1):
     assert job[0][case]["outcome"].startswith(expect0) and job[1][case]["outcome"].startswith(expect1)
     if case == "rzf_ok":
         assert job[1][case]["saw_marker"] == [True]  # rank 1 ran its body after rank 0's
 
 
+@pytest.mark.scenario  # launches 2 gloo ranks: not in `make test-fast`
 def test_load_checkpoint_multirank(job):
     assert job[0]["ckpt"]["keys"] == ["bias", "weight"]  # 'module.' stripped
     assert job[1]["ckpt"]["device"] == "cpu" and job[1]["ckpt"]["epoch"] == 3

@@ -20,6 +20,7 @@ def job():
     return run.results()
 
 
+@pytest.mark.scenario  # launches 2 gloo ranks: not in `make test-fast`
 def test_rank_local_filter_desyncs_without_fix():
     run = run_ranks("even.py", "filter:none", timeout=120)
     # rank 1 skips 3 batches per epoch: it leaves the loop early, rank 0 is left in a gradient all-reduce
@@ -27,6 +28,7 @@ def test_rank_local_filter_desyncs_without_fix():
     assert run.rank_codes[0] != 0
 
 
+@pytest.mark.scenario  # launches 2 gloo ranks: not in `make test-fast`
 @pytest.mark.parametrize("mode,steps", [("min", 5), ("max", 8)])
 def test_rank_local_filter_even_with_keep(job, mode, steps):
     r0, r1 = job[0][f"filter:{mode}"], job[1][f"filter:{mode}"]
@@ -37,12 +39,14 @@ def test_rank_local_filter_even_with_keep(job, mode, steps):
         assert r1["last"]["padded"] == 3
 
 
+@pytest.mark.scenario  # launches 2 gloo ranks: not in `make test-fast`
 def test_iterable_unknown_length(job):
     r0, r1 = job[0]["iterable:min"], job[1]["iterable:min"]
     assert r0["steps"] == r1["steps"] == [5, 5]
     assert r0["last"]["dropped_at_least"] == 1 and r0["sync"] == "step"
 
 
+@pytest.mark.scenario  # launches 2 gloo ranks: not in `make test-fast`
 @pytest.mark.parametrize("mode,steps", [("min", 5), ("max", 8)])
 def test_map_style_shards_agree_once_per_epoch(job, mode, steps):
     r0, r1 = job[0][f"shards:{mode}"], job[1][f"shards:{mode}"]

@@ -7,6 +7,7 @@ from multirank import run_ranks  # noqa: E402
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.mark.scenario  # launches 2 gloo ranks: not in `make test-fast`
 def test_even_job_passes():
     run = run_ranks("lightning_job.py", timeout=90, preload="lightning")
     assert run.code == 0, run.stdout + run.stderr
@@ -14,6 +15,7 @@ def test_even_job_passes():
     assert res[0] == res[1] == {"ok": True, "steps": [6, 6]}
 
 
+@pytest.mark.scenario  # launches 2 gloo ranks: not in `make test-fast`
 def test_uneven_iterable_raises_instead_of_hanging():
     run = run_ranks("lightning_job.py", "--uneven", "iterable", timeout=90, preload="lightning")
     res = run.results()
@@ -22,6 +24,7 @@ def test_uneven_iterable_raises_instead_of_hanging():
     assert res[1]["ok"] is False and "DDP101" in res[1]["error"] and "[0]" in res[1]["error"], run.stdout
 
 
+@pytest.mark.scenario  # launches 2 gloo ranks: not in `make test-fast`
 def test_uneven_lengths_raise_on_every_rank_before_the_epoch():
     run = run_ranks("lightning_job.py", "--uneven", "map", timeout=90, preload="lightning")
     res = run.results()

@@ -1,7 +1,7 @@
 """End to end: `ddp-doctor run` on the perf scenarios (tests/scenarios/): code, rank, DataLoader line, twins clean.
 
 Real 2-rank gloo jobs through torch's launcher; each takes ~10-20 s on an idle 2-core machine.
-DDP102's runtime confirmation belongs to `run` (diagnose.runtime) and is tested there.
+DDP102's runtime confirmation belongs to `run` (diagnose.steps) and is tested there.
 """
 import json
 import os

@@ -1,10 +1,17 @@
 """diagnose/ on synthetic evidence: fast, no processes."""
 from __future__ import annotations
 
-from ddp_doctor.diagnose import diagnose
-from ddp_doctor.watch import parse_faulthandler
+from ddp_doctor import diagnose as _diagnose
+from ddp_doctor.evidence import ExitStatus, JobEvidence, Verdict
+from ddp_doctor.watch.stacks import parse_faulthandler
 
 S = "/u/train.py"
+
+
+def diagnose(ev, decision, failures=None):
+    """diagnose() on evidence written in its wire form (what the probe and the watcher post)."""
+    return _diagnose.diagnose(JobEvidence.from_json(ev), Verdict.from_json(decision),
+                              {r: ExitStatus.from_json(x) for r, x in (failures or {}).items()})
 
 
 def site(line, fn="main"):
@@ -99,7 +106,7 @@ Current thread 0x00007e (most recent call first):
   File "/u/train.py", line 50 in <module>
 """
     st = parse_faulthandler(text)
-    assert st[0]["function"] == "<module>" and st[-1]["function"] == "all_reduce" and st[1]["line"] == 41
+    assert st[0].function == "<module>" and st[-1].function == "all_reduce" and st[1].line == 41
 
 
 def _barrier_vs_training(epoch_of_rank1, lint):
@@ -194,7 +201,7 @@ def test_restarted_ranks_stuck_connecting_are_ddp501():
 def test_lint_confirmation_needs_the_same_hazard():
     """A runtime DDP102 on a DataLoader line does not "confirm" lint's DDP401 on that line; lint's DDP201 at a
     line the runtime names DDP202/203 does (the same ranks-out-of-step hazard)."""
-    from ddp_doctor.cli.run import _same_hazard
+    from ddp_doctor.diagnose.common import same_hazard as _same_hazard
 
     assert _same_hazard("DDP102", "DDP102")
     assert not _same_hazard("DDP401", "DDP102")

@@ -1,6 +1,6 @@
 """Activation under another launcher: plain torchrun with `-m ddp_doctor.probe` in front of the script.
 
-Rank 0 hosts the side channel and the watcher (ddp_doctor.watch.embedded); the hang is diagnosed, the
+Rank 0 hosts the side channel and the watcher (ddp_doctor.session.embedded); the hang is diagnosed, the
 report written to DDP_DOCTOR_REPORT, and every rank ended (the launcher sees the failure)."""
 from __future__ import annotations
 

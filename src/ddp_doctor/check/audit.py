@@ -8,6 +8,7 @@ Both are plain functions so the rules are unit-tested without a launcher.
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any, Mapping
 
 #: Environment variables the audit looks at (the launcher passes the user's values to ranks).
@@ -204,3 +205,38 @@ def version_groups(hellos: list[Mapping[str, Any]],
         if len(groups) > 1:
             out[key] = {value: sorted(ranks) for value, ranks in groups.items()}
     return out
+
+
+def rank_device(local_rank: int, backend: str | None):
+    """This rank's device and backend: its own GPU (set as current) with NCCL, else the CPU with gloo."""
+    import torch
+
+    if backend != "gloo" and torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank), backend or "nccl"
+    return torch.device("cpu"), backend or "gloo"
+
+
+def rank_identity(rank: int, local_rank: int, device, backend: str) -> dict[str, Any]:
+    """What this rank runs on (host, device, versions): compared across ranks for DDP508 / DDP509."""
+    import platform
+
+    import torch
+
+    info: dict[str, Any] = {
+        "rank": rank, "local_rank": local_rank, "group_rank": int(os.environ.get("GROUP_RANK", 0)),
+        "host": socket.gethostname(), "pid": os.getpid(), "backend": backend, "device": str(device),
+        "device_name": "cpu", "python": platform.python_version(), "torch": torch.__version__,
+        "cuda": torch.version.cuda, "nccl": None,
+    }
+    if device.type == "cuda":
+        info["device_name"] = torch.cuda.get_device_name(device)
+        try:
+            info["device_uuid"] = str(torch.cuda.get_device_properties(device).uuid)
+        except Exception:  # noqa: BLE001 - older torch
+            info["device_uuid"] = None
+        try:
+            info["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+        except Exception:  # noqa: BLE001
+            pass
+    return info

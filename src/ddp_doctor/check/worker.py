@@ -359,39 +359,6 @@ def _gate(gstore, ch: channel.Channel, ctx: Ctx, test: str, started: float,
     return results, missing
 
 
-def _device(local_rank: int, backend: str | None):
-    import torch
-
-    if backend != "gloo" and torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank), backend or "nccl"
-    return torch.device("cpu"), backend or "gloo"
-
-
-def _hello(rank: int, local_rank: int, device, backend: str) -> dict[str, Any]:
-    import platform
-
-    import torch
-
-    info: dict[str, Any] = {
-        "rank": rank, "local_rank": local_rank, "group_rank": int(os.environ.get("GROUP_RANK", 0)),
-        "host": socket.gethostname(), "pid": os.getpid(), "backend": backend, "device": str(device),
-        "device_name": "cpu", "python": platform.python_version(), "torch": torch.__version__,
-        "cuda": torch.version.cuda, "nccl": None,
-    }
-    if device.type == "cuda":
-        info["device_name"] = torch.cuda.get_device_name(device)
-        try:
-            info["device_uuid"] = str(torch.cuda.get_device_properties(device).uuid)
-        except Exception:  # noqa: BLE001 - older torch
-            info["device_uuid"] = None
-        try:
-            info["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
-        except Exception:  # noqa: BLE001
-            pass
-    return info
-
-
 def _redirect_output(logdir: str | None, rank: int) -> None:
     """Keep backend noise out of the launcher's terminal: fd 1 and 2 go to a per-rank log."""
     if not logdir:
@@ -428,7 +395,7 @@ def main() -> int:
     started_info = {"rank": rank, "pid": os.getpid(), "local_rank": local_rank,
                     "group_rank": group_rank, "host": socket.gethostname()}
     ch.set(f"started/{rank}", started_info)
-    device, backend = _device(local_rank, cfg.get("backend"))
+    device, backend = audit.rank_device(local_rank, cfg.get("backend"))
     ctx = Ctx(rank, world, device, deadline, faults, group_world)
 
     # --- rendezvous: init_process_group, bounded by the deadline
@@ -449,7 +416,7 @@ def main() -> int:
                                                        os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     ch.add(gstore)
     ch.set(f"started/{rank}", started_info)   # now also visible to the other nodes' launchers
-    hello = _hello(rank, local_rank, device, backend)
+    hello = audit.rank_identity(rank, local_rank, device, backend)
     ch.set(f"hello/{rank}", hello)
     ch.set(f"res/{rank}/rendezvous", {"status": "pass", "duration_s": time.monotonic() - t0, "detail": ""})
     if local_rank == 0:

@@ -1,81 +1,75 @@
 """Runtime evidence -> findings.  Pure functions: no I/O, no formatting, no torch.
 
-``diagnose(evidence, decision)`` returns ``(verdict, findings)``.  ``evidence`` is
-the watcher's plain-data view of every rank (BOARD.md "PER-RANK EVIDENCE FORMAT");
-``decision`` says why the watcher stopped looking (``reason`` hang | desync | exit,
-or ``None`` for a job that ended by itself).  One function per code family lives
-in :mod:`ddp_doctor.diagnose.runtime`; the perf family in ``diagnose.perf`` (if present).
+The only place a verdict is decided.  :mod:`~ddp_doctor.diagnose.live` decides *while* the job runs
+(the watcher asks it every poll: ``reason`` hang | desync | exit); ``diagnose(evidence, decision)``
+then returns ``(verdict, findings)`` from the watcher's plain-data view of every rank, ``decision``
+being the live one (``None`` for a job that ended by itself).  One module per code family:
+``steps`` (DDP101/102), ``collectives`` (DDP201/202/203), ``exits`` (DDP204/501), ``hang``
+(DDP205 and the hang dispatch), ``perf`` (DDP3xx/4xx); ``common`` holds what they share.
 """
 from __future__ import annotations
 
-from typing import Any
-
+from ddp_doctor.diagnose import collectives, exits, hang, steps
+from ddp_doctor.evidence import ExitStatus, JobEvidence, Verdict, missing_rank
 from ddp_doctor.findings import Finding
-from ddp_doctor.diagnose import runtime
 
 
-def diagnose(evidence: dict[str, Any], decision: dict[str, Any] | None,
-             failures: dict[int, dict[str, Any]] | None = None) -> tuple[str, list[Finding]]:
+def diagnose(evidence: JobEvidence, decision: Verdict | None,
+             failures: dict[int, ExitStatus] | None = None) -> tuple[str, list[Finding]]:
     """Verdict ("ok" | "hang" | "crash" | "desync") and findings, most important first.
 
-    ``failures``: exit info per global rank the launcher learned after the job
-    ended ({rank: {"exit_code", "signal"}}), merged into the evidence.
+    ``failures``: exit status per global rank the launcher learned after the job ended, merged into
+    the evidence (a rank the watcher never heard from is added as missing).
     """
-    ranks = evidence.get("ranks", {})
+    ranks = dict(evidence.ranks)
     for r, info in (failures or {}).items():
-        st = ranks.setdefault(r, {"rank": r, "missing": True})
-        if not st.get("exit"):
-            st["exit"] = info
-    reason = (decision or {}).get("reason")
+        st = ranks.get(r) or missing_rank(r)
+        if not st.exit:
+            ranks[r] = st.with_(exit=info)
+    evidence = evidence.with_(ranks=ranks)
+    reason = decision.reason if decision else None
     findings: list[Finding] = []
     verdict = "ok"
-    stale = runtime.diagnose_restart_connect(evidence) if reason in ("exit", "hang") or _failed(ranks) else None
+    failed = any(st.failed for st in ranks.values())
+    stale = exits.diagnose_restart_connect(evidence) if reason in ("exit", "hang") or failed else None
     if stale is not None:  # restarted ranks could not connect: nothing after that is its own cause
         return ("hang" if reason == "hang" else "crash"), [stale]
     if reason == "desync":
-        failed = decision["failed"] if "failed" in decision else _failed(ranks)
-        verdict = "crash" if failed else ("hang" if decision.get("blocked") else "desync")
-        findings += runtime.diagnose_desync(evidence, decision)
+        failed_then = decision.failed if decision.failed is not None else failed
+        verdict = "crash" if failed_then else ("hang" if decision.blocked else "desync")
+        findings += collectives.diagnose_desync(evidence, decision)
     elif reason == "hang":
         verdict = "hang"
-        findings += runtime.diagnose_hang(evidence, decision)
-    elif reason == "exit" or _failed(ranks) or runtime.finished_case(ranks, decision):
+        findings += hang.diagnose_hang(evidence, decision)
+    elif reason == "exit" or failed or exits.finished_case(ranks, decision):
         verdict = "crash"
-        if runtime.finished_case(ranks, decision):
+        if exits.finished_case(ranks, decision):
             # a rank left early: sys.exit() is an exit (crash); a loop left early is uneven steps (desync)
-            done_exit = [st for st in ranks.values() if st.get("done") and st.get("exit_site")]
+            done_exit = [st for st in ranks.values() if st.done and st.exit_site]
             verdict = "crash" if done_exit else "desync"
         else:
-            findings += runtime.diagnose_fatal_collective(evidence)
-        findings += runtime.diagnose_exit(evidence, decision or {"reason": "exit"})
-    if reason is None and not _failed(ranks):
-        uneven = runtime.diagnose_steps(evidence)  # uneven steps the job survived: silently wrong model
+            findings += collectives.diagnose_fatal_collective(evidence)
+        findings += exits.diagnose_exit(evidence, decision or Verdict("exit"))
+    if reason is None and not failed:
+        uneven = steps.diagnose_steps(evidence)  # uneven steps the job survived: silently wrong model
         if uneven:
             verdict = "desync"
             findings += uneven
     if verdict != "ok" and not any(f.code == "DDP202" for f in findings):
-        findings = runtime.diagnose_ddp_subset(evidence) + findings
-    findings += runtime.diagnose_sampler(evidence)
+        findings = collectives.diagnose_ddp_subset(evidence) + findings
+    findings += steps.diagnose_sampler(evidence)
     if verdict == "ok":
         findings += _perf(evidence)
     return verdict, _dedupe(findings)
 
 
-def _failed(ranks: dict[int, dict[str, Any]]) -> bool:
-    for st in ranks.values():
-        ex = st.get("exit") or {}
-        if st.get("exc") or ex.get("signal") or (ex.get("exit_code") not in (None, 0)):
-            return True
-    return False
-
-
-def _perf(evidence: dict[str, Any]) -> list[Finding]:
+def _perf(evidence: JobEvidence) -> list[Finding]:
     try:
         from ddp_doctor.diagnose.perf import diagnose_perf
     except ImportError:
         return []
     try:
-        return list(diagnose_perf(evidence))
+        return list(diagnose_perf(evidence.to_json()))  # the perf family still reads the wire form
     except Exception as e:  # a perf diagnosis must never hide the run's verdict
         import sys
 

@@ -5,8 +5,9 @@ It only records (no formatting, no CLI).  Entry points:
 - ``python -m ddp_doctor.probe [-m] SCRIPT|MODULE [ARGS...]`` — what ``ddp-doctor run``
   starts in every rank: installs the hooks, then runs the user's program as
   ``__main__`` (the user's traceback and exit code are kept).
-- ``import ddp_doctor.probe.auto`` (or ``DDP_DOCTOR_PROBE=1`` with the shipped
-  ``sitecustomize``) — activation inside a process some other launcher started.
+  Under another launcher (plain torchrun, srun) the same entry makes rank 0 host
+  the side channel and a watcher (``ddp_doctor.session.embedded``, passed in by
+  ``__main__`` so that the probe itself depends only on ``store``).
 
 The watcher's side-channel store is named by ``DDP_DOCTOR_STORE=host:port``;
 without it the hooks still install (cheap) but nothing is published.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Callable
 
 from ddp_doctor.probe.recorder import Recorder
 
@@ -24,7 +26,7 @@ _active: "Probe | None" = None
 class Probe:
     """The installed probe of this process: recorder + publisher."""
 
-    def __init__(self) -> None:
+    def __init__(self, host_watcher: Callable[[str], None] | None = None) -> None:
         from ddp_doctor.probe import hooks
 
         self.rec = Recorder()
@@ -32,21 +34,21 @@ class Probe:
         self.publisher = None
         addr = os.environ.get("DDP_DOCTOR_STORE")
         if not addr and int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("DDP_DOCTOR_EMBEDDED", "1") != "0":
-            addr = self._embedded()
+            addr = self._embedded(host_watcher)
         if addr:
             from ddp_doctor.probe.publisher import Publisher
 
             self.publisher = Publisher(self.rec, addr)
             self.publisher.start()
 
-    def _embedded(self) -> str | None:
-        """No ddp-doctor launcher around us: rank 0 hosts the side channel and the watcher (watch.embedded)."""
+    def _embedded(self, host_watcher: Callable[[str], None] | None) -> str | None:
+        """No ddp-doctor launcher around us: rank 0 hosts the side channel and the watcher (``host_watcher``)."""
         try:
-            from ddp_doctor.watch import embedded
+            from ddp_doctor.store import embedded_address
 
-            addr = embedded.side_channel_address()
-            if addr and self.rec.rank == 0:
-                embedded.start_in_rank0(addr)
+            addr = embedded_address()
+            if addr and self.rec.rank == 0 and host_watcher is not None:
+                host_watcher(addr)
             if addr:
                 os.environ["DDP_DOCTOR_STORE_EMBEDDED"] = "1"
             return addr
@@ -57,28 +59,23 @@ class Probe:
     def record_exception(self, exc: BaseException) -> None:
         """Note the exception that ends the rank: type, message, innermost user frame, traceback."""
         try:
-            from ddp_doctor.probe.recorder import _is_library
+            from ddp_doctor.evidence import RaisedError, Site
+            from ddp_doctor import frames as kinds
+            from ddp_doctor.probe.publisher import current_collective
 
             frames = []
             tb = exc.__traceback__
             while tb is not None:
                 code = tb.tb_frame.f_code
-                frames.append({"path": code.co_filename, "line": tb.tb_lineno, "function": code.co_name})
+                frames.append(Site(code.co_filename, tb.tb_lineno, code.co_name))
                 tb = tb.tb_next
-            from ddp_doctor.probe.recorder import _PKG_DIR
-
-            frames = [f for f in frames if not f["path"].startswith(_PKG_DIR) and not f["path"].endswith("runpy.py")
-                      and not f["path"].startswith("<frozen")]
-            user = [f for f in frames if not _is_library(f["path"])]
-            self.rec.exc = {
-                "type": type(exc).__name__, "module": type(exc).__module__,
-                "message": str(exc)[:2000],
-                "location": user[-1] if user else (frames[-1] if frames else None),
-                "traceback": frames[-30:],
-                "in_collective": self.rec.cur is not None,
-                "collective": _cur(self.rec),
-                "t": round(self.rec.now(), 3),
-            }
+            frames = [f for f in frames if not kinds.is_tooling(f.path)]
+            user = [f for f in frames if kinds.is_user(f.path)] or [f for f in frames if not kinds.is_internal(f.path)]
+            self.rec.exc = RaisedError(
+                type=type(exc).__name__, module=type(exc).__module__, message=str(exc)[:2000],
+                location=user[-1] if user else (frames[-1] if frames else None), traceback=tuple(frames[-30:]),
+                in_collective=self.rec.cur is not None, collective=current_collective(self.rec),
+                t=round(self.rec.now(), 3))
         except Exception:
             pass
 
@@ -89,7 +86,7 @@ class Probe:
                 self.record_exception(exc)
             elif isinstance(exit_exc, SystemExit):
                 self.record_exception(exit_exc)
-                self.rec.exit_site = (self.rec.exc or {}).get("location")
+                self.rec.exit_site = self.rec.exc.location if self.rec.exc is not None else None
                 self.rec.exc = None
             self.rec.done = exc is None
             self.rec.exit_code = exit_code
@@ -100,18 +97,9 @@ class Probe:
             pass
 
 
-def _cur(rec):
-    c = rec.cur or rec.failed_in
-    if c is None:
-        return None
-    site = rec.sites[c[5]] if c[5] < len(rec.sites) else None
-    return {"group": c[0], "seq": c[1], "op": c[2],
-            "site": None if site is None else {"path": site[0], "line": site[1], "function": site[2]}}
-
-
-def activate() -> Probe:
-    """Install the probe in this process (idempotent)."""
+def activate(host_watcher: Callable[[str], None] | None = None) -> Probe:
+    """Install the probe in this process (idempotent); ``host_watcher(address)`` starts the embedded watcher."""
     global _active
     if _active is None:
-        _active = Probe()
+        _active = Probe(host_watcher)
     return _active

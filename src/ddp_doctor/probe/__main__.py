@@ -1,9 +1,20 @@
-"""``python -m ddp_doctor.probe [-m] SCRIPT|MODULE [ARGS...]``: install the probe, then run the user's program as __main__."""
+"""``python -m ddp_doctor.probe [-m] SCRIPT|MODULE [ARGS...]``: install the probe, then run the user's program as __main__.
+
+The rank program's entry point, so the one place inside probe/ that wires in the session (the embedded
+watcher rank 0 hosts under another launcher); the probe modules themselves depend only on ``store`` and ``evidence``.
+"""
 from __future__ import annotations
 
 import os
 import runpy
 import sys
+
+
+def _host_watcher(address: str) -> None:
+    """Rank 0 under another launcher: host the side channel and the watcher in this process."""
+    from ddp_doctor.session import embedded
+
+    embedded.start_in_rank0(address)
 
 
 def main(argv: list[str]) -> int:
@@ -16,7 +27,7 @@ def main(argv: list[str]) -> int:
     target, args = argv[0], argv[1:]
     from ddp_doctor.probe import activate
 
-    probe = activate()
+    probe = activate(_host_watcher)
     if module:
         sys.argv = [target, *args]
     else:

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-from ddp_doctor.probe.recorder import LoaderRec, Recorder, set_torch_dir, user_site
+from ddp_doctor.probe.recorder import LoaderRec, Recorder, user_site
 
 COLLECTIVES = (
     "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "reduce_scatter",
@@ -146,7 +146,7 @@ def _patch_ddp() -> None:
         try:
             nbuf = sum(1 for _ in self.module.buffers())
             REC.ddps.append({
-                "site": _site_dict(site),
+                "site": site,
                 "find_unused_parameters": bool(getattr(self, "find_unused_parameters", False)),
                 "broadcast_buffers": bool(getattr(self, "forward_sync_buffers", getattr(self, "broadcast_buffers", False))),
                 "buffers": nbuf,
@@ -201,12 +201,6 @@ def _patch_ddp() -> None:
         return _inside(entry, orig_backward, *args, **kwargs)
 
     torch.autograd.backward = backward
-
-
-def _site_dict(site):
-    if site is None:
-        return None
-    return {"path": site[0], "line": site[1], "function": site[2]}
 
 
 def _sampler_of(loader):
@@ -392,9 +386,7 @@ def install(rec: Recorder) -> None:
         return
     _installed = True
     try:
-        import torch
-
-        set_torch_dir(torch.__file__)
+        import torch  # noqa: F401 - nothing to hook without it
     except Exception:
         return
     _register_stack_dump("rank")

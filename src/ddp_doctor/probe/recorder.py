@@ -10,70 +10,16 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import threading
 import time
 from collections import deque
 from typing import Any
 
-import ddp_doctor
+from ddp_doctor.frames import live_frames as frames_of  # noqa: F401 - the probe's names for them
+from ddp_doctor.frames import user_site_of as user_site  # noqa: F401
 
-_PKG_DIR = os.path.dirname(os.path.abspath(ddp_doctor.__file__)) + os.sep
-_SKIP_PREFIXES: tuple[str, ...] = (_PKG_DIR,)
 _RING = 256
 _TIMELINE = 2000
-
-
-def set_torch_dir(path: str) -> None:
-    """Frames under torch's package directory are library frames, not the user's."""
-    global _SKIP_PREFIXES
-    path = os.path.dirname(os.path.abspath(path)) + os.sep
-    if path not in _SKIP_PREFIXES:
-        _SKIP_PREFIXES = _SKIP_PREFIXES + (path,)
-
-
-def _is_library(filename: str) -> bool:
-    return filename.startswith(_SKIP_PREFIXES) or filename.startswith("<frozen") or filename.endswith(
-        ("runpy.py", "threading.py", "contextlib.py", "functools.py"))
-
-
-_STDLIB = os.path.dirname(os.__file__) + os.sep
-
-
-def _is_third_party(filename: str) -> bool:
-    return "site-packages" in filename or "dist-packages" in filename or filename.startswith(_STDLIB)
-
-
-def user_site(frame) -> tuple[str, int, str] | None:
-    """(path, line, function) of the innermost user frame: outside torch, ddp_doctor, the stdlib and
-    site-packages (Lightning, accelerate...); failing that, the innermost frame outside torch/ddp_doctor."""
-    f = frame
-    fallback = None
-    while f is not None:
-        code = f.f_code
-        fn = code.co_filename
-        if not _is_library(fn):
-            if not _is_third_party(fn):
-                return (fn, f.f_lineno, code.co_name)
-            if fallback is None:
-                fallback = (fn, f.f_lineno, code.co_name)
-        f = f.f_back
-    return fallback
-
-
-def frames_of(frame, *, keep_library: bool = True) -> list[dict[str, Any]]:
-    """A stack as report frames, outermost first, innermost last; the probe's own frames dropped."""
-    out = []
-    f = frame
-    while f is not None:
-        code = f.f_code
-        fn = code.co_filename
-        if not fn.startswith(_PKG_DIR) and not fn.startswith("<frozen") and not fn.endswith("runpy.py"):
-            if keep_library or not _is_library(fn):
-                out.append({"path": fn, "line": f.f_lineno, "function": code.co_name})
-        f = f.f_back
-    out.reverse()
-    return out
 
 
 class LoaderRec:
@@ -148,8 +94,8 @@ class Recorder:
         self.ddp_objs: list[Any] = []
         self.pending_grad_sync: Any = None
         self.timeline: deque[tuple] = deque(maxlen=_TIMELINE)
-        self.exc: dict[str, Any] | None = None
-        self.exit_site: dict[str, Any] | None = None  # where sys.exit() was called
+        self.exc: Any = None  # evidence.RaisedError, set once by the probe when the program raises
+        self.exit_site: Any = None  # evidence.Site where sys.exit() was called
         self.done = False
         self.exit_code: int | None = None
         self.version = 0  # bumped on notable changes (the publisher posts early)

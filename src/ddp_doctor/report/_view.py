@@ -2,16 +2,15 @@
 from __future__ import annotations
 
 import os
-import sysconfig
 from typing import Any
 
+from ddp_doctor import frames
+from ddp_doctor.evidence import Collective
 from ddp_doctor.report import LINT_SCHEMA_ID
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 GOOD_STATES = {"ok", "done", "finished", "completed", "exited_ok", "running", "training", "idle", "succeeded"}
 
-_LIB_MARKERS = ("site-packages", "dist-packages", "<frozen", "<string>", os.sep + "torch" + os.sep)
-_STDLIB = tuple(p for p in {sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")} if p)
 
 
 def normalize(report: dict[str, Any]) -> dict[str, Any]:
@@ -111,17 +110,8 @@ def nnodes(report: dict[str, Any]) -> int:
 
 
 def is_library_frame(path: str | None) -> bool:
-    if not path:
-        return True
-    p = str(path)
-    if any(m in p for m in _LIB_MARKERS):
-        return True
-    if _STDLIB and p.startswith(_STDLIB):
-        return True
-    norm = p.replace("\\", "/")
-    if "/ddp_doctor/" in norm and "/ddp_doctor/demo/" not in norm:
-        return True
-    return False
+    """Not the user's code (ddp_doctor.frames decides, as for the probe and diagnosis)."""
+    return not frames.is_user(path)
 
 
 def stopped_at(r: dict[str, Any]) -> dict[str, Any] | None:
@@ -139,9 +129,9 @@ def user_frame(stack: list[dict[str, Any]] | None) -> dict[str, Any] | None:
     """The innermost frame of user code (stack is outermost first, as in a traceback)."""
     if not stack:
         return None
-    for fr in reversed(stack):
-        if isinstance(fr, dict) and not is_library_frame(fr.get("path")):
-            return fr
+    fr = frames.innermost_user([f for f in stack if isinstance(f, dict)], path=lambda f: f.get("path"))
+    if fr is not None:
+        return fr
     last = stack[-1]
     return last if isinstance(last, dict) else None
 
@@ -159,23 +149,25 @@ def frame_text(fr: dict[str, Any] | None, short: bool = True) -> str:
 
 
 def collective_text(c: Any) -> str:
-    """Compact text of a rank's last_collective (any dict shape)."""
+    """Compact text of a rank's last collective: op, #seq, group (if not the world), shapes, dtypes, wait."""
     if not c:
         return ""
     if not isinstance(c, dict):
         return str(c)
-    op = c.get("op") or c.get("name") or c.get("kind") or "collective"
-    parts = [str(op)]
-    seq = c.get("seq", c.get("seq_no", c.get("sequence")))
-    if seq is not None:
-        parts.append(f"#{seq}")
+    try:
+        coll = Collective.from_json(c)
+    except (KeyError, TypeError, AttributeError):
+        return str(c.get("op") or "collective")
+    parts = [coll.op] + ([f"#{coll.seq}"] if coll.seq is not None else [])
     extra = []
-    for k in ("shape", "dtype", "group", "state"):
-        if c.get(k) is not None and not (k == "group" and c[k] in ("world", "default_pg")):
-            v = c[k]
-            extra.append(f"{k}={'x'.join(map(str, v)) if k == 'shape' and isinstance(v, (list, tuple)) else v}")
-    if c.get("done") is False or c.get("in_progress"):
-        extra.append("waiting")
+    if coll.group not in (None, "world", "default_pg"):
+        extra.append(f"group={coll.group}")
+    if coll.shapes:
+        extra.append("shapes=" + ", ".join(coll.shapes))
+    if coll.dtypes:
+        extra.append("dtypes=" + ", ".join(sorted(set(coll.dtypes))))
+    if coll.waiting_s is not None:
+        extra.append(f"waiting {coll.waiting_s:g}s")
     s = " ".join(parts)
     return s + (f" ({', '.join(extra)})" if extra else "")
 

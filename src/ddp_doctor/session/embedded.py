@@ -20,16 +20,10 @@ import time
 from typing import Any
 
 
-def side_channel_address() -> str | None:
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not addr or not port:
-        return None
-    return f"{addr}:{int(os.environ.get('DDP_DOCTOR_PORT') or int(port) + 1)}"
-
-
 def start_in_rank0(address: str) -> None:
     """Host the store and start the watcher thread (called by the probe on global rank 0)."""
-    from ddp_doctor.watch import Watcher, host_store
+    from ddp_doctor.store import host_store
+    from ddp_doctor.watch import Watcher
 
     store, _ = host_store(int(address.rpartition(":")[2]))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -48,9 +42,9 @@ def start_in_rank0(address: str) -> None:
 _keep: list[Any] = []
 
 
-def _report_and_stop(w, store, decision: dict[str, Any], t0: float, scratch: str | None = None) -> None:
+def _report_and_stop(w, store, decision, t0: float, scratch: str | None = None) -> None:
     try:
-        from ddp_doctor.cli.run import Job
+        from ddp_doctor.session import Job
 
         time.sleep(0.5)  # let failing ranks post their final state
         w.read_states()
@@ -65,6 +59,8 @@ def _report_and_stop(w, store, decision: dict[str, Any], t0: float, scratch: str
     if scratch:
         shutil.rmtree(scratch, ignore_errors=True)
     try:
-        store.set("ddpd/stop", "1")
+        from ddp_doctor.store import STOP
+
+        store.set(STOP, "1")
     except Exception:
         pass

@@ -1,0 +1,225 @@
+"""DDP201 (a collective only some ranks call), DDP202 (the DDP model run on a subset of ranks) and DDP203
+(ranks disagree at one collective position): who is at fault and at which line."""
+from __future__ import annotations
+
+import os
+
+from ddp_doctor.evidence import Collective, JobEvidence, RankState, Site, Verdict
+from ddp_doctor.findings import Finding
+
+from ddp_doctor.diagnose.common import (FIX_101, FIX_201, FIX_202, FIX_203, lint_flagged, lint_line, loc, others_text, ranks_of,
+                                        step_evidence, user_frame, where)
+from ddp_doctor.diagnose.steps import uneven_steps
+
+
+def ddp_forward_sites(st: RankState) -> dict[tuple, tuple[Site, int]]:
+    """{(file name, line, function): (site, calls)} of the DDP model's forward calls on one rank."""
+    return {sc.site.key(): (sc.site, sc.calls) for sc in st.site_counts if sc.op == "ddp.forward" and sc.site}
+
+
+def _st(ranks: dict[int, RankState], r: int) -> RankState:
+    return ranks.get(r) or RankState(rank=r, missing=True)
+
+
+def ddp_subset_forwards(ranks: dict[int, RankState]) -> tuple[list[int], Site | None]:
+    """Ranks that called the DDP model at a line no other rank ever called it at (and that line)."""
+    per = {r: ddp_forward_sites(st) for r, st in ranks.items() if not st.missing}
+    if len(per) < 2:
+        return [], None
+    only: dict[tuple, list[int]] = {}
+    fwd = {r: ranks[r].forwards for r in per}
+    for r, sites in per.items():
+        for k, (_s, n) in sites.items():
+            others = [o for o in per if k not in per[o]]
+            # the others must have done at least the forwards this rank did elsewhere (not merely be behind)
+            if others and all(fwd[o] > 0 and fwd[o] >= fwd[r] - n for o in others):
+                only.setdefault(k, []).append(r)
+    if not only:
+        return [], None
+    # the line run by the fewest ranks, most calls
+    k = min(only, key=lambda k: (len(only[k]), -sum(per[r][k][1] for r in only[k])))
+    return sorted(only[k]), per[only[k][0]][k][0]
+
+
+def diagnose_ddp_subset(ev: JobEvidence) -> list[Finding]:
+    """DDP202 from forward sites alone (for a failed job: a rank ran the DDP model where others never did)."""
+    ranks = ranks_of(ev)
+    subset, site = ddp_subset_forwards(ranks)
+    if not subset:
+        return []
+    fwd = {str(r): st.forwards for r, st in ranks.items()}
+    msg = (f"Rank {', '.join(map(str, subset))} called the DDP model at {where(site)}, where the other ranks never "
+           f"did (DDP forward calls per rank: {fwd}). Each DDP forward may broadcast buffers (BatchNorm running "
+           "stats) and prepares a gradient all-reduce, so these calls pair with the other ranks' unrelated "
+           "collectives: a hang or silently mixed training follows.")
+    return [Finding("DDP202", msg, FIX_202, location=loc(site), ranks=subset,
+                    evidence={"forwards": fwd, **step_evidence(ranks)})]
+
+
+def classify_calls(calls: dict[int, Collective | None],
+                   ranks: dict[int, RankState]) -> tuple[str, list[int], Site | None]:
+    """(code, ranks at fault, their site) for ranks that disagree at one collective position."""
+    seen = {r: _st(ranks, r).sites_seen for r in calls}
+    # a rank killed by a signal published its last state up to 0.25 s before: what it "never ran" is unknown
+    reliable = {o for o in calls if not (_st(ranks, o).exit and _st(ranks, o).exit.killed)}
+
+    def unseen_by_others(r, c):
+        k = (c.op, c.site.key() if c.site else None)
+        others = [o for o in calls if o != r and calls[o] is not None and o in reliable]
+        return bool(others) and all(k not in seen[o] for o in others)
+
+    def others_ran_ddp(r):
+        # "the DDP model where the others never run it" needs others that did run it: a rank that has not
+        # made a single DDP forward yet (stuck in a collective before training) is the odd one out instead
+        return all(_st(ranks, o).forwards > 0 for o in calls if o != r and calls[o] is not None)
+
+    subset = [r for r, c in calls.items() if c and c.op.startswith("ddp.forward") and unseen_by_others(r, c)
+              and others_ran_ddp(r)]
+    if subset:
+        return "DDP202", subset, calls[subset[0]].site
+    subset, site = ddp_subset_forwards(dict(ranks))
+    if subset and any(c and c.op.startswith("ddp.") for c in calls.values()):
+        return "DDP202", subset, site
+    subset = [r for r, c in calls.items() if c and c.op.startswith("ddp.") and c.op != "ddp.init(broadcast_params)"
+              and unseen_by_others(r, c) and others_ran_ddp(r)]
+    if subset and len(subset) < len(calls):
+        return "DDP202", subset, calls[subset[0]].site
+    subset = [r for r, c in calls.items() if c and not c.op.startswith("ddp.") and unseen_by_others(r, c)]
+    if subset and len(subset) < len(calls) and all(not c or c.op.startswith("ddp.") or r in subset
+                                                   for r, c in calls.items()):
+        return "DDP201", subset, calls[subset[0]].site
+    # same op/site, disagreeing shapes or dtypes; or different ops both sides know
+    groups: dict[tuple, list[int]] = {}
+    for r, c in calls.items():
+        if c:
+            groups.setdefault(c.signature(), []).append(r)
+    sizes = {len(v) for v in groups.values()}
+    if len(sizes) == 1:  # no majority to blame: every rank is part of the mismatch
+        minority = sorted(r for v in groups.values() for r in v)
+    else:
+        minority = min(groups.values(), key=len) if groups else []
+    site = calls[minority[0]].site if minority else None
+    return "DDP203", minority, site
+
+
+def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group, seq, detected_how: str) -> Finding:
+    fault = set(at_fault)
+    calls_txt = "; ".join(
+        f"rank {r}: {c.op}{'(' + ', '.join(c.shapes) + ')' if c.shapes else ''} at {where(c.site)}"
+        for r, c in sorted(calls.items()) if c)
+    rs = ", ".join(map(str, sorted(fault)))
+    if code == "DDP201":
+        msg = (f"Rank {rs} called {calls[at_fault[0]].op}() at {where(site)}, a line the other ranks never "
+               f"reach; {others_text(ranks, fault)}. {detected_how} (collective #{seq} on {group}: {calls_txt}).")
+        fix = FIX_201
+    elif code == "DDP202":
+        msg = (f"Rank {rs} ran the DDP model at {where(site)}, where the other ranks never do: its DDP "
+               f"{'buffer broadcast' if 'forward' in calls[at_fault[0]].op else 'gradient all-reduce'} "
+               f"pairs with the others' unrelated collectives; {others_text(ranks, fault)}. {detected_how} "
+               f"(collective #{seq} on {group}: {calls_txt}).")
+        fix = FIX_202
+    else:
+        msg = (f"At collective #{seq} on {group} the ranks disagree: {calls_txt}. gloo/NCCL pair calls by "
+               f"position only, so this hangs, crashes or silently mixes data. {detected_how}.")
+        fix = FIX_203
+    ev = {"group": group, "seq": seq, "calls": {str(r): c for r, c in calls.items()}, **step_evidence(ranks)}
+    return Finding(code, msg, fix, location=loc(site), ranks=sorted(fault), evidence=ev)
+
+
+def _left_loop_early(ranks, calls, fault, site, lint, group, seq) -> Finding | None:
+    """DDP101, not DDP201, when the ranks "calling alone" are in an earlier epoch than the others.
+
+    A collective after the training loop (a final barrier, a metric all_reduce) reached by a rank that
+    broke out early (local early stopping) pairs with the others' gradient all-reduces: the collective is
+    reached by every rank in the code, the cause is the rank-local exit from the loop.
+    """
+    eps = {r: c.epoch for r, c in calls.items() if c}
+    others = [r for r in eps if r not in fault]
+    if not others or any(e is None for e in eps.values()):
+        return None
+    last, now = max(eps[r] for r in fault), min(eps[o] for o in others)
+    if last >= now:
+        return None
+    # At this instant a rank that left the loop looks like one that has not begun the next epoch yet (an
+    # epoch-end barrier under `if rank == 0`): the script decides. Only when lint located a rank-local exit
+    # from the loop, and did not flag this collective itself as rank-conditional, is it DDP101.
+    location = lint_line(lint, "DDP101", site, site.path if site else None)
+    flagged_here = site is not None and lint_flagged(lint, "DDP201", site)
+    if location is None or flagged_here:
+        return None
+    rs, os_ = ", ".join(map(str, fault)), ", ".join(map(str, others))
+    op = calls[fault[0]].op
+    their = "; ".join(f"rank {o}: {calls[o].op} at {where(calls[o].site)}" for o in others)
+    msg = (f"Rank {rs} left the training loop in epoch {last} while rank {os_} went on training (epoch {now}): "
+           f"rank {rs}'s {op}() at {where(site)} paired with the others' training collectives ({their}; "
+           f"collective #{seq} on {group}). DDP all-reduces gradients every step, so a rank-local early stop or "
+           "`break` leaves the others waiting, or averaging gradients with an unrelated call, until the job hangs "
+           "or crashes. Detected as it happened, before any timeout.")
+    msg += " The line shown is where ddp-doctor lint located the rank-local exit from the loop."
+    return Finding("DDP101", msg, FIX_101, location=loc(location), ranks=sorted(fault),
+                   evidence={"group": group, "seq": seq, "calls": {str(r): c for r, c in calls.items()},
+                             "epoch_at_collective": {str(r): e for r, e in eps.items()}, **step_evidence(ranks)})
+
+
+def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Finding]:
+    ranks = ranks_of(ev)
+    kind = d.kind
+    lint = ev.lint
+    if kind == "steps" and d.steps and not d.calls:
+        return [uneven_steps(ranks, d.epoch, dict(d.steps), "detected as it happened", lint=lint)]
+    calls = dict(d.calls)
+    if kind == "steps":
+        eps = {r: (c.epoch, c.step_in_epoch) for r, c in calls.items()}
+        behind = sorted(calls, key=lambda r: eps[r])
+        site = calls[behind[0]].site
+        txt = "; ".join(f"rank {r} in epoch {e} after {s} steps" for r, (e, s) in sorted(eps.items()))
+        how = (f"collective #{d.seq} on {d.group} ({calls[behind[0]].op} at {where(site)}) pairs different "
+               f"training steps: {txt}; detected as it happened")
+        ahead = max(eps.values())  # the rank(s) already in a later epoch ran fewer steps in the earlier one
+        fewer = sorted(r for r, e in eps.items() if e == ahead) if len(set(eps.values())) > 1 else sorted(calls)
+        epoch = min(e for e, _ in eps.values())
+        steps = {r: st.steps_by_epoch[epoch] if len(st.steps_by_epoch) > epoch else 0 for r, st in ranks.items()}
+        f = uneven_steps(ranks, epoch, steps, how, lint=lint, fallback=fewer, near=site)
+        f.evidence.update({"group": d.group, "seq": d.seq, "calls": {str(r): c for r, c in calls.items()}})
+        return [f]
+    code, fault, site = classify_calls(calls, ranks)
+    if code == "DDP201":
+        early = _left_loop_early(ranks, calls, fault, site, lint, d.group, d.seq)
+        if early:
+            return [early]
+    return [finding_for_calls(code, fault, site, calls, ranks, d.group, d.seq,
+                               "Detected as it happened, before any timeout")]
+
+
+
+C10D_MARKERS = (os.sep + "distributed" + os.sep + "distributed_c10d.py", os.sep + "distributed" + os.sep + "c10d_logger.py")
+
+
+def _fatal_call(st: RankState) -> Collective | None:
+    """{op, site} of the collective a rank was inside when a fatal signal (gloo abort) killed it."""
+    if st.signal not in ("SIGABRT", "SIGSEGV", "SIGBUS"):
+        return None
+    c10d = [f for f in st.stack if f.path.endswith(C10D_MARKERS[0])]
+    if not c10d:
+        return None
+    return Collective("world", None, c10d[-1].function or "?", site=user_frame(st.stack))
+
+
+def diagnose_fatal_collective(ev: JobEvidence) -> list[Finding]:
+    """A rank aborted inside a collective (gloo EnforceNotMet on a mismatch): compare with where the others were."""
+    ranks = ranks_of(ev)
+    calls = {}
+    fatal_ops = {c.op for c in (_fatal_call(st) for st in ranks.values()) if c}
+    for r, st in ranks.items():
+        c = _fatal_call(st) or st.in_collective or (st.exc.collective if st.exc else None)
+        if not c and st.last_collective and st.last_collective.op in fatal_ops:
+            c = st.last_collective  # it got through the same call (gloo paired it), then failed on the result
+        if c:
+            calls[r] = c
+    if not fatal_ops or len(calls) < 2:
+        return []
+    code, fault, site = classify_calls(calls, ranks)
+    f = finding_for_calls(code, fault, site, calls, ranks, "world", "?",
+                           "gloo aborted the process (SIGABRT) on the mismatch")
+    return [f]
+

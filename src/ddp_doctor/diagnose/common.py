@@ -1,0 +1,125 @@
+"""What every runtime code family shares: plain words for where a rank is and what it does, the user's
+frame of a stack, the evidence every step-related finding carries, the fix texts several codes give."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ddp_doctor.evidence import ExitStatus, JobEvidence, RankState, Site
+from ddp_doctor.findings import Location, runtime_fix
+from ddp_doctor.frames import innermost_user
+
+# -- helpers ------------------------------------------------------------------------
+def loc(site: Site | None) -> Location | None:
+    if not site:
+        return None
+    return Location(site.path, int(site.line or 0), site.function)
+
+
+def where(site: Site | None) -> str:
+    if not site:
+        return "an unknown line"
+    fn = site.function
+    return f"{os.path.basename(site.path)}:{site.line}" + (f" ({fn})" if fn and fn != "<module>" else "")
+
+
+def user_frame(stack) -> Site | None:
+    """Innermost frame of ``stack`` (outermost first) that is the user's, not a library's."""
+    return innermost_user(stack)
+
+
+def rank_site(st: RankState) -> Site | None:
+    """Best user line for where a rank is: its collective, its stack, its last sampled line."""
+    if st.exit and st.exit.killed and user_frame(st.stack):
+        return user_frame(st.stack)  # killed: its published state may be stale, its dump is not
+    c = st.in_collective or (st.exc.collective if st.exc else None)
+    if c and c.site:
+        return c.site
+    return user_frame(st.stack) or st.where
+
+
+def doing(st: RankState) -> str:
+    """Plain words for what a rank is doing now."""
+    ex = st.exit or ExitStatus()
+    if st.missing:
+        return "never reported (did not start the probe)"
+    if st.exc:
+        e = st.exc
+        c = e.collective
+        if c:
+            return (f"waited in {c.op} at {where(c.site)}, then failed with {e.type}: "
+                    f"{gist(e.message)} (a consequence)")
+        return f"raised {e.type} at {where(e.location)}"
+    if ex.signal:
+        return f"was killed by {ex.signal}"
+    if st.done or ex.exit_code == 0:
+        return f"finished after {st.step} steps"
+    if ex.exit_code not in (None, 0):
+        return f"exited with code {ex.exit_code}"
+    c = st.in_collective
+    if c:
+        return f"waits in {c.op} (#{c.seq} on {c.group}) at {where(c.site)}"
+    if st.in_data_wait:
+        return f"waits for a batch from its DataLoader at {where(rank_site(st))}"
+    return f"is at {where(rank_site(st))}"
+
+
+def gist(message: str, limit: int = 160) -> str:
+    """The first sentence of an error message, cut at ``limit`` characters."""
+    text = " ".join((message or "").split())
+    i = text.find(". ")
+    text = text[: i + 1] if 0 < i < limit else text
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def ranks_of(ev: JobEvidence) -> dict[int, RankState]:
+    return dict(ev.ranks)
+
+
+def others_text(ranks: dict[int, RankState], exclude: set[int]) -> str:
+    parts = [f"rank {r} {doing(st)}" for r, st in sorted(ranks.items()) if r not in exclude]
+    return "; ".join(parts)
+
+
+def step_evidence(ranks: dict[int, RankState]) -> dict[str, Any]:
+    return {"steps": {str(r): st.step for r, st in ranks.items()},
+            "steps_by_epoch": {str(r): list(st.steps_by_epoch) for r, st in ranks.items()},
+            "forwards": {str(r): st.forwards for r, st in ranks.items()},
+            "epoch": {str(r): st.epoch for r, st in ranks.items()}}
+
+
+FIX_201 = runtime_fix("DDP201")
+FIX_202 = runtime_fix("DDP202")
+FIX_203 = runtime_fix("DDP203")
+FIX_101 = runtime_fix("DDP101")
+
+
+def lint_line(lint, code: str, near: Site | None, path_hint: str | None) -> Site | None:
+    """The lint finding of ``code`` in the user's script nearest to ``near`` (the statically located cause)."""
+    base = os.path.basename((near.path if near else None) or path_hint or "")
+    cands = [m for m in lint or () if m.code == code and (not base or os.path.basename(m.path) == base)]
+    if not cands:
+        return None
+    line = (near.line if near else 0) or 0
+    best = min(cands, key=lambda m: abs(m.line - line))
+    return Site(best.path, best.line, None)
+
+
+def lint_flagged(lint, code: str, site: Site) -> bool:
+    """Did lint report ``code`` on this very line (same file name, same line)?"""
+    return any(m.code == code and same_line(m.path, m.line, site.path, site.line) for m in lint or ())
+
+
+def same_line(path_a: str | None, line_a: int | None, path_b: str | None, line_b: int | None) -> bool:
+    """One source line seen from lint and from the runtime (paths differ between nodes and launch dirs)."""
+    return line_a == line_b and os.path.basename(path_a or "") == os.path.basename(path_b or "")
+
+
+# the ranks-fall-out-of-step family: lint's guess at the cause and the runtime's name for what happened
+# may differ (lint DDP201 at a line the runtime calls DDP202/DDP203); other codes confirm only themselves
+_STEP_FAMILY = {"DDP101", "DDP201", "DDP202", "DDP203", "DDP204"}
+
+
+def same_hazard(lint_code: str, runtime_code: str) -> bool:
+    """Does a runtime finding of ``runtime_code`` confirm lint's ``lint_code`` on the same line?"""
+    return lint_code == runtime_code or {lint_code, runtime_code} <= _STEP_FAMILY

@@ -1,0 +1,188 @@
+"""DDP204 (a rank crashed, was killed or finished while others wait: the root cause first) and DDP501
+(restarted ranks cannot connect through torch's stale shared rendezvous store)."""
+from __future__ import annotations
+
+from ddp_doctor.evidence import ExitStatus, JobEvidence, RankState, Verdict
+from ddp_doctor.findings import Finding, runtime_fix
+
+from ddp_doctor.diagnose.common import (FIX_101, doing, gist, lint_line, loc, others_text, rank_site, ranks_of,
+                                        step_evidence, user_frame, where)
+from ddp_doctor.diagnose.steps import uneven_steps
+
+
+def _root_ranks(ranks: dict[int, RankState]) -> list[int]:
+    """The rank(s) whose exit caused the others': an exception outside a collective, then a killing signal,
+    then an exception inside a collective (the first one), then a non-zero exit."""
+    exc = {r: st.exc for r, st in ranks.items() if st.exc}
+    own = sorted((r for r, e in exc.items() if not e.collective), key=lambda r: exc[r].t or 0)
+    if own:
+        first = exc[own[0]]
+
+        def key(e):
+            return (e.type, e.location.line if e.location else None)
+        return [r for r in own if key(exc[r]) == key(first)]
+    sig = [r for r, st in ranks.items() if st.exit and st.exit.killed]
+    if sig:
+        return sorted(sig)
+    if exc:
+        return sorted(exc, key=lambda r: exc[r].t or 0)[:1]
+    bad = [r for r, st in ranks.items() if st.exit and st.exit.exit_code not in (None, 0, -15)]
+    if bad:
+        return sorted(bad)
+    return sorted(r for r, st in ranks.items() if st.signal)
+
+
+def finished_early(ranks: dict[int, RankState]) -> list[int]:
+    """Ranks that ended normally while another was still inside a collective (or failed in one after)."""
+    done = [r for r, st in ranks.items() if st.finished]
+    stuck = [r for r, st in ranks.items() if r not in done and (
+        st.in_collective or (st.exc and st.exc.collective))]
+    return sorted(done) if done and stuck else []
+
+
+def finished_case(ranks: dict[int, RankState], d: Verdict | None) -> bool:
+    """A rank ended (normally or by sys.exit) while others waited for it, and nothing else failed first."""
+    if d is not None and d.finished:
+        return True
+    if not finished_early(ranks):
+        return False
+    for st in ranks.values():
+        if st.exc and not st.exc.collective:
+            return False  # a rank raised on its own: that is the story
+        if st.exit and st.exit.killed:
+            return False  # a rank was killed
+    return True
+
+
+_CONNECT_WORDS = ("connectfullmesh", "connection refused", "failed to connect", "timed out connecting",
+                  "connect timeout", "socket timeout", "connection reset")
+
+
+def diagnose_restart_connect(ev: JobEvidence) -> Finding | None:
+    """Ranks restarted by torch's agent fail to connect their process group: the stale rendezvous store.
+
+    With ``TORCHELASTIC_USE_AGENT_STORE`` the ranks' process-group keys live in the agent's TCPStore,
+    which outlives an attempt; a restarted rank can read a peer's address from the failed attempt and
+    connect to a dead port (gloo connectFullMesh / NCCL "connection refused"), so every restart fails.
+    When it applies it is the whole story of a failed or hung attempt.
+    """
+    ranks = ranks_of(ev)
+    def in_init(frames):
+        return any(f.function in ("init_process_group", "new_group", "_new_process_group_helper")
+                   for f in frames or ())
+
+    failed, stuck = [], []
+    for r, st in ranks.items():
+        if not (st.attempt and st.agent_store):
+            continue
+        e = st.exc
+        if e and in_init(e.traceback) and any(w in (e.message or "").lower() for w in _CONNECT_WORDS):
+            failed.append(r)
+        elif not e and not st.exit and in_init(st.stack):
+            stuck.append(r)  # still connecting (to a stale address whose port something else now holds)
+    hit = failed or stuck
+    if not hit:
+        return None
+    st0 = ranks[hit[0]]
+    attempt = st0.attempt
+    e = st0.exc
+    site = e.location if e else user_frame(st0.stack)
+    what = (f"failed to connect the process group at {where(site)}: {e.type}: {gist(e.message, 200)}"
+            if e else f"never finished connecting the process group at {where(site)}.")
+    msg = (f"torch's agent restarted the job (attempt {attempt}) and rank{'s' if len(hit) > 1 else ''} "
+           f"{', '.join(map(str, hit))} then {what} The restarted ranks share the launcher's rendezvous store "
+           "(TORCHELASTIC_USE_AGENT_STORE=True), which still holds the failed attempt's connection keys: a rank "
+           "can read a dead peer's address and connect to nothing (a known torch issue, pytorch/pytorch#135712). "
+           "Every restart can fail this way, so --max-restarts does not help.")
+    fix = runtime_fix("DDP501.stale-store")
+    return Finding("DDP501", msg, fix, location=loc(site), ranks=hit,
+                   evidence={"attempt": attempt, "agent_store": True, **({"exception": e} if e else {})})
+
+
+def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
+    ranks = ranks_of(ev)
+    lint = ev.lint
+    out: list[Finding] = []
+    if finished_case(ranks, d):
+        done = sorted(r for r, st in ranks.items() if st.finished)
+        waiting = {r: st for r, st in ranks.items() if r not in done}
+        steps = {r: st.step for r, st in ranks.items()}
+        if len(set(steps.values())) <= 1 and waiting:
+            msg = (f"Rank {', '.join(map(str, done))} left the training loop and finished after "
+                   f"{steps[done[0]]} steps while the others still train: {others_text(ranks, set(done))}. "
+                   "Their next collective has no partner.")
+            site = next((rank_site(st) for st in waiting.values() if rank_site(st)), None)
+            site = lint_line(lint, "DDP101", site, None) or site
+            out.append(Finding("DDP101", msg, FIX_101, location=loc(site), ranks=done,
+                               evidence={"finished": done, **step_evidence(ranks)}))
+        if len(set(steps.values())) > 1:
+            counts = {r: st.steps_by_epoch for r, st in ranks.items()}
+            n = min((len(c) for c in counts.values()), default=0)
+            for e in range(n):
+                vals = {r: c[e] for r, c in counts.items()}
+                if len(set(vals.values())) > 1:
+                    out.append(uneven_steps(ranks, e, vals, "the rank that ran out of steps finished and the "
+                                                              "others wait for it forever", lint=lint))
+                    break
+            else:
+                out.append(uneven_steps(ranks, "(all)", steps, "the rank with fewer steps finished and the others "
+                                                              "wait for it forever", lint=lint))
+        site = None
+        for st in waiting.values():
+            site = rank_site(st)
+            if site:
+                break
+        exit_site = next((ranks[r].exit_site for r in done if ranks[r].exit_site), None)
+        if exit_site:
+            site = exit_site
+        msg = (f"Rank {', '.join(map(str, done))} " + (f"called sys.exit() at {where(exit_site)}" if exit_site else
+               "finished") + f" while the others still wait: {others_text(ranks, set(done))}.")
+        out.append(Finding("DDP204", msg, FIX_101 if len(set(steps.values())) > 1 else
+                           runtime_fix("DDP204.finished"),
+                           location=loc(site), ranks=done,
+                           evidence={"finished": done, "waiting": {str(r): doing(st) for r, st in waiting.items()},
+                                     **step_evidence(ranks)}))
+        return out
+    roots = _root_ranks(ranks)
+    same_exc = [r for r in roots if ranks[r].exc]
+    if len(same_exc) > 1:  # every such rank raised the same exception at the same line: one finding
+        e = ranks[same_exc[0]].exc
+        others = others_text(ranks, set(same_exc))
+        msg = (f"Ranks {', '.join(map(str, same_exc))} raised {e.type}: {e.message} at "
+               f"{where(e.location)}." + (f" Meanwhile: {others}." if others else ""))
+        out.append(Finding("DDP204", msg, runtime_fix("DDP204.same-exception"), location=loc(e.location),
+                           ranks=same_exc,
+                           evidence={"exception": e, **step_evidence(ranks)}))
+        roots = [r for r in roots if r not in same_exc]
+    for r in roots[:4]:
+        st = ranks[r]
+        ex = st.exit or ExitStatus()
+        ex_ev = st.exit if st.exit else {}
+        others = others_text(ranks, {r})
+        if st.exc:
+            e = st.exc
+            site = e.location
+            msg = (f"Rank {r} raised {e.type}: {e.message} at {where(site)}. This is the root cause; "
+                   f"the launcher's own error may name another rank. Meanwhile: {others}.")
+            fix = runtime_fix("DDP204.exception")
+            evidence = {"exception": e, "exit": ex_ev}
+        elif ex.signal:
+            site = rank_site(st)
+            oom = ex.signal == "SIGKILL"
+            msg = (f"Rank {r} was killed by {ex.signal}" + (
+                " — on Linux almost always the out-of-memory killer (check `dmesg`)" if oom else "") +
+                f"; its last line was {where(site)}. Meanwhile: {others}.")
+            fix = runtime_fix("DDP204.oom") if oom else runtime_fix("DDP204.signal")
+            evidence = {"exit": ex_ev, "last_line": site}
+        else:
+            site = rank_site(st)
+            code = ex.exit_code
+            msg = f"Rank {r} exited with code {code} at {where(site)} while the job was running. Meanwhile: {others}."
+            fix = runtime_fix("DDP204.exit")
+            evidence = {"exit": ex_ev}
+        out.append(Finding("DDP204", msg, fix, location=loc(site), ranks=[r],
+                           evidence={**evidence, **step_evidence(ranks)}))
+    if not out:
+        out.append(Finding("DDP204", "A rank exited while the others were running (no detail was captured).",
+                           runtime_fix("DDP204.unknown"), ranks=[], evidence=step_evidence(ranks)))
+    return out

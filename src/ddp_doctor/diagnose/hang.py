@@ -1,0 +1,100 @@
+"""A hang: from where the ranks are stuck, DDP201/202/203 (a subset in a collective), DDP101 (ranks at
+different steps), DDP205 (stalled outside collectives, or every rank stuck in one transport call)."""
+from __future__ import annotations
+
+from ddp_doctor.evidence import Collective, JobEvidence, RankState, Verdict
+from ddp_doctor.findings import Finding, runtime_fix
+
+from ddp_doctor.diagnose.collectives import classify_calls, finding_for_calls
+from ddp_doctor.diagnose.common import (FIX_201, FIX_202, doing, loc, others_text, rank_site, ranks_of,
+                                        step_evidence, user_frame, where)
+from ddp_doctor.diagnose.exits import diagnose_exit
+from ddp_doctor.diagnose.steps import uneven_steps
+
+
+def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Finding]:
+    ranks = ranks_of(ev)
+    live = {r: st for r, st in ranks.items() if not st.missing and not st.done and not st.exc and st.exit is None}
+    stall = {"stalled_s": d.stalled_s, "hang_limit_s": d.limit_s, "hang_limit_how": d.limit_how}
+    in_coll = {r: st.in_collective for r, st in live.items() if st.in_collective}
+    out_coll = {r: st for r, st in live.items() if r not in in_coll}
+    how = f"No rank progressed for {d.stalled_s}s (hang limit {d.limit_s}s)"
+    if in_coll and out_coll:
+        if all(st.in_data_wait for st in out_coll.values()):
+            return [stall_finding(ranks, out_coll, stall, partial=in_coll)]
+        # a subset waits in a collective the others never entered
+        calls = dict(in_coll)
+        for r, st in out_coll.items():
+            calls[r] = None
+        by = {}
+        for r, c in in_coll.items():
+            by.setdefault((c.group, c.seq, c.op), []).append(r)
+        (group, seq, op), subset = max(by.items(), key=lambda kv: len(kv[1]))
+        site = in_coll[subset[0]].site
+        code = "DDP202" if op.startswith("ddp.forward") else "DDP201"
+        fault = set(subset)
+        msg = (f"Rank {', '.join(map(str, sorted(fault)))} waits in {op}() at {where(site)} "
+               f"(collective #{seq} on {group}), which the other ranks never entered: "
+               f"{others_text(ranks, fault)}. {how}.")
+        ev_ = {"group": group, "seq": seq, "in_collective": {str(r): c for r, c in in_coll.items()},
+               "where": {str(r): rank_site(st) for r, st in out_coll.items()}, **stall, **step_evidence(ranks)}
+        return [Finding(code, msg, FIX_201 if code == "DDP201" else FIX_202, location=loc(site),
+                        ranks=sorted(fault), evidence=ev_)]
+    if in_coll:
+        keys = {(c.group, c.seq, *c.signature()) for c in in_coll.values()}
+        if len(keys) > 1:
+            calls = {r: c for r, c in in_coll.items()}
+            seqs = {c.seq for c in calls.values()}
+            if len({c.op for c in calls.values()}) == 1 and len(seqs) > 1:
+                steps = {r: st.step for r, st in live.items()}
+                if len(set(steps.values())) > 1:
+                    return [uneven_steps(ranks, "(all)", steps, how.lower(), lint=ev.lint)]
+            code, fault, site = classify_calls(calls, ranks)
+            seq = min(c.seq for c in calls.values())
+            group = next(iter(calls.values())).group
+            return [finding_for_calls(code, fault, site, calls, ranks, group, seq, how)]
+        # every live rank waits in the very same collective: someone is missing from it
+        gone = {r: st for r, st in ranks.items() if r not in live}
+        c = next(iter(in_coll.values()))
+        if gone:
+            return diagnose_exit(ev, Verdict("exit", finished=True))
+        msg = (f"Every rank waits inside the same {c.op} (#{c.seq} on {c.group}) at {where(c.site)} "
+               f"and it never completes: the transport is stuck (network, a dead peer on another node, GPU). {how}.")
+        return [Finding("DDP205", msg, runtime_fix("DDP205.transport"),
+                        location=loc(c.site), ranks=sorted(in_coll), evidence={**stall, "collective": c})]
+    return [stall_finding(ranks, live, stall)]
+
+
+def stall_finding(ranks: dict[int, RankState], stuck: dict[int, RankState], stall: dict,
+                  partial: dict[int, Collective] | None = None) -> Finding:
+    """DDP205: ranks stuck outside collectives (loader, I/O, a lock); show where, and the workers."""
+    parts = []
+    workers_ev = {}
+    for r, st in sorted(stuck.items()):
+        txt = f"rank {r} {doing(st)}"
+        ws = []
+        for w in st.workers:
+            uf = user_frame(w.stack) or (w.stack[-1] if w.stack else None)
+            if uf:
+                ws.append(f"worker {w.pid} at {where(uf)}")
+            workers_ev[str(w.pid)] = {"rank": r, "at": uf}
+        if ws:
+            txt += " (" + "; ".join(ws) + ")"
+        parts.append(txt)
+    first = min(stuck)
+    site = None
+    for w in stuck[first].workers:
+        site = user_frame(w.stack)
+        if site:
+            break
+    site = site or rank_site(stuck[first])
+    extra = ""
+    if partial:
+        extra = " Meanwhile " + "; ".join(f"rank {r} waits in {c.op} at {where(c.site)}" for r, c in sorted(partial.items())) + "."
+    msg = (f"No rank progresses and the stuck ones are not in a collective: {'; '.join(parts)}.{extra} "
+           f"Nothing moved for {stall['stalled_s']}s.")
+    fix = runtime_fix("DDP205.stall")
+    return Finding("DDP205", msg, fix, location=loc(site), ranks=sorted(stuck),
+                   evidence={**stall, "where": {str(r): rank_site(st) for r, st in stuck.items()},
+                             "workers": workers_ev, **step_evidence(ranks)})
+

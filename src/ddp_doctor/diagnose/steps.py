@@ -1,0 +1,88 @@
+"""DDP101 (uneven steps: which ranks ran fewer optimizer steps, why, and where) and DDP102 (set_epoch missing)."""
+from __future__ import annotations
+
+from ddp_doctor.evidence import JobEvidence, LoaderState, Site
+from ddp_doctor.findings import Finding, runtime_fix
+
+from ddp_doctor.diagnose.common import FIX_101, lint_line, loc, ranks_of, step_evidence, where
+
+
+_NO_LOADER = LoaderState()
+
+
+def uneven_steps(ranks, epoch, steps: dict[int, int], how: str, *, lint=None, fallback=None, near=None) -> Finding:
+    """DDP101: which ranks are the cause (skipped batches / uneven data / fewer steps) and where."""
+    hi = max(steps.values())
+    fewer = sorted(r for r, n in steps.items() if n != hi)
+    tls = {r: st.train_loader_state() or _NO_LOADER for r, st in ranks.items()}
+    site = next((t.site for t in tls.values() if t.site), None)
+    skips = {r: sum(t.skips_by_epoch) for r, t in tls.items()}
+    lens = {r: t.len for r, t in tls.items()}
+    known = {n for n in lens.values() if isinstance(n, int) and n >= 0}
+    first_batches = {r: t.batches_by_epoch[0] for r, t in tls.items() if len(t.batches_by_epoch) > 1}
+    if skips and max(skips.values()) > min(skips.values()):
+        cause, culprits = "skip", sorted(r for r, n in skips.items() if n > min(skips.values()))
+    elif len(known) > 1 or (len(first_batches) == len(ranks) and len(set(first_batches.values())) > 1):
+        cause, culprits = "data", sorted(ranks)
+    else:
+        cause, culprits = "steps", (fallback or fewer or sorted(steps))
+    location = site
+    if cause != "data":
+        location = lint_line(lint, "DDP101", near or (site and Site(site.path, 0)),
+                             site.path if site else None) or near or site
+    txt = ", ".join(f"rank {r}: {n}" for r, n in sorted(steps.items()))
+    why = {"skip": f"rank {', '.join(map(str, culprits))} skipped batches without an optimizer step "
+                   f"(skipped per rank: {dict(sorted(skips.items()))})",
+           "data": f"the ranks' loaders yield different numbers of batches (len(loader) per rank: "
+                   f"{dict(sorted(lens.items()))})",
+           "steps": f"rank {', '.join(map(str, culprits))} left the epoch early"}[cause]
+    msg = (f"In epoch {epoch} the ranks ran different numbers of optimizer steps ({txt}): {why}. DDP all-reduces "
+           "gradients once per step, so the extra steps pair with the other ranks' next ones (gradients of "
+           f"different iterations averaged) until the job hangs or crashes; {how}.")
+    if cause != "data" and location is not None and location is not site and location is not near:
+        msg += " The line shown is where ddp-doctor lint located the rank-local skip."
+    return Finding("DDP101", msg, FIX_101, location=loc(location), ranks=culprits,
+                   evidence={"epoch": epoch, "steps_in_epoch": {str(r): n for r, n in steps.items()},
+                             "cause": cause, "skipped_batches": {str(r): n for r, n in skips.items()},
+                             "loader_len": {str(r): n for r, n in lens.items()}, **step_evidence(ranks)})
+
+
+def diagnose_steps(ev: JobEvidence) -> list[Finding]:
+    """DDP101 on a job that ran on: per-epoch (or total) step counts that differ between ranks."""
+    ranks = ranks_of(ev)
+    if len(ranks) < 2 or any(st.missing for st in ranks.values()):
+        return []
+    counts = {r: st.steps_by_epoch for r, st in ranks.items()}
+    n = min(len(c) for c in counts.values())
+    for e in range(n):
+        vals = {r: c[e] for r, c in counts.items()}
+        if len(set(vals.values())) > 1:
+            return [uneven_steps(ranks, e, vals, "the job ran on: its model is silently wrong", lint=ev.lint)]
+    totals = {r: st.step for r, st in ranks.items()}
+    if len(set(totals.values())) > 1:
+        return [uneven_steps(ranks, "(all)", totals, "the job ran on: its model is silently wrong", lint=ev.lint)]
+    return []
+
+
+# -- DDP102 --------------------------------------------------------------------------------
+def diagnose_sampler(ev: JobEvidence) -> list[Finding]:
+    out: dict[tuple, Finding] = {}
+    for r, st in ranks_of(ev).items():
+        for ld in st.loaders:
+            s = ld.sampler
+            if s is None or s.type != "DistributedSampler" or s.shuffle is False:
+                continue
+            seen = s.epochs_seen
+            if len(seen) >= 2 and not s.set_epoch_calls and len(set(seen)) == 1:
+                site = ld.site
+                key = (site.path, site.line) if site else (None, None)
+                if key in out:
+                    out[key].ranks.append(r)
+                    continue
+                msg = (f"The DataLoader at {where(site)} was iterated for {len(seen)} epochs with a shuffling "
+                       f"DistributedSampler whose epoch stayed {seen[0]}: set_epoch() was never called, so every "
+                       "epoch sees the same order.")
+                out[key] = Finding("DDP102", msg, runtime_fix("DDP102"), location=loc(site), ranks=[r],
+                                   evidence={"sampler": s, "epochs": len(seen)})
+    return list(out.values())
+

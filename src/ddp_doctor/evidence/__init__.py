@@ -1,0 +1,28 @@
+"""The typed runtime evidence: what a rank's probe publishes, what the watcher adds, what diagnose reads.
+
+These frozen records ARE the wire format.  The probe builds a :class:`RankState` at publish time (its
+hot path keeps tuples) and sends ``to_json()``; the watcher reads it back with ``RankState.from_json``,
+adds what only the launcher side knows (stacks, exit status, busy, the sites a rank ever ran) and
+hands a :class:`JobEvidence` plus the live :class:`Verdict` to ``diagnose``; the session renders the
+records into the user-facing ``ddp-doctor/report/v1`` document with ``to_json()``.  No other module
+knows a key of this format: a key written here and read elsewhere under another name (the bug this
+module was made for: ``shapes`` published, ``shape`` rendered) cannot happen.
+
+Wire details kept compact (published 4x a second): collective fingerprints and per-site call counts
+reference a shared ``sites`` table by index.  ``SCHEMA`` is posted with every state; a state of
+another schema is ignored by the watcher rather than misread.
+
+``RankState.perf`` holds the performance family's records (``loads``, ``cuda``, ``gpu``, ``h2d``,
+``loadavg``, ``cpu_count``): written by ``probe/perf.py``, read by ``diagnose/perf.py`` only.
+"""
+from ddp_doctor.evidence.job import (EVIDENCE_OUT_ENV, Capture, JobEvidence, LintMark, Verdict, exit_from_wire,
+                                     rank_state_from_wire, stacks_from_wire, to_wire)
+from ddp_doctor.evidence.rank import PERF_KEYS, RankState, missing_rank
+from ddp_doctor.evidence.records import (SCHEMA, Collective, DataWait, DdpModel, ExitStatus, LoaderState,
+                                         RaisedError, SamplerState, Site, SiteCount, ThreadStack, TimelineEvent,
+                                         Timing, WorkerStack, stacks_from_json, stacks_to_json)
+
+__all__ = ["SCHEMA", "PERF_KEYS", "EVIDENCE_OUT_ENV", "Site", "Collective", "ExitStatus", "RaisedError", "DataWait",
+           "SamplerState", "LoaderState", "DdpModel", "Timing", "TimelineEvent", "ThreadStack", "WorkerStack",
+           "SiteCount", "RankState", "missing_rank", "LintMark", "JobEvidence", "Verdict", "Capture", "to_wire",
+           "rank_state_from_wire", "exit_from_wire", "stacks_from_wire", "stacks_to_json", "stacks_from_json"]

@@ -1,0 +1,158 @@
+"""The job's evidence, the watcher's live verdict, a saved capture, and the side channel's text."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping
+
+from ddp_doctor.evidence.rank import RankState
+from ddp_doctor.evidence.records import SCHEMA, Collective, ExitStatus, ThreadStack, _tuple, stacks_from_json
+
+
+# -- the job -------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class LintMark:
+    """A static finding of the user's script, as the runtime uses it: code and line."""
+    code: str
+    path: str
+    line: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"code": self.code, "path": self.path, "line": self.line}
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvidence:
+    """Every rank's state at the end of watching, plus what the watcher and the linter knew."""
+    world_size: int
+    ranks: Mapping[int, RankState]
+    wall_s: float | None = None
+    hang_limit_s: float | None = None
+    hang_limit_how: str | None = None
+    lint: tuple[LintMark, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "world_size": self.world_size, "wall_s": self.wall_s,
+                "ranks": {r: st.to_json() for r, st in self.ranks.items()}, "hang_limit_s": self.hang_limit_s,
+                "hang_limit_how": self.hang_limit_how, "lint": [m.to_json() for m in self.lint]}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "JobEvidence":
+        ranks = {int(r): RankState.from_json({"rank": r, **st}) for r, st in (d.get("ranks") or {}).items()}
+        return cls(d.get("world_size") or len(ranks), ranks, d.get("wall_s"), d.get("hang_limit_s"),
+                   d.get("hang_limit_how"),
+                   tuple(LintMark(m["code"], m["path"], int(m["line"])) for m in d.get("lint") or ()))
+
+    def with_(self, **kw) -> "JobEvidence":
+        return replace(self, **kw)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The watcher's live decision: why it stopped looking (``reason`` exit | desync | hang).
+
+    desync: ``kind`` op | shape | site | steps, at (``group``, ``seq``) with each rank's ``calls``, or
+    per-epoch ``steps`` that differ in ``epoch``; exit: ``rank`` (``finished`` when it ended normally
+    while the others wait); hang: ``stalled_s`` against ``limit_s`` (``limit_how``), ``busy`` ranks.
+    Fixed at the decision: ``failed`` (a rank had failed), ``blocked`` (the ranks still wait at the
+    mismatch), ``attempt``; ``t_detect`` / ``t_stacks`` time the detection (monotonic clock)."""
+    reason: str
+    kind: str | None = None
+    group: str | None = None
+    seq: int | None = None
+    calls: Mapping[int, Collective] = field(default_factory=dict)
+    epoch: int | None = None
+    steps: Mapping[int, int] = field(default_factory=dict)
+    rank: int | None = None
+    finished: bool = False
+    stalled_s: float | None = None
+    limit_s: float | None = None
+    limit_how: str | None = None
+    busy: tuple[int, ...] = ()
+    failed: bool | None = None
+    blocked: bool | None = None
+    attempt: int | None = None
+    t_detect: float | None = None
+    t_stacks: float | None = None
+
+    def with_(self, **kw) -> "Verdict":
+        return replace(self, **kw)
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "calls":
+                v = {str(r): c.to_json() for r, c in v.items()}
+            elif f.name == "steps":
+                v = {str(r): n for r, n in v.items()}
+            elif isinstance(v, tuple):
+                v = list(v)
+            d[f.name] = v
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "Verdict | None":
+        if not d:
+            return None
+        kw = {f.name: d[f.name] for f in fields(cls) if f.name in d}
+        kw["calls"] = {int(r): Collective.from_json(c) for r, c in (d.get("calls") or {}).items()}
+        kw["steps"] = {int(r): n for r, n in (d.get("steps") or {}).items()}
+        kw["busy"] = _tuple(d.get("busy"))
+        return cls(**kw)
+
+
+# -- the side channel's text ---------------------------------------------------------------------
+def to_wire(record) -> str:
+    """A record as the compact JSON text posted on the side channel."""
+    return json.dumps(record.to_json(), separators=(",", ":"), default=str)
+
+
+def rank_state_from_wire(raw: str) -> RankState | None:
+    """A rank's posted state; None for text that is not a state of this schema (never misread)."""
+    try:
+        d = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+        return None
+    return RankState.from_json(d)
+
+
+def exit_from_wire(raw: str) -> ExitStatus | None:
+    try:
+        return ExitStatus.from_json(json.loads(raw))
+    except (ValueError, AttributeError):
+        return None
+
+
+def stacks_from_wire(raw: str) -> tuple[ThreadStack, ...]:
+    try:
+        return stacks_from_json(json.loads(raw))
+    except (ValueError, AttributeError):
+        return ()
+
+
+EVIDENCE_OUT_ENV = "DDP_DOCTOR_EVIDENCE_OUT"
+
+
+@dataclass(frozen=True, slots=True)
+class Capture:
+    """Everything one diagnosis rests on: the evidence, the live verdict, the launcher's exit statuses.
+    Saved by a run with ``DDP_DOCTOR_EVIDENCE_OUT``; ``diagnose(*capture.args())`` replays it."""
+    evidence: JobEvidence
+    decision: Verdict | None = None
+    failures: Mapping[int, ExitStatus] = field(default_factory=dict)
+
+    def args(self) -> tuple:
+        return self.evidence, self.decision, dict(self.failures)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "evidence": self.evidence.to_json(),
+                "decision": None if self.decision is None else self.decision.to_json(),
+                "failures": {str(r): x.to_json() for r, x in self.failures.items()}}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Capture":
+        return cls(JobEvidence.from_json(d["evidence"]), Verdict.from_json(d.get("decision")),
+                   {int(r): ExitStatus.from_json(x) for r, x in (d.get("failures") or {}).items()})

@@ -1,0 +1,327 @@
+"""Small records of the evidence wire format: a source line, a collective call, an exit, an exception,
+a DataLoader and its sampler, a DDP model, timings, timeline spans, stacks."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+SCHEMA = "ddp-doctor/evidence/v1"
+
+
+def _tuple(xs) -> tuple:
+    return tuple(xs) if xs else ()
+
+
+
+# -- small records -------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Site:
+    """A source line: a call site, a stack frame, where a rank is."""
+    path: str
+    line: int
+    function: str | None = None
+
+    def key(self) -> tuple:
+        """Sites compare by file name, line and function (paths differ between nodes)."""
+        return (os.path.basename(self.path), self.line, self.function)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "line": self.line, "function": self.function}
+
+    @classmethod
+    def from_json(cls, d) -> "Site | None":
+        if not d:
+            return None
+        if isinstance(d, Site):
+            return d
+        if isinstance(d, (list, tuple)):
+            return cls(d[0], int(d[1] or 0), d[2] if len(d) > 2 else None)
+        return cls(d["path"], int(d.get("line") or 0), d.get("function"))
+
+
+def _site_json(s: Site | None):
+    return None if s is None else s.to_json()
+
+
+def _sites(xs) -> tuple[Site, ...]:
+    return tuple(s for s in (Site.from_json(x) for x in xs or ()) if s is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """One collective call of a rank: its position (group, seq), what it is, where it was issued.
+
+    ``waiting_s``: seconds since it was issued, for a call not completed yet; ``epoch`` /
+    ``step_in_epoch``: the training position it was issued at (fingerprints)."""
+    group: str | None
+    seq: int | None
+    op: str
+    shapes: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ()
+    site: Site | None = None
+    origin: str | None = None
+    waiting_s: float | None = None
+    epoch: int | None = None
+    step_in_epoch: int | None = None
+
+    def signature(self) -> tuple:
+        return (self.op, self.shapes, self.dtypes)
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"group": self.group, "seq": self.seq, "op": self.op, "shapes": list(self.shapes),
+                             "dtypes": list(self.dtypes), "site": _site_json(self.site)}
+        for k in ("origin", "waiting_s", "epoch", "step_in_epoch"):
+            v = getattr(self, k)
+            if v is not None:
+                d[k] = v
+        return d
+
+    @classmethod
+    def from_json(cls, d) -> "Collective | None":
+        if not d:
+            return None
+        if isinstance(d, Collective):
+            return d
+        return cls(d.get("group"), d.get("seq"), d["op"], tuple(d.get("shapes") or ()), tuple(d.get("dtypes") or ()),
+                   Site.from_json(d.get("site")), d.get("origin"), d.get("waiting_s"), d.get("epoch"),
+                   d.get("step_in_epoch"))
+
+
+@dataclass(frozen=True, slots=True)
+class ExitStatus:
+    """How a rank's process ended: an exit code, or the signal that killed it (exit_code -N)."""
+    exit_code: int | None = None
+    signal: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.signal) or self.exit_code not in (None, 0)
+
+    @property
+    def killed(self) -> bool:
+        """Killed by a signal other than the SIGTERM of a stop."""
+        return self.signal not in (None, "SIGTERM")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"exit_code": self.exit_code, "signal": self.signal}
+
+    @classmethod
+    def from_json(cls, d) -> "ExitStatus | None":
+        if not d:
+            return None
+        return d if isinstance(d, ExitStatus) else cls(d.get("exit_code"), d.get("signal"))
+
+
+@dataclass(frozen=True, slots=True)
+class RaisedError:
+    """The exception that ended a rank (or a SystemExit's location): innermost user frame, traceback."""
+    type: str
+    message: str = ""
+    module: str | None = None
+    location: Site | None = None
+    traceback: tuple[Site, ...] = ()
+    in_collective: bool = False
+    collective: Collective | None = None   # the collective it escaped from, if any
+    t: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, "module": self.module, "message": self.message,
+                "location": _site_json(self.location), "traceback": [s.to_json() for s in self.traceback],
+                "in_collective": self.in_collective,
+                "collective": None if self.collective is None else self.collective.to_json(), "t": self.t}
+
+    @classmethod
+    def from_json(cls, d) -> "RaisedError | None":
+        if not d:
+            return None
+        if isinstance(d, RaisedError):
+            return d
+        return cls(d.get("type") or "Exception", d.get("message") or "", d.get("module"),
+                   Site.from_json(d.get("location")), _sites(d.get("traceback")), bool(d.get("in_collective")),
+                   Collective.from_json(d.get("collective")), d.get("t"))
+
+
+@dataclass(frozen=True, slots=True)
+class DataWait:
+    """A rank blocked in ``next()`` of a DataLoader (index into ``RankState.loaders``)."""
+    loader: int | None
+    waiting_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"loader": self.loader, "waiting_s": self.waiting_s}
+
+    @classmethod
+    def from_json(cls, d) -> "DataWait | None":
+        return cls(d.get("loader"), d.get("waiting_s") or 0.0) if d else None
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerState:
+    type: str
+    epoch: int | None = None
+    shuffle: bool | None = None
+    drop_last: bool | None = None
+    num_samples: int | None = None
+    set_epoch_calls: int = 0
+    epochs_seen: tuple = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, "epoch": self.epoch, "shuffle": self.shuffle, "drop_last": self.drop_last,
+                "num_samples": self.num_samples, "set_epoch_calls": self.set_epoch_calls,
+                "epochs_seen": list(self.epochs_seen)}
+
+    @classmethod
+    def from_json(cls, d) -> "SamplerState | None":
+        if not d:
+            return None
+        return cls(d.get("type") or "?", d.get("epoch"), d.get("shuffle"), d.get("drop_last"), d.get("num_samples"),
+                   d.get("set_epoch_calls") or 0, _tuple(d.get("epochs_seen")))
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderState:
+    """One DataLoader of a rank: where it was built, its settings, what iterating it measured."""
+    site: Site | None = None
+    len: int | None = None
+    num_workers: int | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    prefetch_factor: int | None = None
+    batch_size: int | None = None
+    epochs: int = 0
+    batches: int = 0
+    data_wait_s: float = 0.0
+    epoch_start_s: tuple[float, ...] = ()
+    batch_wait_s: tuple[float, ...] = ()
+    steps_by_epoch: tuple[int, ...] = ()
+    batches_by_epoch: tuple[int, ...] = ()
+    skips_by_epoch: tuple[int, ...] = ()
+    sampler: SamplerState | None = None
+    worker_pids: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            d[f.name] = _site_json(v) if f.name == "site" else v.to_json() if f.name == "sampler" and v else \
+                list(v) if isinstance(v, tuple) else v
+        return d
+
+    @classmethod
+    def from_json(cls, d) -> "LoaderState":
+        kw = {f.name: d.get(f.name) for f in fields(cls) if f.name in d}
+        kw["site"] = Site.from_json(d.get("site"))
+        kw["sampler"] = SamplerState.from_json(d.get("sampler"))
+        for k in ("epoch_start_s", "batch_wait_s", "steps_by_epoch", "batches_by_epoch", "skips_by_epoch", "worker_pids"):
+            kw[k] = _tuple(d.get(k))
+        for k in ("epochs", "batches"):
+            kw[k] = kw.get(k) or 0
+        kw["data_wait_s"] = kw.get("data_wait_s") or 0.0
+        return cls(**kw)
+
+
+@dataclass(frozen=True, slots=True)
+class DdpModel:
+    """One DistributedDataParallel construction of a rank."""
+    site: Site | None = None
+    find_unused_parameters: bool = False
+    broadcast_buffers: bool = False
+    buffers: int = 0
+    params: int = 0
+    unused_seen: bool | None = None
+    unused_parameter_size: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["site"] = _site_json(self.site)
+        if self.unused_parameter_size is None:
+            del d["unused_parameter_size"]
+        return d
+
+    @classmethod
+    def from_json(cls, d) -> "DdpModel":
+        kw = {f.name: d[f.name] for f in fields(cls) if d.get(f.name) is not None}
+        kw["site"] = Site.from_json(d.get("site"))
+        return cls(**kw)
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Where a rank's step time went (seconds, steps after the first)."""
+    steps: int = 0
+    step_time_s: float = 0.0
+    step_time_last200_s: float = 0.0
+    data_wait_s: float = 0.0
+    collective_s: float = 0.0
+    compute_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, d) -> "Timing | None":
+        if not d:
+            return None
+        return cls(**{f.name: d[f.name] for f in fields(cls) if d.get(f.name) is not None})
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEvent:
+    """One span of a rank's timeline: kind step | collective | data_wait | h2d | epoch."""
+    t: float
+    kind: str
+    dur: float
+    label: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"t": self.t, "kind": self.kind, "dur": self.dur, "label": self.label}
+
+    @classmethod
+    def from_json(cls, d) -> "TimelineEvent":
+        return cls(d.get("t") or 0.0, d.get("kind") or "", d.get("dur") or 0.0, d.get("label"))
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadStack:
+    name: str
+    main: bool
+    frames: tuple[Site, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "main": self.main, "frames": [f.to_json() for f in self.frames]}
+
+    @classmethod
+    def from_json(cls, d) -> "ThreadStack":
+        return cls(str(d.get("name")), bool(d.get("main")), _sites(d.get("frames")))
+
+
+def stacks_to_json(threads) -> dict[str, Any]:
+    """A probe's answer to a stack request."""
+    return {"schema": SCHEMA, "threads": [t.to_json() for t in threads]}
+
+
+def stacks_from_json(d) -> tuple[ThreadStack, ...]:
+    return tuple(ThreadStack.from_json(t) for t in (d or {}).get("threads") or ())
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStack:
+    """A DataLoader worker process of a rank and its stack (faulthandler)."""
+    pid: int
+    stack: tuple[Site, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "stack": [f.to_json() for f in self.stack]}
+
+    @classmethod
+    def from_json(cls, d) -> "WorkerStack":
+        return cls(int(d["pid"]), _sites(d.get("stack")))
+
+
+@dataclass(frozen=True, slots=True)
+class SiteCount:
+    """How many times a rank issued ``op`` at ``site``."""
+    op: str
+    site: Site | None
+    calls: int

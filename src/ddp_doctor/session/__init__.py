@@ -1,0 +1,263 @@
+"""One ``ddp-doctor run``: the side channel, the launch through torch's elastic agent, the watcher, the stop.
+
+Ranks are launched by torch's own elastic launcher with the probe (``python -m ddp_doctor.probe``) in
+front of the user's program; the :class:`~ddp_doctor.watch.Watcher` thread in this process reads every
+rank's state from the side-channel store and, on a decision of :mod:`ddp_doctor.diagnose.live`, takes
+the stacks; the job is then stopped through torch's own shutdown path and
+:mod:`ddp_doctor.session.assemble` builds and writes the report.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from ddp_doctor import store as side
+from ddp_doctor.evidence import ExitStatus, Verdict
+from ddp_doctor.procs import descendants, terminate
+from ddp_doctor.session import assemble
+
+GRACE_S = 3.0
+
+
+def _world_size_hint(args) -> int:
+    from torch.distributed import run as torchrun
+
+    try:
+        lo, _hi = torchrun.parse_min_max_nnodes(args.nnodes)
+        return lo * torchrun.determine_local_world_size(args.nproc_per_node)
+    except Exception:
+        return 1
+
+
+def _lint(script: str, module: bool) -> list:
+    if module or not os.path.isfile(script):
+        return []
+    try:
+        from ddp_doctor.lint import lint_paths
+    except ImportError:
+        return []
+    try:
+        return list(lint_paths([script]).findings)
+    except Exception as e:
+        print(f"ddp-doctor: lint failed ({e!r}); running anyway", file=sys.stderr)
+        return []
+
+
+# the ranks-fall-out-of-step family: lint's guess at the cause and the runtime's name for what happened
+
+
+def _leftovers(how: dict[int, str]) -> list[int]:
+    return [pid for pid, h in how.items() if h == "alive"]
+
+
+class Job:
+    """One ``ddp-doctor run``: the watcher, the stop, the report."""
+
+    def __init__(self, own: dict[str, Any], args: argparse.Namespace, argv: list[str]) -> None:
+        self.own = own
+        self.args = args
+        self.argv = argv
+        self.t0 = time.time()
+        self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.hang_timeout = float(own["--hang-timeout"]) if own.get("--hang-timeout") else None
+        self.grace = float(own.get("--stop-grace", GRACE_S))
+        self.watcher = None
+        self.store = None
+        self.stop_requested = threading.Event()
+        self.stop_lock = threading.Lock()
+        self.launching = False
+        self.stop_t: float | None = None
+        self.procs: list = []
+        self.leftovers: list[int] = []
+        self.failures: dict[int, ExitStatus] = {}
+        self.nnodes = 1
+
+    @classmethod
+    def for_report(cls, watcher, *, argv: list[str], script: str, t0: float, nnodes: str = "1") -> "Job":
+        """A Job that only assembles a report from ``watcher`` (the embedded watcher of watch.embedded)."""
+        job = cls({}, argparse.Namespace(nnodes=nnodes, training_script=script, max_restarts=0), argv)
+        job.watcher = watcher
+        job.t0 = t0
+        return job
+
+    # -- side channel ----------------------------------------------------------------
+    def open_store(self) -> bool:
+        """Host the store (single node, or the first node of a multi-node job); else join it."""
+        a = self.args
+        nnodes_max = 1
+        try:
+            from torch.distributed import run as torchrun
+
+            nnodes_max = torchrun.parse_min_max_nnodes(a.nnodes)[1]
+        except Exception:
+            pass
+        self.nnodes = nnodes_max
+        if nnodes_max <= 1 or a.standalone:
+            self.store, port = side.host_store(0)
+            self.store_addr = f"127.0.0.1:{port}"
+            return True
+        endpoint = a.rdzv_endpoint or f"{a.master_addr}:{a.master_port or 29500}"
+        host, _, port = endpoint.rpartition(":")
+        host = host or "127.0.0.1"
+        wport = int(self.own.get("--watch-port") or (int(port or 29400) + 1))
+        self.store_addr = f"{host}:{wport}"
+        if a.node_rank == 0 and _is_local(host):
+            try:
+                self.store, _ = side.host_store(wport)
+                return True
+            except Exception:
+                pass
+        self.store = side.join_store(host, wport)
+        return False
+
+    # -- stopping --------------------------------------------------------------------
+    def on_decision(self, decision: Verdict) -> None:
+        """Called from the watcher thread once it has decided and taken the stacks."""
+        try:
+            self.store.set(side.STOP, json.dumps({"reason": decision.reason}))
+        except Exception:
+            pass
+        self.stop()
+
+    def stop(self) -> None:
+        if self.stop_requested.is_set():
+            return
+        self.stop_requested.set()
+        self.stop_t = time.monotonic()
+        self.procs = descendants()
+        # torch's own shutdown path: the agent's SIGTERM handler raises SignalException in the main
+        # thread and the agent terminates every rank's process group (ranks + loader workers).
+        with self.stop_lock:
+            if self.launching:
+                os.kill(os.getpid(), signal.SIGTERM)
+        threading.Thread(target=self._reap, daemon=True, name="ddp-doctor-stop").start()
+
+    def _reap(self) -> None:
+        time.sleep(self.grace)
+        self.leftovers = _leftovers(terminate([p for p in self.procs if p.is_running()], 1.0))
+
+    def follower_loop(self) -> None:
+        """On a node that does not host the store: stop when the host says so."""
+        while not self.stop_requested.is_set():
+            try:
+                if self.store.check([side.STOP]):
+                    self.stop()
+                    return
+            except Exception:
+                pass
+            time.sleep(0.3)
+
+    # -- the run ---------------------------------------------------------------------
+    def run(self) -> int:
+        from ddp_doctor import launch
+        from ddp_doctor.watch import Watcher
+
+        a = self.args
+        lint_findings = _lint(a.training_script, a.module)
+        is_host = self.open_store()
+        run_dir = tempfile.mkdtemp(prefix="ddp-doctor-")
+        os.environ["DDP_DOCTOR_STORE"] = self.store_addr
+        os.environ["DDP_DOCTOR_DIR"] = run_dir
+        os.environ["DDP_DOCTOR_T0"] = repr(self.t0)
+        a.monitor_interval = max(float(a.monitor_interval), 1.0)  # let the watcher see an exit first
+        self.watcher = Watcher(self.store, world_size=_world_size_hint(a), hang_timeout=self.hang_timeout,
+                               run_dir=run_dir, is_host=is_host, on_decision=self.on_decision,
+                               max_restarts=int(a.max_restarts or 0))
+        self.watcher.start()
+        if not is_host:
+            threading.Thread(target=self.follower_loop, daemon=True).start()
+        job_error: BaseException | None = None
+        live_stop = threading.Event()
+        if not self.own.get("--quiet"):
+            threading.Thread(target=self._live, args=(live_stop,), daemon=True, name="ddp-doctor-live").start()
+        self.launching = True
+        try:
+            try:
+                launch.launch(a, "ddp_doctor.probe")
+            finally:
+                # a stop decided just as the job ended must not interrupt the report
+                with self.stop_lock:
+                    self.launching = False
+                if threading.current_thread() is threading.main_thread():
+                    signal.signal(signal.SIGTERM, lambda *_: None)
+        except BaseException as e:  # ChildFailedError, SignalException, KeyboardInterrupt
+            job_error = e
+            self.failures = _failures(e)
+            if isinstance(e, KeyboardInterrupt) or (type(e).__name__ == "SignalException" and not self.stop_requested.is_set()):
+                self.procs = descendants()
+                self.leftovers = _leftovers(terminate(self.procs, self.grace))
+        t_end = time.monotonic()
+        live_stop.set()
+        self.watcher.stopping.set()
+        self.watcher.join(timeout=5)
+        if self.stop_requested.is_set():
+            time.sleep(0.1)
+            deadline = time.monotonic() + self.grace + 3
+            while any(p.is_running() and p.status() != "zombie" for p in self.procs) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            self.leftovers = [p.pid for p in self.procs if p.is_running() and p.status() != "zombie"]
+        try:
+            self.watcher.read_states()
+        except Exception:
+            pass
+        try:
+            report = self.build_report(job_error, lint_findings, t_end)
+        finally:
+            # the stack dumps are in the report now: leave nothing behind in the temp dir
+            shutil.rmtree(run_dir, ignore_errors=True)
+        return self.emit(report, is_host)
+
+    def _live(self, stop: threading.Event) -> None:
+        """Feed the report's LiveView (one row per rank) from the watcher's states, once a second."""
+        try:
+            from ddp_doctor.report.terminal import LiveView
+        except ImportError:
+            return
+        try:
+            with LiveView(self.watcher.world_size, file=sys.stderr) as view:
+                while not stop.wait(1.0) and not self.stop_requested.is_set():
+                    view.update(assemble.live_rows(self.watcher))
+        except Exception:
+            pass
+
+    def build_report(self, job_error, lint_findings, t_end) -> dict[str, Any]:
+        return assemble.build_report(self, job_error, lint_findings, t_end)
+
+    def emit(self, report: dict[str, Any], is_host: bool) -> int:
+        return assemble.emit(self, report, is_host)
+
+
+def _failures(e: BaseException) -> dict[int, ExitStatus]:
+    """Exit status per global rank from torch's ChildFailedError."""
+    out: dict[int, ExitStatus] = {}
+    for rank, pf in (getattr(e, "failures", None) or {}).items():
+        code = getattr(pf, "exitcode", None)
+        sig = None
+        if isinstance(code, int) and code < 0:
+            try:
+                sig = signal.Signals(-code).name
+            except ValueError:
+                sig = str(-code)
+        out[int(rank)] = ExitStatus(code, sig)
+    return out
+
+
+def _is_local(host: str) -> bool:
+    import socket
+
+    if host in ("localhost", "127.0.0.1", "::1", "0.0.0.0", socket.gethostname()):
+        return True
+    try:
+        return socket.gethostbyname(host).startswith("127.")
+    except OSError:
+        return False
+

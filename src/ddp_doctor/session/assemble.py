@@ -1,0 +1,271 @@
+"""The report of one run, assembled from the watcher's evidence and diagnose()'s findings.
+
+Builds the ``ddp-doctor/report/v1`` document (DESIGN.md "Contracts"), exchanges it between the nodes of
+a multi-node job (one job, one diagnosis), and hands it to :mod:`ddp_doctor.report` to write and print.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from ddp_doctor import store as side
+from ddp_doctor.diagnose import diagnose
+from ddp_doctor.diagnose.common import same_hazard, same_line
+from ddp_doctor.diagnose.live import find_desync
+from ddp_doctor.evidence import EVIDENCE_OUT_ENV, Capture, ExitStatus, JobEvidence, LintMark, RankState, Verdict
+from ddp_doctor.findings import plain
+from ddp_doctor.watch import FATAL, stacks
+
+
+def _with_late_desync(decision: Verdict | None, late: Verdict) -> Verdict:
+    """A desync found in the final states replaces an exit decision's story, keeping its timing."""
+    if decision is None:
+        return late
+    return decision.with_(reason=late.reason, kind=late.kind, group=late.group, seq=late.seq, calls=late.calls,
+                          epoch=late.epoch, steps=late.steps)
+
+
+def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
+    w = job.watcher
+    decision = w.decision
+    if decision is None or (decision.reason == "exit" and not decision.finished):
+        # ranks that failed together inside one collective: their final states may show the mismatch
+        try:
+            late = find_desync(w.views, w.world_size)
+        except Exception:
+            late = None
+        if late is not None:
+            decision = _with_late_desync(decision, late)
+    for r, info in job.failures.items():  # exits the agent reaped before the watcher saw them
+        v = w.views.get(r)
+        if v is not None and v.state and not v.exit:
+            v.exit = info
+            if info.signal in FATAL and not v.stack and v.state.pid:
+                v.stack = tuple(stacks.fatal_stack(w.run_dir, v.state.pid))
+    marks = tuple(LintMark(f.code, f.location.path, f.location.line) for f in lint_findings if f.location)
+    evidence = w.evidence().with_(lint=marks)
+    save_evidence(evidence, decision, job.failures)
+    verdict, findings = diagnose(evidence, decision, job.failures)
+    exit_code = 0
+    if verdict == "crash":
+        # the root rank's own exit status (as a shell shows it: 128+N for a signal)
+        root = findings[0].ranks[0] if findings and findings[0].ranks else None
+        root_st = evidence.ranks.get(root)
+        ex = job.failures.get(root) or (root_st.exit if root_st else None)
+        code = ex.exit_code if ex else None
+        if not code:
+            code = next((c for c in (f.exit_code for f in job.failures.values()) if c), 1)
+        exit_code = 128 - code if code < 0 else code
+    elif verdict != "ok":
+        exit_code = 1
+    elif job_error is not None:
+        exit_code = 1
+    runtime = [f.to_report_dict() | {"source": "runtime"} for f in findings]
+    lint = [f.to_report_dict() | {"source": "lint"} for f in lint_findings]
+    confirm_lint(runtime, lint)
+    report: dict[str, Any] = {
+        "schema": "ddp-doctor/report/v1",
+        "verdict": verdict,
+        "exit_code": exit_code,
+        "world_size": w.world_size,
+        "findings": runtime,
+        "ranks": [rank_entry(r, st, job.failures) for r, st in sorted(evidence.ranks.items())],
+        "command": ["ddp-doctor", "run", *job.argv],
+        "started_at": job.started_at,
+        "duration_s": round(time.time() - job.t0, 3),
+        "hang_timeout_s": evidence.hang_limit_s,
+        "nnodes": str(job.args.nnodes),
+        "lint": {"path": job.args.training_script, "findings": lint},
+    }
+    if decision is not None:
+        t_detect = decision.t_detect
+        stats = {"reason": decision.reason, "limit": evidence.hang_limit_how}
+        if t_detect and decision.stalled_s is not None:
+            stats["stalled_s_at_detection"] = decision.stalled_s
+        if t_detect:
+            stats["detect_to_stacks_s"] = round(decision.t_stacks - t_detect, 3)
+            stats["detect_to_stopped_s"] = round(t_end - t_detect, 3)
+        report["detection"] = stats
+    if getattr(w, "earlier", None):
+        report["attempt"] = w.attempt
+        report["restarts"] = [earlier_attempt(e, marks) for e in w.earlier]
+    if job.leftovers:
+        report["leftover_pids"] = job.leftovers
+    return report
+
+
+def save_evidence(evidence: JobEvidence, decision: Verdict | None, failures: dict[int, ExitStatus]) -> None:
+    """``DDP_DOCTOR_EVIDENCE_OUT=PATH``: keep what diagnose() saw, to replay a diagnosis offline (a bug
+    report, the golden tests of the finding texts).  Never fails the run."""
+    path = os.environ.get(EVIDENCE_OUT_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(Capture(evidence, decision, failures).to_json(), f, default=str)
+    except OSError as e:
+        print(f"ddp-doctor: could not save the evidence to {path}: {e}", file=sys.stderr)
+
+
+def confirm_lint(runtime: list[dict[str, Any]], lint: list[dict[str, Any]]) -> None:
+    """A runtime finding on a line lint flagged with the same hazard: the static warning came true.
+
+    The lint finding becomes an error and both say so (report/v1 finding dicts, changed in place)."""
+    for rf in runtime:
+        loc = rf.get("location")
+        if not loc:
+            continue
+        for lf in lint:
+            ll = lf.get("location") or {}
+            if same_line(ll.get("path"), ll.get("line"), loc["path"], loc.get("line")) \
+                    and same_hazard(lf["code"], rf["code"]):
+                lf["severity"] = "error"
+                lf["confirmed_by_runtime"] = rf["code"]
+                rf["evidence"]["lint"] = {"code": lf["code"], "message": lf["message"]}
+                rf["message"] += (f" ddp-doctor lint flagged this line before the run ({lf['code']}): "
+                                  "the static warning came true.")
+                break
+
+
+def earlier_attempt(earlier, lint: tuple[LintMark, ...]) -> dict[str, Any]:
+    """The diagnosis of an attempt torch's agent restarted after a failure (``--max-restarts``)."""
+    evidence = earlier.evidence.with_(lint=lint)
+    verdict, findings = diagnose(evidence, earlier.decision, {})
+    return {"attempt": earlier.attempt, "verdict": verdict,
+            "findings": [f.to_report_dict() | {"source": "runtime"} for f in findings],
+            "ranks": [rank_entry(r, st, {}) for r, st in sorted(evidence.ranks.items())]}
+
+
+_RANK_EXTRAS = ("host", "pid", "local_rank", "timing", "timeline", "workers", "exc", "where", "forwards",
+                "steps_by_epoch", "loaders", "ddp")
+
+
+def rank_state_word(st: RankState, ex: ExitStatus | None) -> str:
+    """The report's one-word state of a rank."""
+    if st.missing:
+        return "missing"
+    if st.exc:
+        return "crashed"
+    if ex and ex.killed:
+        return "killed"
+    if st.done:
+        return "finished"
+    if st.in_collective:
+        return "in_collective"
+    if st.in_data_wait:
+        return "data_wait"
+    if ex:
+        return "stopped" if ex.signal == "SIGTERM" else "exited"
+    return "running"
+
+
+def rank_entry(r: int, st: RankState, failures: dict[int, ExitStatus]) -> dict[str, Any]:
+    """The report/v1 entry of one rank."""
+    ex = st.exit or failures.get(r)
+    stack = st.stack
+    if not stack and st.exc:
+        stack = st.exc.traceback
+    entry = {
+        "rank": r, "state": rank_state_word(st, ex), "epoch": st.epoch, "step": None if st.missing else st.step,
+        "last_collective": plain(st.in_collective or st.last_collective),
+        "stack": plain(stack), "exit_code": ex.exit_code if ex else st.exit_code,
+        "signal": ex.signal if ex else None,
+    }
+    if st.missing:
+        return entry
+    for k in _RANK_EXTRAS:
+        v = getattr(st, k)
+        if v is not None:
+            entry[k] = plain(v)
+    return entry
+
+
+def emit(job, report: dict[str, Any], is_host: bool) -> int:
+    from ddp_doctor.report import write_json
+
+    if not is_host and job.store is not None:
+        # one job, one diagnosis: take the hosting node's report (it names global ranks)
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            try:
+                if job.store.check([side.REPORT]):
+                    report = json.loads(job.store.get(side.REPORT))
+                    job.store.add(side.REPORT_READ, 1)
+                    break
+            except Exception:
+                break
+            time.sleep(0.2)
+    elif job.store is not None and job.own:
+        try:
+            job.store.set(side.REPORT, json.dumps(report))
+            followers = job.nnodes - 1
+            end = time.monotonic() + (10 if followers > 0 else 0)
+            while followers > 0 and time.monotonic() < end and job.store.add(side.REPORT_READ, 0) < followers:
+                time.sleep(0.2)
+        except Exception:
+            pass
+    try:
+        from ddp_doctor.report.snippets import attach_snippets
+
+        report = attach_snippets(report)
+    except Exception:
+        pass
+    if job.own.get("--report"):
+        write_json(report, job.own["--report"])
+    if job.own.get("--html"):
+        try:
+            from ddp_doctor.report.html import write_html
+
+            write_html(report, job.own["--html"])
+        except ImportError:
+            print("ddp-doctor: HTML report not available in this build", file=sys.stderr)
+    if not job.own.get("--quiet"):
+        print_text(report)
+    return int(report["exit_code"])
+
+
+
+
+def live_rows(watcher) -> list[dict[str, Any]]:
+    """LiveView rows from the watcher's latest states (plain data; the view formats)."""
+    rows = []
+    for r, v in sorted(watcher.views.items()):
+        st = v.state
+        if st is None:
+            rows.append({"rank": r, "state": "starting", "epoch": None, "step": None, "steps_per_s": None,
+                         "data_wait_pct": None, "where": ""})
+            continue
+        times = st.step_times[-20:]
+        tm = st.timing
+        c = st.in_collective
+        w = (c.site if c else None) or st.where
+        rows.append({
+            "rank": r,
+            "state": ("finished" if st.done else "in " + c.op if c else "data wait" if st.in_data_wait else "running"),
+            "epoch": st.epoch, "step": st.step,
+            "steps_per_s": round(len(times) / sum(times), 2) if times and sum(times) > 0 else None,
+            "data_wait_pct": round(100 * tm.data_wait_s / tm.step_time_s, 1) if tm and tm.step_time_s else None,
+            "where": f"{os.path.basename(w.path)}:{w.line}" if w else "",
+        })
+    return rows
+
+
+def print_text(report: dict[str, Any]) -> None:
+    try:
+        from ddp_doctor.report.terminal import print_report
+    except ImportError:
+        print_report = None
+    if print_report is not None:
+        print_report(report, file=sys.stderr)
+        return
+    # stop-gap until ddp_doctor.report.terminal lands
+    print(f"ddp-doctor: verdict {report['verdict']} (exit {report['exit_code']})", file=sys.stderr)
+    for f in report["findings"]:
+        loc = f.get("location") or {}
+        print(f"  {f['code']} {f['severity']} ranks {f['ranks']} {loc.get('path')}:{loc.get('line')}\n"
+              f"    {f['message']}\n    fix: {f['fix']}", file=sys.stderr)
+
+

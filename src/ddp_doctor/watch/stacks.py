@@ -1,0 +1,98 @@
+"""Stacks the watcher takes itself: faulthandler dumps (SIGUSR1, or the one a fatal signal left), exit status.
+
+The probe answers stack requests from its own thread; these are the fall-backs for ranks that cannot
+(blocked in C with the GIL held, already dead) and for DataLoader workers, which run no probe thread.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from ddp_doctor.evidence import ExitStatus, Site
+
+FATAL = ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL")
+
+
+def signal_dumps(run_dir: str, targets: list[tuple[int, str]], wait_s: float = 2.0) -> dict[int, list[Site]]:
+    """SIGUSR1 every target (faulthandler writes DIR/<kind>-<pid>.stack), then read what they wrote."""
+    sizes: dict[int, tuple[str, int]] = {}
+    for pid, kind in targets:
+        path = os.path.join(run_dir, f"{kind}-{pid}.stack")
+        try:
+            before = os.path.getsize(path)
+            os.kill(pid, signal.SIGUSR1)
+            sizes[pid] = (path, before)
+        except OSError:
+            continue
+    out: dict[int, list[Site]] = {}
+    end = time.monotonic() + wait_s
+    while sizes and time.monotonic() < end:
+        time.sleep(0.05)
+        for pid, (path, before) in list(sizes.items()):
+            try:
+                if os.path.getsize(path) > before:
+                    time.sleep(0.05)
+                    with open(path, encoding="utf-8", errors="replace") as f:
+                        f.seek(before)
+                        out[pid] = parse_faulthandler(f.read())
+                    del sizes[pid]
+            except OSError:
+                del sizes[pid]
+    return out
+
+
+def fatal_stack(run_dir: str, pid: int) -> list[Site]:
+    """The stack faulthandler wrote when the rank died of SIGABRT/SIGSEGV (gloo EnforceNotMet, ...)."""
+    try:
+        with open(os.path.join(run_dir, f"rank-{pid}.stack"), encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return []
+    i = text.rfind("Fatal Python error")
+    return parse_faulthandler(text[i:]) if i >= 0 else []
+
+
+_FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
+_FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
+
+
+def parse_faulthandler(text: str) -> list[Site]:
+    """The main thread's stack from a faulthandler dump (outermost first); the last dump in ``text``."""
+    threads: list[list[Site]] = []
+    cur: list[Site] | None = None
+    for line in text.splitlines():
+        if _FH_THREAD.match(line):
+            cur = []
+            threads.append(cur)
+        else:
+            m = _FH_FRAME.match(line)
+            if m and cur is not None:
+                cur.append(Site(m.group(1), int(m.group(2)), m.group(3).strip()))
+    if not threads:
+        return []
+    # the main thread is the one whose outermost frame is the program's entry (runpy / <module>)
+    stacks = [list(reversed(t)) for t in threads]
+    for st in stacks:
+        if st and (st[0].function in ("<module>", "_run_module_as_main")):
+            return st
+    return stacks[0]
+
+
+def peek_exit(pid: int) -> ExitStatus | None:
+    """Exit code / signal of a dead child without reaping it; None while it runs."""
+    try:
+        res = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return None
+    except OSError:
+        return None
+    if res is None:
+        return None
+    if res.si_code == os.CLD_EXITED:
+        return ExitStatus(res.si_status, None)
+    try:
+        name = signal.Signals(res.si_status).name
+    except ValueError:
+        name = str(res.si_status)
+    return ExitStatus(-res.si_status, name)
