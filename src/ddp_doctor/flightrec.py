@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from ddp_doctor.attach.classify import Activity, classify, where
-from ddp_doctor.attach.stacks import Frame
-from ddp_doctor.findings import Finding, Location
+from ddp_doctor.evidence import Site
+from ddp_doctor.findings import Finding, Location, runtime_fix
 
 DEFAULT_PREFIX_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 
@@ -48,7 +48,7 @@ class Entry:
     input_dtypes: tuple
     output_sizes: tuple
     state: str
-    frames: tuple[Frame, ...]  # outermost first
+    frames: tuple[Site, ...]  # outermost first
 
     def signature(self) -> tuple:
         """What must agree across ranks at one sequence number."""
@@ -84,7 +84,8 @@ def _as_tuple(x) -> tuple:
 
 def _entry(e: dict) -> Entry:
     pg = e.get("process_group") or ("", "")
-    frames = tuple(Frame(f.get("filename") or "?", f.get("line"), f.get("name")) for f in reversed(e.get("frames") or []))
+    frames = tuple(Site(f.get("filename") or "?", int(f.get("line") or 0), f.get("name"))
+                   for f in reversed(e.get("frames") or []))
     op = str(e.get("profiling_name") or "?").split(":", 1)[-1]
     return Entry(str(pg[0]), str(pg[1]) if len(pg) > 1 else "", int(e.get("collective_seq_id") or 0),
                  int(e.get("p2p_seq_id") or 0), bool(e.get("is_p2p")), op, _as_tuple(e.get("input_sizes")),
@@ -173,9 +174,7 @@ def write_dump(prefix: str | None = None) -> str | None:
 
 # -- diagnosis ---------------------------------------------------------------------------------------
 def _fixes():
-    from ddp_doctor.diagnose.runtime import FIX_201, FIX_202, FIX_203
-
-    return FIX_201, FIX_202, FIX_203
+    return runtime_fix("DDP201"), runtime_fix("DDP202"), runtime_fix("DDP203")
 
 
 def _loc(e: Entry) -> Location | None:
@@ -279,7 +278,7 @@ def _mismatch(seq, there: dict[int, Entry], flags, fix201, fix202, fix203) -> Fi
     internal = [r for r, e in there.items() if _ddp_internal(e)]
     per_rank = "; ".join(f"rank {r}: {_desc(e)}" for r, e in sorted(there.items()))
     ev = {"seq": seq, "group": next(iter(there.values())).group_desc,
-          "calls": {str(r): e.to_collective() | {"site": e.activity.site.to_dict() if e.activity.site else None}
+          "calls": {str(r): e.to_collective() | {"site": e.activity.site.to_json() if e.activity.site else None}
                     for r, e in there.items()}}
     same_op = len({e.op for e in there.values()}) == 1
     if explicit and internal and not same_op and len({there[r].signature() for r in explicit}) == 1:
@@ -329,9 +328,7 @@ def _behind(seq, there: dict[int, Entry], behind: list[int], per_rank, flags, fi
            f"({_desc(e)}, entered by rank {', '.join(map(str, ahead))}): {was}, so it stalled outside collectives "
            "after that line (data loading, I/O, a lock) or ended.")
     site = lasts[behind[0]]
-    return Finding("DDP205", msg, "Look at what that rank does after its last collective: a DataLoader or I/O that "
-                   "never returns, a wait on something another rank never does, or an exit. Set "
-                   "DataLoader(timeout=...) so a stuck worker raises.", location=_loc(site), ranks=behind, evidence=ev)
+    return Finding("DDP205", msg, runtime_fix("DDP205.stall"), location=_loc(site), ranks=behind, evidence=ev)
 
 
 def build_report(directory: str, dumps: list[RankDump]) -> dict[str, Any]:
@@ -343,8 +340,8 @@ def build_report(directory: str, dumps: list[RankDump]) -> dict[str, Any]:
         e = last.get(r)
         ranks.append({"rank": r, "state": "in_collective" if e is not None else ("no_dump" if r not in last else "unknown"),
                       "epoch": None, "step": None, "last_collective": e.to_collective() if e else None,
-                      "stack": [f.to_dict() for f in e.frames] if e else [],
-                      "where": e.activity.site.to_dict() if e and e.activity.site else None,
+                      "stack": [f.to_json() for f in e.frames] if e else [],
+                      "where": e.activity.site.to_json() if e and e.activity.site else None,
                       "exit_code": None, "signal": None})
     return {"schema": "ddp-doctor/report/v1", "verdict": verdict, "exit_code": 0 if verdict == "ok" else 1,
             "world_size": len(members), "findings": [f.to_report_dict() for f in findings], "ranks": ranks,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import time
 from pathlib import Path
@@ -12,14 +13,16 @@ from pathlib import Path
 import pytest
 
 from ddp_doctor.attach.classify import classify
-from ddp_doctor.attach.stacks import Frame, parse_pyspy_json
+from ddp_doctor.attach.stacks import parse_pyspy_json
+from ddp_doctor.evidence import Site
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 TORCH = "/venv/lib/python3.11/site-packages/torch"
+STDLIB = sysconfig.get_paths()["stdlib"]  # this interpreter's standard library, as py-spy reports it
 
 
 def F(path, line, fn):
-    return Frame(path, line, fn)
+    return Site(path, line, fn)
 
 
 def test_object_collective_is_named_not_its_inner_all_gather():
@@ -47,9 +50,9 @@ def test_dataloader_wait_and_outside():
     data = classify([F("/job/t.py", 30, "main"),
                      F(f"{TORCH}/utils/data/dataloader.py", 700, "_BaseDataLoaderIter.__next__"),
                      F(f"{TORCH}/utils/data/dataloader.py", 1400, "_MultiProcessingDataLoaderIter._next_data"),
-                     F("/usr/lib/python3.11/multiprocessing/connection.py", 900, "wait")])
+                     F(f"{STDLIB}/multiprocessing/connection.py", 900, "wait")])
     assert (data.kind, data.site.line) == ("data", 30)
-    out = classify([F("/job/t.py", 30, "main"), F("/usr/lib/python3.11/threading.py", 327, "Condition.wait")])
+    out = classify([F("/job/t.py", 30, "main"), F(f"{STDLIB}/threading.py", 327, "Condition.wait")])
     assert out.kind == "outside" and out.site.line == 30 and not out.in_collective
 
 
@@ -57,7 +60,7 @@ def test_pyspy_json_is_reversed_to_outermost_first():
     threads = parse_pyspy_json('[{"thread_id": 7, "os_thread_id": 99, "thread_name": "MainThread", "active": false,'
                                '"frames": [{"name": "inner", "filename": "/a.py", "line": 2},'
                                '{"name": "<module>", "filename": "/a.py", "line": 9}]}]')
-    assert [f.line for f in threads[0].frames] == [9, 2] and threads[0].os_thread_id == 99
+    assert [f.line for f in threads[0].frames] == [9, 2] and threads[0].main
 
 
 def _run(code: str, *args: str, env_extra: dict | None = None, user: str | None = None) -> subprocess.CompletedProcess:

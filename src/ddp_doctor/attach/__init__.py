@@ -28,16 +28,15 @@ def build_report(job: Job, views: list[RankView], verdict: str, findings: list) 
             "rank": v.proc.rank, "state": activity_state(a, v.gone), "epoch": None, "step": None,
             "last_collective": {"op": a.op, "state": "waiting" if v.stuck else "in progress"} if a.in_collective
             else None,
-            "stack": [f.to_dict() for f in (v.stack.frames if v.stack else [])],
-            "where": a.site.to_dict() if a.site else None,
+            "stack": [f.to_json() for f in (v.stack.frames if v.stack else [])],
+            "where": a.site.to_json() if a.site else None,
             "exit_code": None, "signal": None, "pid": v.proc.pid, "local_rank": v.proc.local_rank,
             "node": job.node, "unchanged_s": round(v.unchanged_s, 1),
             "activity": {"kind": a.kind, "op": a.op, "moved": v.moved, "gone": v.gone,
                          "cpu_s": None if v.cpu_s is None else round(v.cpu_s, 3), "window_s": round(v.window_s, 3),
                          "io_bytes": v.io_bytes},
-            "threads": [{"name": t.name, "thread_id": t.thread_id, "stack": [f.to_dict() for f in t.frames]}
-                        for t in v.threads if v.stack is None or t.thread_id != v.stack.thread_id],
-            "workers": [{"pid": w.pid, "stack": [f.to_dict() for f in (w.stack.frames if w.stack else [])],
+            "threads": [{"name": t.name, "stack": [f.to_json() for f in t.frames]} for t in v.threads if not t.main],
+            "workers": [{"pid": w.pid, "stack": [f.to_json() for f in (w.stack.frames if w.stack else [])],
                          "unchanged_s": round(w.unchanged_s, 1)} for w in v.workers],
         })
     cmd = views[0].proc.cmdline if views else []

@@ -10,10 +10,10 @@ The site is the innermost *user* frame: torch, ddp_doctor and installed packages
 from __future__ import annotations
 
 import os
-import sysconfig
 from dataclasses import dataclass
 
-from ddp_doctor.attach.stacks import Frame
+from ddp_doctor import frames as _frames
+from ddp_doctor.evidence import Site
 
 C10D_FILES = ("distributed_c10d.py",)
 COLLECTIVES = frozenset({
@@ -25,26 +25,16 @@ COLLECTIVES = frozenset({
 })
 OBJECT_COLLECTIVES = frozenset(c for c in COLLECTIVES if "object" in c)
 DDP_FILE = os.path.join("nn", "parallel", "distributed.py")
-LIB_MARKERS = (os.sep + "torch" + os.sep, os.sep + "ddp_doctor" + os.sep, "site-packages", "dist-packages",
-               "<frozen", os.sep + "runpy.py", os.sep + "multiprocessing" + os.sep, os.sep + "threading.py",
-               os.sep + "selectors.py", os.sep + "queue.py", os.sep + "socket.py", os.sep + "subprocess.py")
 
 
-_STDLIB = tuple(p for p in {sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")} if p)
+def is_user(f: Site) -> bool:
+    """A frame of the user's code: not ddp-doctor, torch, the standard library or an installed package."""
+    return _frames.is_user(f.path)
 
 
-def is_user(f: Frame) -> bool:
-    """A frame of the user's code (not torch, ddp_doctor, an installed package or the standard library)."""
-    return bool(f.path) and not any(m in f.path for m in LIB_MARKERS) and not f.path.startswith("<") \
-        and not (_STDLIB and f.path.startswith(_STDLIB))
-
-
-def user_frame(frames: list[Frame]) -> Frame | None:
+def user_frame(stack) -> Site | None:
     """The innermost user frame of a stack given outermost first."""
-    for f in reversed(frames):
-        if is_user(f):
-            return f
-    return None
+    return _frames.innermost_user(stack)
 
 
 @dataclass(frozen=True)
@@ -53,7 +43,7 @@ class Activity:
 
     kind: str
     op: str | None
-    site: Frame | None
+    site: Site | None
 
     @property
     def in_collective(self) -> bool:
@@ -78,42 +68,42 @@ class Activity:
         return f"is at {at}" + (f" (inside {self.op})" if self.op else "")
 
 
-def where(site: Frame | None) -> str:
+def where(site: Site | None) -> str:
     if site is None:
         return "an unknown line"
     fn = site.function
     return f"{os.path.basename(site.path)}:{site.line}" + (f" ({fn})" if fn and fn != "<module>" else "")
 
 
-def _name(f: Frame) -> str:
+def _name(f: Site) -> str:
     """The bare function name (py-spy gives qualified names on Python >= 3.11: ``Class.method``)."""
     return (f.function or "").rsplit(".", 1)[-1]
 
 
-def classify(frames: list[Frame]) -> Activity:
+def classify(stack) -> Activity:
     """The activity of one thread's stack (outermost first)."""
-    if not frames:
+    if not stack:
         return Activity("no_python", None, None)
-    site = user_frame(frames)
-    for f in frames:  # outermost collective first: all_gather_object, not the all_gather inside it
+    site = user_frame(stack)
+    for f in stack:  # outermost collective first: all_gather_object, not the all_gather inside it
         if f.path.endswith(C10D_FILES) and _name(f) in COLLECTIVES:
             kind = "object_collective" if _name(f) in OBJECT_COLLECTIVES else "collective"
             return Activity(kind, _name(f), site)
-    for f in frames:
+    for f in stack:
         if f.path.endswith(DDP_FILE):
             if _name(f) == "__init__":
                 return Activity("ddp", "ddp.init(broadcast_params)", site)
             if _name(f) in ("forward", "_pre_forward", "_sync_buffers", "_sync_module_buffers",
                               "_default_broadcast_coalesced", "_distributed_broadcast_coalesced"):
                 return Activity("ddp", "ddp.forward(broadcast_buffers)", site)
-    for f in frames:
+    for f in stack:
         if _name(f) in ("_engine_run_backward", "run_backward") or (
                 _name(f) == "backward" and os.sep + "autograd" + os.sep in f.path):
             return Activity("ddp", "ddp.backward(allreduce_grads)", site)
-    for f in frames:
+    for f in stack:
         if f.path.endswith(os.path.join("utils", "data", "dataloader.py")) and _name(f) in (
                 "__next__", "_next_data", "_get_data", "_try_get_data"):
             return Activity("data", "DataLoader.__next__", site)
-    inner = frames[-1]
+    inner = stack[-1]
     lib = None if is_user(inner) else f"{os.path.basename(inner.path)}:{inner.line} {inner.function}"
     return Activity("outside", lib, site)

@@ -18,12 +18,10 @@ from collections import Counter
 
 from ddp_doctor.attach.classify import Activity, is_user, user_frame, where
 from ddp_doctor.attach.sample import RankView
-from ddp_doctor.diagnose.runtime import FIX_201, FIX_202, FIX_203
-from ddp_doctor.findings import Finding, Location
+from ddp_doctor.findings import Finding, Location, runtime_fix
 
-FIX_205 = ("Look at the line shown: a DataLoader worker blocked on I/O or a lock, a dataset __getitem__ that never "
-           "returns, or a rank waiting on a file/queue another rank never fills. Set DataLoader(timeout=...) so a "
-           "stuck worker raises instead of hanging.")
+FIX_201, FIX_202, FIX_203 = runtime_fix("DDP201"), runtime_fix("DDP202"), runtime_fix("DDP203")
+FIX_205, FIX_TRANSPORT = runtime_fix("DDP205.stall"), runtime_fix("DDP205.transport")
 FIX_204 = ("Find why that rank ended (its stderr / the launcher's log: an exception, the OOM killer, sys.exit) and "
            "make every rank stop together; torchrun's agent tears the others down only when a rank *fails*.")
 
@@ -45,7 +43,7 @@ def _for(v: RankView) -> str:
 def _worker_sites(v: RankView) -> list[tuple[int, object]]:
     out = []
     for w in v.workers:
-        frames = w.stack.frames if w.stack else []
+        frames = w.stack.frames if w.stack else ()
         uf = user_frame(frames)
         if uf is not None:
             out.append((w.pid, uf))
@@ -54,14 +52,14 @@ def _worker_sites(v: RankView) -> list[tuple[int, object]]:
 
 def _evidence(views: list[RankView]) -> dict:
     return {"where": {str(v.proc.rank): {"activity": v.activity.kind, "op": v.activity.op,
-                                          "site": v.activity.site.to_dict() if v.activity.site else None,
+                                          "site": v.activity.site.to_json() if v.activity.site else None,
                                           "unchanged_s": round(v.unchanged_s, 1),
                                           "cpu_s": None if v.cpu_s is None else round(v.cpu_s, 2),
                                           "io_bytes": v.io_bytes,
                                           "moved": v.moved, "pid": v.proc.pid}
                       for v in views},
             "workers": {str(w.pid): {"rank": v.proc.rank,
-                                     "at": (user_frame(w.stack.frames) or w.stack.frames[-1]).to_dict()
+                                     "at": (user_frame(w.stack.frames) or w.stack.frames[-1]).to_json()
                                      if w.stack and w.stack.frames else None}
                         for v in views for w in v.workers}}
 
@@ -133,8 +131,8 @@ def diagnose(views: list[RankView], world_size: int, whole_job_here: bool,
                 msg = (f"Every rank on this node waits inside {a.op} at {where(a.site)}: a rank on another node is "
                        "elsewhere, or the transport is stuck. Attach on every node and merge the reports with "
                        "`ddp-doctor report a.json b.json ...` to name it.")
-            return "hang", [Finding("DDP205", msg, "Check the interconnect and the other nodes' logs; run "
-                                    "`ddp-doctor check`.", location=_loc(a.site), ranks=sorted(found), evidence=ev)]
+            return "hang", [Finding("DDP205", msg, FIX_TRANSPORT, location=_loc(a.site), ranks=sorted(found),
+                                    evidence=ev)]
         return "hang", [_mismatch(groups, inside, ev, flags)]
     return "hang", [_stall(live, [], ev)]
 

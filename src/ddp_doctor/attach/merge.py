@@ -12,24 +12,24 @@ from ddp_doctor.attach.classify import Activity
 from ddp_doctor.attach.diagnose import diagnose
 from ddp_doctor.attach.discover import RankProcess
 from ddp_doctor.attach.sample import RankView, WorkerView
-from ddp_doctor.attach.stacks import Frame, ThreadStack
+from ddp_doctor.evidence import Site, ThreadStack
 
 
 class MergeError(ValueError):
     """The reports cannot be merged (not attach reports, or of different jobs)."""
 
 
-def _frames(stack: list[dict]) -> list[Frame]:
-    return [Frame(f.get("path") or "?", f.get("line"), f.get("function")) for f in stack or []]
+def _frames(stack: list[dict]) -> tuple[Site, ...]:
+    return tuple(Site.from_json(f) for f in stack or [] if f.get("path"))
 
 
 def _view(r: dict[str, Any], world_size: int) -> RankView:
     act = r.get("activity") or {}
     w = r.get("where")
-    site = Frame(w["path"], w.get("line"), w.get("function")) if isinstance(w, dict) and w.get("path") else None
+    site = Site.from_json(w) if isinstance(w, dict) and w.get("path") else None
     proc = RankProcess(int(r.get("pid") or 0), int(r["rank"]), r.get("local_rank"), world_size, None, "", [])
-    stack = ThreadStack(0, None, "MainThread", _frames(r.get("stack")))
-    workers = [WorkerView(int(x.get("pid") or 0), ThreadStack(0, None, None, _frames(x.get("stack"))),
+    stack = ThreadStack("MainThread", True, _frames(r.get("stack")))
+    workers = [WorkerView(int(x.get("pid") or 0), ThreadStack("MainThread", True, _frames(x.get("stack"))),
                           float(x.get("unchanged_s") or 0)) for x in r.get("workers") or []]
     return RankView(proc, Activity(act.get("kind") or "outside", act.get("op"), site), stack, [stack],
                     float(r.get("unchanged_s") or 0), float(act.get("window_s") or 0), act.get("cpu_s"),

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 from ddp_doctor.attach.classify import Activity, classify
 from ddp_doctor.attach.discover import Job, RankProcess
-from ddp_doctor.attach.stacks import ThreadStack, dump, main_thread
+from ddp_doctor.attach.stacks import dump, main_thread, stack_key
+from ddp_doctor.evidence import ThreadStack
 
 
 BUSY_CPU_SHARE = 0.05  # of one core, over the sampling window
@@ -123,7 +124,7 @@ def sample_job(job: Job, samples: int = 3, interval_s: float = 1.0) -> list[Rank
                 continue
             now = time.monotonic()
             last[r.pid] = threads
-            mt = main_thread(threads, r.pid)
+            mt = main_thread(threads)
             hist[r.pid].append((now, classify(mt.frames if mt else []).key()))
             for w in r.workers:
                 if not _alive(w):
@@ -133,13 +134,13 @@ def sample_job(job: Job, samples: int = 3, interval_s: float = 1.0) -> list[Rank
                 except (ProcessLookupError, Exception):  # a worker that exits between listing and dump
                     continue
                 last[w] = wt
-                wm = main_thread(wt, w)
-                whist[w].append((time.monotonic(), wm.key() if wm else ()))
+                wm = main_thread(wt)
+                whist[w].append((time.monotonic(), stack_key(wm)))
     window = time.monotonic() - t0
     views = []
     for r in job.ranks:
         threads = last.get(r.pid, [])
-        mt = main_thread(threads, r.pid)
+        mt = main_thread(threads)
         unchanged, moved = _unchanged(hist[r.pid])
         c1 = _cpu(r.pid)
         cpu = (c1 - cpu0[r.pid]) if c1 is not None and cpu0[r.pid] is not None else None
@@ -148,7 +149,7 @@ def sample_job(job: Job, samples: int = 3, interval_s: float = 1.0) -> list[Rank
         workers = []
         for w in r.workers:
             if w in last:
-                wm = main_thread(last[w], w)
+                wm = main_thread(last[w])
                 workers.append(WorkerView(w, wm, _unchanged(whist[w])[0]))
         views.append(RankView(r, classify(mt.frames if mt else []), mt, threads, unchanged, window, cpu, moved,
                               gone=r.pid in gone or not threads, workers=workers, io_bytes=io))

@@ -11,7 +11,8 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+
+from ddp_doctor.evidence import Site, ThreadStack
 
 
 class AttachError(RuntimeError):
@@ -24,33 +25,6 @@ PTRACE_HELP = ("reading another process's memory was not permitted (ptrace). Run
                "(Docker) or securityContext.capabilities.add: [SYS_PTRACE] (Kubernetes)")
 PYSPY_HELP = ("py-spy is not installed; it reads the ranks' Python stacks without stopping them: "
               "pip install py-spy  (or pip install 'ddp-doctor[attach]')")
-
-
-@dataclass(frozen=True)
-class Frame:
-    """One Python frame (the report's frame object)."""
-
-    path: str
-    line: int | None
-    function: str | None
-
-    def to_dict(self) -> dict:
-        return {"path": self.path, "line": self.line, "function": self.function}
-
-
-@dataclass
-class ThreadStack:
-    """One thread's stack, outermost frame first (the report's order)."""
-
-    thread_id: int
-    os_thread_id: int | None
-    name: str | None
-    frames: list[Frame] = field(default_factory=list)
-    active: bool = False
-
-    def key(self) -> tuple:
-        """What "the stack has not changed" compares."""
-        return tuple((f.path, f.line, f.function) for f in self.frames)
 
 
 def pyspy_path() -> str:
@@ -68,14 +42,24 @@ def _denied(text: str) -> bool:
             or "ptrace" in t and "denied" in t)
 
 
-def parse_pyspy_json(text: str) -> list[ThreadStack]:
-    """``py-spy dump --json`` output (innermost frame first) -> thread stacks (outermost first)."""
+def parse_pyspy_json(text: str, pid: int | None = None) -> list[ThreadStack]:
+    """``py-spy dump --json`` output (innermost frame first) -> thread stacks (outermost first).
+
+    The main thread is the one whose OS thread id is the PID (the first thread when py-spy does not say)."""
+    raw = json.loads(text)
+    main_id = pid if any(th.get("os_thread_id") == pid for th in raw) else (raw[0].get("os_thread_id") if raw else None)
     out = []
-    for th in json.loads(text):
-        frames = [Frame(f.get("filename") or "?", f.get("line"), f.get("name")) for f in reversed(th.get("frames") or [])]
-        out.append(ThreadStack(int(th.get("thread_id") or 0), th.get("os_thread_id"), th.get("thread_name"),
-                               frames, bool(th.get("active"))))
+    for th in raw:
+        frames = tuple(Site(f.get("filename") or "?", int(f.get("line") or 0), f.get("name"))
+                       for f in reversed(th.get("frames") or []))
+        out.append(ThreadStack(str(th.get("thread_name") or th.get("os_thread_id") or th.get("thread_id")),
+                               th.get("os_thread_id") == main_id, frames))
     return out
+
+
+def stack_key(t: ThreadStack | None) -> tuple:
+    """What "the stack has not changed" compares."""
+    return tuple((f.path, f.line, f.function) for f in t.frames) if t else ()
 
 
 def dump(pid: int, retries: int = 4, timeout_s: float = 20.0) -> list[ThreadStack]:
@@ -91,7 +75,7 @@ def dump(pid: int, retries: int = 4, timeout_s: float = 20.0) -> list[ThreadStac
             continue
         if p.returncode == 0 and p.stdout.strip().startswith("["):
             try:
-                return parse_pyspy_json(p.stdout)
+                return parse_pyspy_json(p.stdout, pid)
             except ValueError as e:
                 last = f"unreadable py-spy output: {e}"
                 continue
@@ -103,9 +87,6 @@ def dump(pid: int, retries: int = 4, timeout_s: float = 20.0) -> list[ThreadStac
     raise AttachError(f"py-spy could not read the stack of process {pid}: {last.splitlines()[-1] if last else '?'}")
 
 
-def main_thread(threads: list[ThreadStack], pid: int) -> ThreadStack | None:
-    """The process's main thread (its OS thread id is the PID); the first thread if py-spy did not say."""
-    for t in threads:
-        if t.os_thread_id == pid:
-            return t
-    return threads[0] if threads else None
+def main_thread(threads: list[ThreadStack]) -> ThreadStack | None:
+    """The process's main thread."""
+    return next((t for t in threads if t.main), threads[0] if threads else None)
