@@ -34,6 +34,9 @@ def _diagnose(job, tmp_path, *extra: str) -> dict:
         after = job.tree()
         assert set(before) == set(after), (before, after)  # no process killed or lost
         assert all(s != "stopped" for s in after.values())  # and none left paused
+    from ddp_doctor.cli.report import validate
+
+    assert validate(rep) == []  # the report/v1 contract
     rep["_stdout"] = p.stdout
     return rep
 

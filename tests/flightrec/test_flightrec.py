@@ -49,7 +49,11 @@ def _report(d: Path, tmp_path: Path) -> tuple[dict, str]:
                         "--html", str(tmp_path / "fr.html"), "--color", "never"],
                        env=dict(os.environ, PYTHONPATH=str(SRC)), capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    return json.loads(out.read_text()), p.stdout
+    rep = json.loads(out.read_text())
+    from ddp_doctor.cli.report import validate
+
+    assert validate(rep) == []  # the report/v1 contract
+    return rep, p.stdout
 
 
 def test_rank0_barrier_from_dumps(dumps, tmp_path):
