@@ -152,6 +152,8 @@ def write_dump(prefix: str | None = None) -> str | None:
     or None when the job records nothing (``TORCH_FR_BUFFER_SIZE`` unset) or this torch has no recorder.
     Typical use: ``except RuntimeError: ddp_doctor.flightrec.write_dump(); raise`` around the training loop.
     """
+    if not any(int(os.environ.get(k) or 0) > 0 for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")):
+        return None  # nothing was recorded: an empty dump would read as "this rank ran no collective"
     try:
         import torch.distributed as dist
         from torch._C._distributed_c10d import _dump_fr_trace
@@ -316,11 +318,13 @@ def _behind(seq, there: dict[int, Entry], behind: list[int], per_rank, flags, fi
     ahead = sorted(there)
     lasts = {r: per_rank[r][max(per_rank[r])] for r in behind}
     was = "; ".join(f"rank {r}'s last recorded collective is {_desc(x)}" for r, x in sorted(lasts.items()))
-    ev = {"seq": seq, "group": e.group_desc or e.group, "waiting": {str(r): x.to_collective() for r, x in there.items()},
+    ev = {"seq": seq, "group": e.group_desc or e.group,
+          "waiting": {str(r): x.to_collective() for r, x in there.items()},
           "last": {str(r): x.to_collective() for r, x in lasts.items()}}
     code = _flag(e, flags)
     if code:
-        msg = (f"Ranks {', '.join(map(str, ahead))} entered {_desc(e)}, which ranks {', '.join(map(str, behind))} never "
+        msg = (f"Ranks {', '.join(map(str, ahead))} entered {_desc(e)}, which ranks {', '.join(map(str, behind))} "
+               "never "
                f"reached ({was}); ddp-doctor lint flags that line as {code} (reached under a rank-dependent "
                "condition).")
         return Finding(code, msg, fix201, location=_loc(e), ranks=ahead, evidence=ev)
@@ -338,7 +342,8 @@ def build_report(directory: str, dumps: list[RankDump]) -> dict[str, Any]:
     ranks = []
     for r in members:
         e = last.get(r)
-        ranks.append({"rank": r, "state": "in_collective" if e is not None else ("no_dump" if r not in last else "unknown"),
+        state = "in_collective" if e is not None else ("no_dump" if r not in last else "unknown")
+        ranks.append({"rank": r, "state": state,
                       "epoch": None, "step": None, "last_collective": e.to_collective() if e else None,
                       "stack": [f.to_json() for f in e.frames] if e else [],
                       "where": e.activity.site.to_json() if e and e.activity.site else None,

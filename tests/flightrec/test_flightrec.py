@@ -116,8 +116,9 @@ def test_rank_behind_and_json_dumps(tmp_path):
     """A rank that never reached collective #3 (NCCL-named JSON dumps, as _dump_fr_trace_json writes them)."""
     cfg = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"}}
     for r in range(3):
-        entries = [_entry(1, "all_reduce", 10), _entry(2, "all_reduce", 10)] + ([] if r == 2 else [_entry(3, "all_reduce", 10)])
-        (tmp_path / f"nccl_trace_rank_{r}").write_text(json.dumps({"version": "2.10", "pg_config": cfg, "entries": entries}))
+        entries = [_entry(seq, "all_reduce", 10) for seq in (1, 2, 3) if not (r == 2 and seq == 3)]
+        dump = {"version": "2.10", "pg_config": cfg, "entries": entries}
+        (tmp_path / f"nccl_trace_rank_{r}").write_text(json.dumps(dump))
     verdict, findings, last = flightrec.diagnose(flightrec.read_dir(tmp_path))
     assert verdict == "hang"
     assert [(f.code, f.ranks) for f in findings] == [("DDP205", [2])]

@@ -7,7 +7,6 @@ stopped unless asked (``stop_job``).
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 

@@ -204,7 +204,8 @@ def _busy_notes(live: list[RankView]) -> list[Finding]:
     if not waiting:
         return []
     msg = ("Not a hang yet: " + "; ".join(
-        f"rank {v.proc.rank} is busy and {v.activity.describe()}" + (f" ({v.cpu_s / v.window_s:.0%} CPU)" if v.cpu_s else "")
+        f"rank {v.proc.rank} is busy and {v.activity.describe()}"
+        + (f" ({v.cpu_s / v.window_s:.0%} CPU)" if v.cpu_s else "")
         for v in sorted(busy, key=lambda v: v.proc.rank)) + ", while " + "; ".join(_for(v) for v in waiting) +
         ". Attach again later; if the busy rank's line never changes it is the one to look at.")
     b = sorted(busy, key=lambda v: v.proc.rank)[0]
