@@ -1,4 +1,4 @@
-"""Synthetic per-rank evidence in the probe's format (BOARD.md 'PER-RANK EVIDENCE FORMAT')."""
+"""Synthetic per-rank evidence in the probe's format (the wire form of ddp_doctor.evidence.RankState)."""
 
 
 def rank_state(rank, *, steps=50, data=0.01, compute=0.02, coll=0.005, jitter=0.0, host="node0",

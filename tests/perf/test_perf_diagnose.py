@@ -49,9 +49,9 @@ def test_data_bound_mentions_oversubscribed_node():
 
 
 def test_recommend_workers():
-    assert recommend_workers(2, 2, 0) == 1
-    assert recommend_workers(64, 8, 0) == 7
-    assert recommend_workers(128, 1, 0) == 8
+    assert recommend_workers(2, 2) == 1
+    assert recommend_workers(64, 8) == 7
+    assert recommend_workers(128, 1) == 8
 
 
 def test_step_phases_split():

@@ -31,7 +31,6 @@ class Monitor:
         self.address = f"127.0.0.1:{self.lstore.port}"
         self.gstore = None
         self.job_ended = threading.Event()
-        self.job_failures: dict[int, dict[str, Any]] = {}
         self.job_error: str | None = None
         self.started_at = time.monotonic()
         self.snapshot: dict[str, Any] = {}
@@ -54,9 +53,9 @@ class Monitor:
     def start(self) -> None:
         self._thread.start()
 
-    def job_finished(self, failures: dict[int, dict[str, Any]] | None = None, error: str | None = None) -> None:
-        """Called by the main thread when torch's launcher returned or raised."""
-        self.job_failures = failures or {}
+    def job_finished(self, error: str | None = None) -> None:
+        """Called by the main thread when torch's launcher returned or raised (the ranks' failures go
+        straight into the snapshot the caller takes)."""
         self.job_error = error
         self.job_ended.set()
 
@@ -195,9 +194,6 @@ class Monitor:
             "master": self.master, "data": dict(self.data), "stuck": dict(self.stuck),
             "killed": self.killed, "job_error": self.job_error,
         }
-
-    def set_failures(self, failures: dict[int, dict[str, Any]]) -> None:
-        self.snapshot["failures"] = failures
 
 
 def stop_processes(pids: list[int], grace_s: float = 3.0) -> list[dict[str, Any]]:

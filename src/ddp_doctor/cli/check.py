@@ -223,7 +223,7 @@ def run_check(rest: list[str], *, deadline: float = 10.0, sizes=None, workers: i
         logging.disable(logging.NOTSET)
         os.environ.clear()
         os.environ.update(saved_env)
-    monitor.job_finished(failures, error)
+    monitor.job_finished(error)
     snapshot = monitor.join(timeout=30.0)
     leftovers = stop_all_descendants()
     snapshot["failures"] = failures

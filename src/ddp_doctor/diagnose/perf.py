@@ -1,7 +1,7 @@
 """Runtime performance diagnoses: evidence -> findings (DDP401, DDP403, DDP404, DDP405, DDP301/302).
 
 Pure functions: no I/O, no formatting, no torch.  ``evidence`` is the watcher's
-plain-data view of every rank (BOARD.md "PER-RANK EVIDENCE FORMAT"); optional
+plain-data view of every rank (``JobEvidence.to_json()``, :mod:`ddp_doctor.evidence`); optional
 extras are used when present:
 
 - ``evidence["machine"] = {"cpu_count": int}`` (else ``os.cpu_count()`` of the
@@ -228,7 +228,7 @@ def _split_str(sp: dict[str, Any]) -> str:
     return " / ".join(f"{name} {v / step:.0%}" for name, v in parts)
 
 
-def recommend_workers(cpu_count: int, ranks_per_node: int, current: int) -> int:
+def recommend_workers(cpu_count: int, ranks_per_node: int) -> int:
     """Workers per rank that fit the machine: the CPUs per rank minus one for the training process, 1..8."""
     per_rank = max(1, cpu_count // max(1, ranks_per_node))
     return max(1, min(8, per_rank - 1 if per_rank > 1 else 1))
@@ -263,7 +263,7 @@ def diagnose_data_bound(ev: dict[str, Any]) -> list[Finding]:
         sp = splits[r0]
         share = bound[r0]
         nw = int(settings.get("num_workers") or 0)
-        rec_w = recommend_workers(cpus, per_node, nw)
+        rec_w = recommend_workers(cpus, per_node)
         data, step = sp["data_s"], sp["step_s"]
         other = max(step - data, 1e-9)
         split = ", ".join(f"rank {r}: {_split_str(splits[r])}" for r in sorted(rs))

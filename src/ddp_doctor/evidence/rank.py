@@ -84,25 +84,27 @@ class RankState:
 
     # -- wire ---------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        table: dict[Site, int] = {}
+        # the sites table, keyed by object identity: the probe shares one Site object per call site, so
+        # this costs an int hash per fingerprint (a Site equal to another only adds a duplicate entry)
+        table: dict[int, int] = {}
+        sites: list[Site] = []
 
         def idx(s: Site | None):
             if s is None:
                 return None
-            i = table.get(s)
+            i = table.get(id(s))
             if i is None:
-                i = table[s] = len(table)
+                i = table[id(s)] = len(sites)
+                sites.append(s)
             return i
 
         d: dict[str, Any] = {"schema": SCHEMA}
-        for f in fields(self):
-            k, v = f.name, getattr(self, f.name)
-            if k in ("fingerprints", "site_counts", "perf", "sites_seen", "coll_count", "coll_time_s"):
-                continue
+        for k in _PLAIN_FIELDS:
+            v = getattr(self, k)
             if v is None or isinstance(v, (str, int, float, bool)):
                 d[k] = v
-            elif isinstance(v, tuple):
-                d[k] = [x.to_json() if hasattr(x, "to_json") else x for x in v]
+            elif isinstance(v, tuple):  # of records, or of numbers (step times: no per-item test)
+                d[k] = [x.to_json() for x in v] if v and hasattr(v[0], "to_json") else list(v)
             elif isinstance(v, Mapping):
                 d[k] = dict(v)
             else:
@@ -110,7 +112,7 @@ class RankState:
         d["fingerprints"] = [[c.group, c.seq, c.op, list(c.shapes), list(c.dtypes), idx(c.site), c.epoch,
                               c.step_in_epoch] for c in self.fingerprints]
         d["site_counts"] = [[sc.op, idx(sc.site), sc.calls] for sc in self.site_counts]
-        d["sites"] = [[s.path, s.line, s.function] for s in table]
+        d["sites"] = [[s.path, s.line, s.function] for s in sites]
         d["collectives"] = {"count": self.coll_count, "time_s": self.coll_time_s}
         d["sites_seen"] = [[op, list(k) if k else None] for op, k in sorted(self.sites_seen, key=str)]
         d.update(self.perf)
@@ -157,3 +159,8 @@ class RankState:
 
 def missing_rank(rank: int) -> RankState:
     return RankState(rank=rank, missing=True)
+
+
+# encoded field by field; the others have a compact encoding of their own in to_json
+_PLAIN_FIELDS = tuple(f.name for f in fields(RankState)
+                      if f.name not in ("fingerprints", "site_counts", "perf", "sites_seen", "coll_count", "coll_time_s"))

@@ -63,6 +63,28 @@ def _site_of(t) -> Site | None:
     return None if t is None else Site(t[0], t[1], t[2])
 
 
+def _sites(rec: Recorder) -> list[Site | None]:
+    """The recorder's site table as records; only sites added since the last publish are built."""
+    raw = list(rec.sites)
+    rec.site_records.extend(_site_of(t) for t in raw[len(rec.site_records):])
+    return list(rec.site_records)
+
+
+def _fingerprints(rec: Recorder, sites: list[Site | None]) -> tuple[Collective, ...]:
+    """The fingerprint ring as records; an entry already published keeps its record (4 publishes a
+    second would otherwise rebuild the same 256 records each time)."""
+    n = len(sites)
+    made: dict[tuple, Collective] = {}
+    for t in list(rec.ring):
+        c = rec.fp_records.get(t)
+        if c is None:
+            g, s, op, sh, dt, si, ep, stp = t
+            c = Collective(g, s, op, tuple(sh), tuple(dt), sites[si] if si < n else None, None, None, ep, stp)
+        made[t] = c
+    rec.fp_records = made
+    return tuple(made.values())
+
+
 def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
     """This rank's state as the typed record (cheap enough to build 4x a second; the hooks keep tuples)."""
     epoch, step_in_epoch = rec.epoch_ctx()
@@ -70,7 +92,7 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
     steps_time = sum(rec.step_times)
     frame = sys._current_frames().get(rec.main_thread_id)
     wait = rec.in_data_wait
-    sites = [_site_of(t) for t in list(rec.sites)]
+    sites = _sites(rec)
     n = len(sites)
     st = RankState(
         rank=rec.rank, local_rank=rec.local_rank, host=rec.host, pid=rec.pid, attempt=ATTEMPT,
@@ -82,8 +104,7 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
         in_collective=_coll(rec.cur, sites), last_collective=_coll(rec.last, sites, pending=False),
         in_data_wait=None if wait is None else DataWait(wait[0].idx, round(time.monotonic() - wait[1], 3)),
         seq=dict(rec.seq),
-        fingerprints=tuple(Collective(g, s, op, tuple(sh), tuple(dt), sites[si] if si < n else None, None, None, ep, stp)
-                           for (g, s, op, sh, dt, si, ep, stp) in list(rec.ring)),
+        fingerprints=_fingerprints(rec, sites),
         site_counts=tuple(SiteCount(op, sites[si] if si < n else None, c)
                           for (op, si), c in list(rec.site_counts.items())),
         timing=Timing(rec.steps, round(rec.step_time_total, 4), round(steps_time, 4), round(rec.data_wait_s, 4),

@@ -3,8 +3,7 @@
 Everything here is written by the rank's own threads through cheap attribute
 updates (no locks on the hot path: the GIL makes single attribute/deque updates
 atomic enough for a monitor) and read by the publisher thread, which turns it
-into the JSON-able state posted on the side-channel store (see BOARD.md:
-"PER-RANK EVIDENCE FORMAT").
+into the typed state (:class:`ddp_doctor.evidence.RankState`) posted on the side-channel store.
 """
 from __future__ import annotations
 
@@ -99,6 +98,9 @@ class Recorder:
         self.done = False
         self.exit_code: int | None = None
         self.version = 0  # bumped on notable changes (the publisher posts early)
+        # the publisher's records of sites and fingerprints already built (its thread only)
+        self.site_records: list[Any] = []
+        self.fp_records: dict[tuple, Any] = {}
 
     # -- helpers -----------------------------------------------------------------
     def site_index(self, site) -> int:

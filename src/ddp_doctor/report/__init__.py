@@ -98,11 +98,3 @@ def write_json(data: dict[str, Any], path: str | os.PathLike[str]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     os.replace(tmp, path)
-
-
-def load_json(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a saved report; ValueError when it is not a ddp-doctor report."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    if not isinstance(data, dict) or data.get("schema") not in (REPORT_SCHEMA_ID, LINT_SCHEMA_ID, CHECK_SCHEMA_ID):
-        raise ValueError(f"{path}: not a ddp-doctor report (schema {data.get('schema') if isinstance(data, dict) else None!r})")
-    return data

@@ -1,0 +1,43 @@
+"""The session's report assembly on typed evidence: no processes."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from ddp_doctor.evidence import Collective, ExitStatus, RaisedError, RankState, Site, Timing
+from ddp_doctor.findings import Finding, Location
+from ddp_doctor.session.assemble import confirm_lint, live_rows, rank_entry
+from ddp_doctor.watch.views import RankView
+
+S = Site("/u/train.py", 20, "main")
+
+
+def test_rank_entry_states_and_fields():
+    waiting = RankState(rank=0, step=4, in_collective=Collective("world", 9, "barrier", site=S, waiting_s=2.0))
+    e = rank_entry(0, waiting, {})
+    assert e["state"] == "in_collective" and e["last_collective"]["op"] == "barrier" and e["step"] == 4
+    crashed = RankState(rank=1, exc=RaisedError("ValueError", "x", location=S, traceback=(S,)))
+    e = rank_entry(1, crashed, {1: ExitStatus(1, None)})
+    assert e["state"] == "crashed" and e["stack"] == [S.to_json()] and e["exit_code"] == 1
+    assert rank_entry(2, RankState(rank=2), {2: ExitStatus(-9, "SIGKILL")})["state"] == "killed"
+    assert rank_entry(3, RankState(rank=3, missing=True), {}) == {
+        "rank": 3, "state": "missing", "epoch": None, "step": None, "last_collective": None, "stack": [],
+        "exit_code": None, "signal": None}
+
+
+def test_runtime_finding_confirms_lint_on_the_same_line_and_hazard():
+    runtime = [Finding("DDP202", "m", "f", location=Location("/node1/train.py", 20)).to_report_dict()]
+    lint = [Finding("DDP201", "lm", "lf", location=Location("train.py", 20)).to_report_dict(),
+            Finding("DDP401", "lm", "lf", location=Location("train.py", 20)).to_report_dict()]
+    confirm_lint(runtime, lint)
+    assert lint[0]["confirmed_by_runtime"] == "DDP202" and lint[0]["severity"] == "error"
+    assert "confirmed_by_runtime" not in lint[1]
+    assert runtime[0]["evidence"]["lint"]["code"] == "DDP201" and "came true" in runtime[0]["message"]
+
+
+def test_live_rows_from_typed_states():
+    v0 = RankView(0)
+    v0.update(RankState(rank=0, step=3, step_times=(0.1, 0.2), timing=Timing(3, 0.3, 0.3, 0.1, 0, 0.2),
+                        in_collective=Collective("world", 4, "barrier", site=S)), 1.0)
+    rows = live_rows(SimpleNamespace(views={0: v0, 1: RankView(1)}))
+    assert rows[0]["state"] == "in barrier" and rows[0]["where"] == "train.py:20" and rows[0]["data_wait_pct"] == 33.3
+    assert rows[1]["state"] == "starting"
