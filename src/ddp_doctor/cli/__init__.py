@@ -16,7 +16,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("explain", "show the documentation page of a finding code"),
     "run": ("run", "launch like torchrun, watch every rank, diagnose hangs and desyncs"),
     "check": ("check", "pre-flight self-test of the environment and every rank's links"),
-    "report": ("report", "re-render a saved JSON report (terminal or HTML)"),
+    "attach": ("attach", "diagnose a running (hung) job started without ddp-doctor: which rank, which line"),
+    "report": ("report", "re-render or merge saved JSON reports, or read Flight Recorder dumps"),
     "demo": ("demo", "run a shipped buggy 2-rank job, diagnose it, then run the fixed one"),
 }
 
@@ -43,8 +44,21 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"{USAGE}\nddp-doctor: error: unknown subcommand {name!r}", file=sys.stderr)
         return 2
-    module = importlib.import_module(f"ddp_doctor.cli.{SUBCOMMANDS[name][0]}")
     try:
+        module = importlib.import_module(f"ddp_doctor.cli.{SUBCOMMANDS[name][0]}")
         return int(module.main(rest) or 0)
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as e:  # a `pip install ddp-doctor` without the runtime extra: say what to install
+        hint = MISSING.get((e.name or "").split(".")[0])
+        if hint is None:
+            raise
+        print(f"ddp-doctor {name}: needs {hint}", file=sys.stderr)
+        return 2
+
+
+# what a subcommand needs when an optional dependency is missing (lint and explain need none of them)
+MISSING = {
+    "torch": ("PyTorch, which is not installed in this Python (" + sys.executable + "): "
+              "pip install 'ddp-doctor[run]'  (or install the torch build for your CUDA from https://pytorch.org)"),
+}

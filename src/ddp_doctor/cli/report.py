@@ -1,4 +1,8 @@
-"""``ddp-doctor report REPORT.json [--html PATH] [--format text|json]``: re-render a saved report."""
+"""``ddp-doctor report REPORT.json [--html PATH] [--format text|json]``: re-render a saved report.
+
+Also ``report a.json b.json ...`` (merge the per-node reports of ``ddp-doctor attach``) and
+``report --flight-recorder DIR`` (diagnose PyTorch Flight Recorder dumps, one per rank).
+"""
 from __future__ import annotations
 
 import argparse
@@ -33,7 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ddp-doctor report", description="Re-render a saved ddp-doctor JSON report "
                                 "(from `ddp-doctor run --report`, `ddp-doctor check --report` or "
                                 "`ddp-doctor lint --format json`).")
-    p.add_argument("report", metavar="REPORT.json")
+    p.add_argument("report", metavar="REPORT.json", nargs="*", help="a saved report; several `ddp-doctor attach` "
+                   "reports (one per node) are merged into one diagnosis of the whole job")
+    p.add_argument("--flight-recorder", metavar="DIR", help="diagnose the PyTorch Flight Recorder dumps in DIR "
+                   "(one file per rank, e.g. from TORCH_FR_DUMP_TEMP_FILE) instead of reading a report")
+    p.add_argument("--output", "-o", metavar="PATH", help="write the (merged / Flight Recorder) report as JSON")
     p.add_argument("--html", metavar="PATH", help="also write a self-contained HTML page")
     p.add_argument("--format", choices=("text", "json"), default="text", help="terminal output (default: text)")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
@@ -58,26 +66,72 @@ def validate(data: object) -> list[str]:
     return [f"{'/'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message}" for e in errs[:10]]
 
 
-def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+def _load(path: str) -> dict | None:
+    """A validated report, or None after saying why on stderr (one line: odd input never gives a traceback)."""
+    from ddp_doctor.report.safe import MAX_DEPTH, clean_text, depth
+
     try:
-        with open(args.report, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
     except OSError as exc:
-        print(f"ddp-doctor report: cannot read {args.report}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        print(f"ddp-doctor report: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
+        return None
     except (ValueError, UnicodeDecodeError) as exc:
-        print(f"ddp-doctor report: {args.report} is not JSON: {exc}", file=sys.stderr)
-        return 2
+        print(f"ddp-doctor report: {path} is not JSON: {exc}", file=sys.stderr)
+        return None
     except RecursionError:
-        print(f"ddp-doctor report: {args.report} is nested too deeply to be a report", file=sys.stderr)
-        return 2
-    from ddp_doctor.report.safe import MAX_DEPTH, depth
-
+        print(f"ddp-doctor report: {path} is nested too deeply to be a report", file=sys.stderr)
+        return None
     if depth(data) > MAX_DEPTH:
-        print(f"ddp-doctor report: {args.report} is nested deeper than {MAX_DEPTH} levels: not a ddp-doctor report",
+        print(f"ddp-doctor report: {path} is nested deeper than {MAX_DEPTH} levels: not a ddp-doctor report",
               file=sys.stderr)
+        return None
+    problems = validate(data)
+    if problems:
+        print(f"ddp-doctor report: {path} is not a ddp-doctor report:", file=sys.stderr)
+        for p in problems:
+            print(f"  {clean_text(p)}", file=sys.stderr)
+        return None
+    return data
+
+
+def _gather(args) -> dict | None:
+    """The report to show: one file, several attach reports merged, or Flight Recorder dumps diagnosed."""
+    if args.flight_recorder:
+        if args.report:
+            print("ddp-doctor report: give either REPORT.json files or --flight-recorder DIR", file=sys.stderr)
+            return None
+        from ddp_doctor.flightrec import FlightRecorderError, build_report, read_dir
+
+        try:
+            return build_report(args.flight_recorder, read_dir(args.flight_recorder))
+        except FlightRecorderError as exc:
+            print(f"ddp-doctor report: {exc}", file=sys.stderr)
+            return None
+    if not args.report:
+        print("ddp-doctor report: give a REPORT.json (or several attach reports, or --flight-recorder DIR)",
+              file=sys.stderr)
+        return None
+    loaded = [_load(p) for p in args.report]
+    if any(d is None for d in loaded):
+        return None
+    if len(loaded) == 1:
+        return loaded[0]
+    from ddp_doctor.attach.merge import MergeError, merge
+
+    try:
+        return merge(loaded, list(args.report))
+    except MergeError as exc:
+        print(f"ddp-doctor report: {exc}", file=sys.stderr)
+        return None
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    data = _gather(args)
+    if data is None:
         return 2
+    what = args.flight_recorder or " ".join(args.report)
     try:
         return _render(args, data)
     except BrokenPipeError:  # `... | head`
@@ -85,20 +139,16 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # odd but schema-valid input: one clear line, never a traceback
         from ddp_doctor.report.safe import clean_text
 
-        print(f"ddp-doctor report: cannot render {args.report}: {type(exc).__name__}: {clean_text(str(exc))[:200]}",
+        print(f"ddp-doctor report: cannot render {what}: {type(exc).__name__}: {clean_text(str(exc))[:200]}",
               file=sys.stderr)
         return 2
 
 
 def _render(args: argparse.Namespace, data: dict) -> int:
-    problems = validate(data)
-    if problems:
-        print(f"ddp-doctor report: {args.report} is not a ddp-doctor report:", file=sys.stderr)
-        from ddp_doctor.report.safe import clean_text
+    if args.output:
+        from ddp_doctor.report import write_json
 
-        for p in problems:
-            print(f"  {clean_text(p)}", file=sys.stderr)
-        return 2
+        write_json(data, args.output)
     if not args.no_snippets:
         from ddp_doctor.report.snippets import attach_snippets
         attach_snippets(data)

@@ -1,0 +1,81 @@
+"""``ddp-doctor attach``: diagnose a job that is already running (and hanging), started without ddp-doctor.
+
+discover (psutil + /proc/PID/environ) -> sample (py-spy, non-blocking, a few times) -> classify each
+rank's main-thread stack -> diagnose (the rank that is not where the others are) -> a
+``ddp-doctor/report/v1`` report, rendered by :mod:`ddp_doctor.report` like ``run``'s.  Nothing is
+stopped unless asked (``stop_job``).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ddp_doctor.attach.diagnose import activity_state, diagnose
+from ddp_doctor.attach.discover import Job, find_job
+from ddp_doctor.attach.sample import RankView, sample_job
+from ddp_doctor.attach.stacks import AttachError
+
+__all__ = ["AttachError", "attach", "build_report", "find_job", "stop_job"]
+
+
+def build_report(job: Job, views: list[RankView], verdict: str, findings: list) -> dict[str, Any]:
+    """The report/v1 object; ``partial`` when this node holds only some of the job's ranks."""
+    ranks = []
+    for v in views:
+        a = v.activity
+        ranks.append({
+            "rank": v.proc.rank, "state": activity_state(a, v.gone), "epoch": None, "step": None,
+            "last_collective": {"op": a.op, "state": "waiting" if v.stuck else "in progress"} if a.in_collective
+            else None,
+            "stack": [f.to_json() for f in (v.stack.frames if v.stack else [])],
+            "where": a.site.to_json() if a.site else None,
+            "exit_code": None, "signal": None, "pid": v.proc.pid, "local_rank": v.proc.local_rank,
+            "node": job.node, "unchanged_s": round(v.unchanged_s, 1),
+            "activity": {"kind": a.kind, "op": a.op, "moved": v.moved, "gone": v.gone,
+                         "cpu_s": None if v.cpu_s is None else round(v.cpu_s, 3), "window_s": round(v.window_s, 3),
+                         "io_bytes": v.io_bytes},
+            "threads": [{"name": t.name, "stack": [f.to_json() for f in t.frames]} for t in v.threads if not t.main],
+            "workers": [{"pid": w.pid, "stack": [f.to_json() for f in (w.stack.frames if w.stack else [])],
+                         "unchanged_s": round(w.unchanged_s, 1)} for w in v.workers],
+        })
+    cmd = views[0].proc.cmdline if views else []
+    return {
+        "schema": "ddp-doctor/report/v1", "verdict": verdict, "exit_code": 1 if verdict != "ok" else 0,
+        "world_size": job.world_size, "findings": [f.to_report_dict() for f in findings], "ranks": ranks,
+        "source": "attach", "command": cmd, "job": job.job, "nodes": [job.node],
+        "partial": not job.whole_job_here, "agent_pid": job.agent_pid,
+        "sampled_s": round(views[0].window_s, 1) if views else 0.0, "attached_at": time.time(),
+    }
+
+
+def attach(pids: list[int] | None = None, samples: int = 3, interval_s: float = 1.0) -> dict[str, Any]:
+    """Find the job, sample it, diagnose it; returns the report (raises AttachError with what to do)."""
+    job = find_job(pids)
+    views = sample_job(job, samples, interval_s)
+    verdict, findings = diagnose(views, job.world_size, job.whole_job_here)
+    return build_report(job, views, verdict, findings)
+
+
+def stop_job(report: dict[str, Any], grace_s: float = 3.0) -> dict[int, str]:
+    """Only with ``--stop``: SIGTERM torch's elastic agent first (it tears its ranks down through torch's own
+    shutdown path), then SIGTERM/SIGKILL whatever rank or DataLoader worker is still running."""
+    import psutil
+
+    from ddp_doctor.procs import terminate
+
+    def procs(pids):
+        out = []
+        for pid in pids:
+            try:
+                out.append(psutil.Process(pid))
+            except psutil.Error:
+                pass
+        return out
+
+    how: dict[int, str] = {}
+    if report.get("agent_pid"):
+        how.update(terminate(procs([report["agent_pid"]]), grace_s))
+    targets = [r["pid"] for r in report["ranks"]] + [w["pid"] for r in report["ranks"] for w in r.get("workers") or []]
+    left = [p for p in procs(targets) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    how.update(terminate(left, grace_s) if left else {})
+    return how

@@ -1,0 +1,109 @@
+"""What a rank is doing, read from its main thread's Python stack: inside which collective, or where outside.
+
+The stack is the only evidence ``attach`` has (no probe ran in the job), so the classification
+reads torch's own frames: the outermost ``torch.distributed`` collective function (an object
+collective such as ``all_gather_object`` rather than the ``all_gather`` it calls), DDP's
+constructor / forward (parameter and buffer broadcasts), the autograd engine (DDP's gradient
+all-reduce runs while the main thread waits in ``backward()``), a DataLoader waiting for a batch.
+The site is the innermost *user* frame: torch, ddp_doctor and installed packages are skipped.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ddp_doctor import frames as _frames
+from ddp_doctor.evidence import Site
+
+C10D_FILES = ("distributed_c10d.py",)
+COLLECTIVES = frozenset({
+    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "_all_gather_base",
+    "all_gather_coalesced", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "broadcast",
+    "reduce", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier", "monitored_barrier",
+    "send", "recv", "batch_isend_irecv", "all_gather_object", "gather_object", "broadcast_object_list",
+    "scatter_object_list", "send_object_list", "recv_object_list",
+})
+OBJECT_COLLECTIVES = frozenset(c for c in COLLECTIVES if "object" in c)
+DDP_FILE = os.path.join("nn", "parallel", "distributed.py")
+
+
+def is_user(f: Site) -> bool:
+    """A frame of the user's code: not ddp-doctor, torch, the standard library or an installed package."""
+    return _frames.is_user(f.path)
+
+
+def user_frame(stack) -> Site | None:
+    """The innermost user frame of a stack given outermost first."""
+    return _frames.innermost_user(stack)
+
+
+@dataclass(frozen=True)
+class Activity:
+    """Where a rank is: ``kind`` collective | object_collective | ddp | data | outside | no_python."""
+
+    kind: str
+    op: str | None
+    site: Site | None
+
+    @property
+    def in_collective(self) -> bool:
+        return self.kind in ("collective", "object_collective", "ddp")
+
+    @property
+    def explicit(self) -> bool:
+        """A collective the user's code calls itself (not one DDP issues)."""
+        return self.kind in ("collective", "object_collective")
+
+    def key(self) -> tuple:
+        return (self.kind, self.op, self.site.path if self.site else None, self.site.line if self.site else None)
+
+    def describe(self) -> str:
+        at = where(self.site)
+        if self.in_collective:
+            return f"waits in {self.op} at {at}"
+        if self.kind == "data":
+            return f"waits for a batch from its DataLoader at {at}"
+        if self.kind == "no_python":
+            return "has no Python stack (finished, or inside the interpreter's start-up/shut-down)"
+        return f"is at {at}" + (f" (inside {self.op})" if self.op else "")
+
+
+def where(site: Site | None) -> str:
+    if site is None:
+        return "an unknown line"
+    fn = site.function
+    return f"{os.path.basename(site.path)}:{site.line}" + (f" ({fn})" if fn and fn != "<module>" else "")
+
+
+def _name(f: Site) -> str:
+    """The bare function name (py-spy gives qualified names on Python >= 3.11: ``Class.method``)."""
+    return (f.function or "").rsplit(".", 1)[-1]
+
+
+def classify(stack) -> Activity:
+    """The activity of one thread's stack (outermost first)."""
+    if not stack:
+        return Activity("no_python", None, None)
+    site = user_frame(stack)
+    for f in stack:  # outermost collective first: all_gather_object, not the all_gather inside it
+        if f.path.endswith(C10D_FILES) and _name(f) in COLLECTIVES:
+            kind = "object_collective" if _name(f) in OBJECT_COLLECTIVES else "collective"
+            return Activity(kind, _name(f), site)
+    for f in stack:
+        if f.path.endswith(DDP_FILE):
+            if _name(f) == "__init__":
+                return Activity("ddp", "ddp.init(broadcast_params)", site)
+            if _name(f) in ("forward", "_pre_forward", "_sync_buffers", "_sync_module_buffers",
+                              "_default_broadcast_coalesced", "_distributed_broadcast_coalesced"):
+                return Activity("ddp", "ddp.forward(broadcast_buffers)", site)
+    for f in stack:
+        if _name(f) in ("_engine_run_backward", "run_backward") or (
+                _name(f) == "backward" and os.sep + "autograd" + os.sep in f.path):
+            return Activity("ddp", "ddp.backward(allreduce_grads)", site)
+    for f in stack:
+        if f.path.endswith(os.path.join("utils", "data", "dataloader.py")) and _name(f) in (
+                "__next__", "_next_data", "_get_data", "_try_get_data"):
+            return Activity("data", "DataLoader.__next__", site)
+    inner = stack[-1]
+    lib = None if is_user(inner) else f"{os.path.basename(inner.path)}:{inner.line} {inner.function}"
+    return Activity("outside", lib, site)

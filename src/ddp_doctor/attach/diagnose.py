@@ -1,0 +1,220 @@
+"""Rank views of a live job -> verdict and findings (pure: no I/O but an optional lint of the user's files).
+
+The product rule: blame the rank that is not where the others are, at its innermost user frame.
+``attach`` has no history (no sequence numbers), only where each rank is now and whether it moved
+during the sampling window, so the verdict policy is the cautious half of ``run``'s:
+
+* a rank that moves or computes is never stuck: no error while any involved rank progresses;
+* ranks stuck in a collective while others are stuck outside collectives: the outside ranks stall
+  the job (DDP205) — unless lint shows the waiting ranks' collective is rank-conditional (DDP201);
+* ranks stuck in different collectives: those in a collective the user called while the others
+  are in DDP's own (DDP201), else lint's rank-conditional line, else the minority (DDP203);
+* a rank gone (exited, zombie) while the others wait: DDP204;
+* every rank stuck outside collectives: DDP205 with each rank's and DataLoader worker's line.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from ddp_doctor.attach.classify import Activity, is_user, user_frame, where
+from ddp_doctor.attach.sample import RankView
+from ddp_doctor.findings import Finding, Location, runtime_fix
+
+FIX_201, FIX_202, FIX_203 = runtime_fix("DDP201"), runtime_fix("DDP202"), runtime_fix("DDP203")
+FIX_205, FIX_TRANSPORT = runtime_fix("DDP205.stall"), runtime_fix("DDP205.transport")
+FIX_204 = ("Find why that rank ended (its stderr / the launcher's log: an exception, the OOM killer, sys.exit) and "
+           "make every rank stop together; torchrun's agent tears the others down only when a rank *fails*.")
+
+
+def _loc(site) -> Location | None:
+    return Location(site.path, int(site.line or 0), site.function) if site else None
+
+
+def _rank_list(ranks) -> str:
+    ranks = sorted(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def _for(v: RankView) -> str:
+    return f"rank {v.proc.rank} {v.activity.describe()}" + (
+        f" (unchanged for {v.unchanged_s:.0f}s+)" if v.stuck and v.unchanged_s >= 1 else "")
+
+
+def _worker_sites(v: RankView) -> list[tuple[int, object]]:
+    out = []
+    for w in v.workers:
+        frames = w.stack.frames if w.stack else ()
+        uf = user_frame(frames)
+        if uf is not None:
+            out.append((w.pid, uf))
+    return out
+
+
+def _evidence(views: list[RankView]) -> dict:
+    return {"where": {str(v.proc.rank): {"activity": v.activity.kind, "op": v.activity.op,
+                                          "site": v.activity.site.to_json() if v.activity.site else None,
+                                          "unchanged_s": round(v.unchanged_s, 1),
+                                          "cpu_s": None if v.cpu_s is None else round(v.cpu_s, 2),
+                                          "io_bytes": v.io_bytes,
+                                          "moved": v.moved, "pid": v.proc.pid}
+                      for v in views},
+            "workers": {str(w.pid): {"rank": v.proc.rank,
+                                     "at": (user_frame(w.stack.frames) or w.stack.frames[-1]).to_json()
+                                     if w.stack and w.stack.frames else None}
+                        for v in views for w in v.workers}}
+
+
+def _lint_flags(views: list[RankView]) -> dict[tuple[str, int], str]:
+    """{(path, line): code} of lint's rank-conditional findings in the files the ranks stand in."""
+    paths = sorted({f.path for v in views if v.stack for f in v.stack.frames if is_user(f) and f.path.endswith(".py")})
+    if not paths:
+        return {}
+    try:
+        from ddp_doctor.lint import lint_paths
+
+        res = lint_paths(paths, select=["DDP201", "DDP202"])
+    except Exception:  # lint is a hint here; never let it break the diagnosis
+        return {}
+    return {(f.location.path, f.location.line): f.code for f in res.findings if f.location}
+
+
+def _lint_code(site, flags: dict) -> str | None:
+    if site is None:
+        return None
+    import os
+
+    for (path, line), code in flags.items():
+        if line == site.line and os.path.realpath(path) == os.path.realpath(site.path):
+            return code
+    return None
+
+
+def diagnose(views: list[RankView], world_size: int, whole_job_here: bool,
+             lint: dict | None = None) -> tuple[str, list[Finding]]:
+    """Verdict (ok | hang | crash) and findings for one sampled job."""
+    flags = _lint_flags(views) if lint is None else lint
+    live = [v for v in views if not v.gone]
+    found = {v.proc.rank for v in views}
+    missing = sorted(set(range(world_size)) - found) if whole_job_here else []
+    gone = sorted(v.proc.rank for v in views if v.gone) + missing
+    waiting = [v for v in live if v.activity.in_collective and v.stuck]
+    ev = _evidence(views)
+    if gone and waiting:
+        others = "; ".join(_for(v) for v in waiting)
+        how = ", ".join(f"rank {r} " + ("is not running (no process on this node)" if r in missing
+                                          else "has exited (zombie, not yet reaped)") for r in gone)
+        msg = f"{how.capitalize()} while the others wait for it: {others}."
+        return "crash", [Finding("DDP204", msg, FIX_204, location=_loc(waiting[0].activity.site), ranks=gone,
+                                 evidence={**ev, "gone": gone})]
+    if not live:
+        return "ok", []
+    if any(not v.stuck for v in live):
+        return "ok", _busy_notes(live)
+    inside = [v for v in live if v.activity.in_collective]
+    outside = [v for v in live if not v.activity.in_collective]
+    if inside and outside:
+        waits = {(v.activity.op, _key(v.activity.site)) for v in inside}
+        code = _lint_code(inside[0].activity.site, flags) if len(waits) == 1 else None
+        if code:  # the waiting ranks stand in a collective lint calls rank-conditional: they are the odd ones
+            return "hang", [_subset(code, inside, outside, ev, lint_seen=True)]
+        return "hang", [_stall(outside, inside, ev)]
+    if inside:
+        groups: dict[tuple, list[RankView]] = {}
+        for v in inside:
+            groups.setdefault(v.activity.key(), []).append(v)
+        if len(groups) == 1:
+            a = inside[0].activity
+            if whole_job_here:
+                msg = (f"Every rank waits inside the same {a.op} at {where(a.site)} and it never completes: the "
+                       "transport is stuck (network, a dead peer, GPU).")
+            else:
+                msg = (f"Every rank on this node waits inside {a.op} at {where(a.site)}: a rank on another node is "
+                       "elsewhere, or the transport is stuck. Attach on every node and merge the reports with "
+                       "`ddp-doctor report a.json b.json ...` to name it.")
+            return "hang", [Finding("DDP205", msg, FIX_TRANSPORT, location=_loc(a.site), ranks=sorted(found),
+                                    evidence=ev)]
+        return "hang", [_mismatch(groups, inside, ev, flags)]
+    return "hang", [_stall(live, [], ev)]
+
+
+def _key(site) -> tuple:
+    return (site.path, site.line) if site else (None, None)
+
+
+def _subset(code: str, fault: list[RankView], others: list[RankView], ev: dict, lint_seen: bool = False) -> Finding:
+    a = fault[0].activity
+    msg = (f"{_rank_list(v.proc.rank for v in fault).capitalize()} {'waits' if len(fault) == 1 else 'wait'} in "
+           f"{a.op}() at {where(a.site)}, a collective the other ranks never entered: "
+           + "; ".join(_for(v) for v in others) + ".")
+    if lint_seen:
+        msg += f" ddp-doctor lint flags that line as {code} (reached under a rank-dependent condition)."
+    return Finding(code, msg, FIX_201 if code == "DDP201" else FIX_202, location=_loc(a.site),
+                   ranks=sorted(v.proc.rank for v in fault), evidence=ev)
+
+
+def _mismatch(groups: dict[tuple, list[RankView]], inside: list[RankView], ev: dict, flags: dict) -> Finding:
+    """Ranks stuck in different collectives: find the odd group out."""
+    explicit = [v for v in inside if v.activity.explicit]
+    ddp = [v for v in inside if not v.activity.explicit]
+    if explicit and ddp:
+        fwd = [v for v in ddp if v.activity.op and v.activity.op.startswith("ddp.forward")]
+        if fwd and len(fwd) < len(ddp) and len({v.activity.key() for v in fwd}) == 1:
+            return _subset("DDP202", fwd, [v for v in inside if v not in fwd], ev)
+        if len({v.activity.key() for v in explicit}) == 1:
+            return _subset(_lint_code(explicit[0].activity.site, flags) or "DDP201", explicit, ddp, ev)
+    flagged = [(k, vs) for k, vs in groups.items() if _lint_code(vs[0].activity.site, flags)]
+    if len(flagged) == 1:
+        k, vs = flagged[0]
+        return _subset(_lint_code(vs[0].activity.site, flags), vs, [v for v in inside if v not in vs], ev,
+                       lint_seen=True)
+    sizes = Counter({k: len(vs) for k, vs in groups.items()})
+    (top, n_top), *rest = sizes.most_common()
+    if rest and n_top > rest[0][1]:  # a clear majority: the rest are the odd ones
+        fault = [v for k, vs in groups.items() if k != top for v in vs]
+    else:  # no majority (e.g. 2 ranks): name every rank, point at the first rank that is not rank 0's
+        fault = inside
+    site = next((v.activity.site for v in sorted(fault, key=lambda v: v.proc.rank)
+                 if v.activity.key() != groups[top][0].activity.key()), fault[0].activity.site)
+    msg = ("At the same point the ranks wait in different collectives, which never pair: "
+           + "; ".join(_for(v) for v in sorted(inside, key=lambda v: v.proc.rank)) + ".")
+    return Finding("DDP203", msg, FIX_203, location=_loc(site), ranks=sorted(v.proc.rank for v in fault), evidence=ev)
+
+
+def _stall(stuck: list[RankView], waiting: list[RankView], ev: dict) -> Finding:
+    parts = []
+    site = None
+    for v in sorted(stuck, key=lambda v: v.proc.rank):
+        ws = _worker_sites(v)
+        parts.append(_for(v) + (" (" + "; ".join(f"DataLoader worker {pid} at {where(s)}" for pid, s in ws) + ")"
+                                if ws else ""))
+        if site is None:
+            site = ws[0][1] if ws else v.activity.site
+    msg = ("No progress, and the stuck " + ("rank is" if len(stuck) == 1 else "ranks are") +
+           " not in a collective: " + "; ".join(parts) + ".")
+    if waiting:
+        msg += " Meanwhile " + "; ".join(_for(v) for v in sorted(waiting, key=lambda v: v.proc.rank)) + "."
+    return Finding("DDP205", msg, FIX_205, location=_loc(site), ranks=sorted(v.proc.rank for v in stuck),
+                   evidence=ev)
+
+
+def _busy_notes(live: list[RankView]) -> list[Finding]:
+    """Some rank still moves or computes: not a hang (yet). Say who waits on whom, as a warning."""
+    waiting = [v for v in live if v.activity.in_collective and v.stuck]
+    busy = [v for v in live if not v.stuck]
+    if not waiting:
+        return []
+    msg = ("Not a hang yet: " + "; ".join(
+        f"rank {v.proc.rank} is busy and {v.activity.describe()}"
+        + (f" ({v.cpu_s / v.window_s:.0%} CPU)" if v.cpu_s else "")
+        for v in sorted(busy, key=lambda v: v.proc.rank)) + ", while " + "; ".join(_for(v) for v in waiting) +
+        ". Attach again later; if the busy rank's line never changes it is the one to look at.")
+    b = sorted(busy, key=lambda v: v.proc.rank)[0]
+    return [Finding("DDP205", msg, FIX_205, location=_loc(b.activity.site), severity="warning",
+                    ranks=sorted(v.proc.rank for v in busy), evidence=_evidence(live))]
+
+
+def activity_state(a: Activity, gone: bool) -> str:
+    if gone:
+        return "exited"
+    return {"collective": "in_collective", "object_collective": "in_collective", "ddp": "in_collective",
+            "data": "data_wait", "no_python": "unknown"}.get(a.kind, "running")

@@ -1,0 +1,53 @@
+"""``ddp-doctor attach [PID ...]``: diagnose a running (hung) job started without ddp-doctor."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ddp-doctor attach", description=(
+        "Find the training processes on this node (or the given PIDs: a rank, a DataLoader worker or the "
+        "launcher), read every thread's Python stack with py-spy without stopping them, and say which rank is "
+        "not where the others are, at which line, and what to change. Never stops the job unless --stop."))
+    p.add_argument("pids", nargs="*", type=int, metavar="PID")
+    p.add_argument("--report", metavar="PATH", help="write the JSON report (ddp-doctor/report/v1; on several "
+                   "nodes, merge with `ddp-doctor report a.json b.json`)")
+    p.add_argument("--html", metavar="PATH", help="write a self-contained HTML report")
+    p.add_argument("--samples", type=int, default=3, help="stack samples per process (default 3)")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between samples (default 1)")
+    p.add_argument("--stop", action="store_true", help="after diagnosing, stop the job (SIGTERM its launcher, "
+                   "then SIGKILL after 3 s)")
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    from ddp_doctor.attach import AttachError, attach, stop_job
+
+    try:
+        report = attach(args.pids or None, samples=args.samples, interval_s=args.interval)
+    except AttachError as e:
+        print(f"ddp-doctor attach: {e}", file=sys.stderr)
+        return 2
+    from ddp_doctor.report import write_json
+    from ddp_doctor.report.snippets import attach_snippets
+
+    attach_snippets(report)
+    for key, path in (("report_path", args.report), ("html_path", args.html)):
+        if path:
+            report[key] = path
+    from ddp_doctor.report.terminal import print_report
+
+    print_report(report, color={"auto": None, "always": True, "never": False}[args.color])
+    if args.report:
+        write_json(report, args.report)
+    if args.html:
+        from ddp_doctor.report.html import write_html
+
+        write_html(report, args.html)
+    if args.stop:
+        how = stop_job(report)
+        print("stopped: " + ", ".join(f"{pid} ({h})" for pid, h in sorted(how.items())))
+    return int(report["exit_code"])

@@ -1,0 +1,355 @@
+"""Read PyTorch Flight Recorder dumps (one per rank) and diagnose them in ddp-doctor's report format.
+
+torch records every collective of every process group in a ring buffer (``TORCH_FR_BUFFER_SIZE``
+> 0; NCCL also under its older name ``TORCH_NCCL_TRACE_BUFFER_SIZE``): the op (``profiling_name``,
+e.g. ``gloo:all_reduce``), the group and the per-group ``collective_seq_id``, input/output sizes and
+dtypes, and the Python stack of the call.  NCCL's watchdog writes the buffer on a timeout to
+``TORCH_FR_DUMP_TEMP_FILE`` (older: ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``) + rank; gloo records but
+never dumps by itself, so :func:`write_dump` does it (call it when a collective times out).
+A dump is a pickle (or, from ``_dump_fr_trace_json``, JSON) with ``version``, ``pg_config``
+(group name -> ranks) and ``entries``.  As torch's ``fr_trace`` does, entries are matched across
+ranks by group and ``collective_seq_id``; unlike it, the verdict names the rank that diverged and
+its *user* line (library frames skipped), with the catalogue's codes and fixes.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import pickle
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddp_doctor.attach.classify import Activity, classify, where
+from ddp_doctor.evidence import Site
+from ddp_doctor.findings import Finding, Location, runtime_fix
+
+DEFAULT_PREFIX_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+
+
+class FlightRecorderError(ValueError):
+    """The directory holds no readable Flight Recorder dump (the message says what was found)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One recorded collective (or p2p op) of one rank."""
+
+    group: str
+    group_desc: str
+    seq: int
+    p2p_seq: int
+    is_p2p: bool
+    op: str
+    input_sizes: tuple
+    input_dtypes: tuple
+    output_sizes: tuple
+    state: str
+    frames: tuple[Site, ...]  # outermost first
+
+    def signature(self) -> tuple:
+        """What must agree across ranks at one sequence number."""
+        return (self.op, self.input_sizes, self.input_dtypes)
+
+    @property
+    def activity(self) -> Activity:
+        return classify(list(self.frames))
+
+    def to_collective(self) -> dict[str, Any]:
+        shape = (list(self.input_sizes[0]) if len(self.input_sizes) == 1 else [list(s) for s in self.input_sizes]) \
+            if self.input_sizes else None
+        # gloo records every entry as "scheduled" (it does not track start/completion): not worth showing
+        return {"op": self.op, "seq": self.seq, "group": self.group_desc or self.group, "shape": shape,
+                "dtype": ",".join(self.input_dtypes) or None,
+                "state": None if self.state == "scheduled" else self.state}
+
+
+@dataclass
+class RankDump:
+    """One rank's dump."""
+
+    rank: int
+    path: str
+    version: str
+    groups: dict[str, list[int]]  # group name -> global ranks
+    entries: list[Entry] = field(default_factory=list)
+
+
+def _as_tuple(x) -> tuple:
+    return tuple(_as_tuple(v) if isinstance(v, list) else v for v in (x or []))
+
+
+def _entry(e: dict) -> Entry:
+    pg = e.get("process_group") or ("", "")
+    frames = tuple(Site(f.get("filename") or "?", int(f.get("line") or 0), f.get("name"))
+                   for f in reversed(e.get("frames") or []))
+    op = str(e.get("profiling_name") or "?").split(":", 1)[-1]
+    return Entry(str(pg[0]), str(pg[1]) if len(pg) > 1 else "", int(e.get("collective_seq_id") or 0),
+                 int(e.get("p2p_seq_id") or 0), bool(e.get("is_p2p")), op, _as_tuple(e.get("input_sizes")),
+                 tuple(e.get("input_dtypes") or ()), _as_tuple(e.get("output_sizes")), str(e.get("state") or ""),
+                 frames)
+
+
+def _groups(pg_config: dict) -> dict[str, list[int]]:
+    out = {}
+    for key, cfg in (pg_config or {}).items():
+        ranks = cfg.get("ranks") if isinstance(cfg, dict) else None
+        if isinstance(ranks, str):
+            try:
+                ranks = ast.literal_eval(ranks)
+            except (ValueError, SyntaxError):
+                ranks = None
+        name = str(cfg.get("name", key)) if isinstance(cfg, dict) else str(key)
+        out[name] = list(ranks) if isinstance(ranks, (list, tuple)) else []
+    return out
+
+
+def read_dump(path: str | os.PathLike[str]) -> RankDump | None:
+    """One dump file; None when it is not a Flight Recorder dump or has no rank number in its name."""
+    m = re.search(r"(\d+)(?:\.json|\.pkl|\.pickle)?$", os.path.basename(str(path)))
+    if not m:
+        return None
+    raw = Path(path).read_bytes()
+    try:
+        data = pickle.loads(raw)
+    except Exception:
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            return None
+    if not isinstance(data, dict) or "entries" not in data:
+        return None
+    return RankDump(int(m.group(1)), str(path), str(data.get("version", "")), _groups(data.get("pg_config")),
+                    [_entry(e) for e in data.get("entries") or [] if isinstance(e, dict)])
+
+
+def read_dir(directory: str | os.PathLike[str]) -> list[RankDump]:
+    """Every rank's dump under ``directory`` (recursively), by rank."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise FlightRecorderError(f"{directory} is not a directory")
+    dumps: dict[int, RankDump] = {}
+    for p in sorted(d.rglob("*")):
+        if p.is_file():
+            rd = read_dump(p)
+            if rd is not None:
+                dumps[rd.rank] = rd
+    if not dumps:
+        raise FlightRecorderError(
+            f"no Flight Recorder dump in {directory}: expected one file per rank named PREFIX<rank> (as written by "
+            "TORCH_FR_DUMP_TEMP_FILE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE, or ddp_doctor.flightrec.write_dump), with "
+            "TORCH_FR_BUFFER_SIZE > 0 set in the job")
+    return [dumps[r] for r in sorted(dumps)]
+
+
+def write_dump(prefix: str | None = None) -> str | None:
+    """Write this rank's Flight Recorder buffer to ``prefix + rank`` (gloo does not dump on timeouts itself).
+
+    ``prefix`` defaults to ``$TORCH_FR_DUMP_TEMP_FILE`` or ``/tmp/torch_fr_trace_rank_``; returns the path,
+    or None when the job records nothing (``TORCH_FR_BUFFER_SIZE`` unset) or this torch has no recorder.
+    Typical use: ``except RuntimeError: ddp_doctor.flightrec.write_dump(); raise`` around the training loop.
+    """
+    if not any(int(os.environ.get(k) or 0) > 0 for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")):
+        return None  # nothing was recorded: an empty dump would read as "this rank ran no collective"
+    try:
+        import torch.distributed as dist
+        from torch._C._distributed_c10d import _dump_fr_trace
+    except ImportError:
+        return None
+    prefix = prefix or next((os.environ[k] for k in DEFAULT_PREFIX_ENV if os.environ.get(k)),
+                            "/tmp/torch_fr_trace_rank_")
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
+    data = _dump_fr_trace(includeCollectives=True, includeStackTraces=True, onlyActive=False)
+    if not data:
+        return None
+    path = f"{prefix}{rank}"
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+    return path
+
+
+# -- diagnosis ---------------------------------------------------------------------------------------
+def _fixes():
+    return runtime_fix("DDP201"), runtime_fix("DDP202"), runtime_fix("DDP203")
+
+
+def _loc(e: Entry) -> Location | None:
+    s = e.activity.site
+    return Location(s.path, int(s.line or 0), s.function) if s else None
+
+
+def _desc(e: Entry) -> str:
+    sizes = "x".join(map(str, e.input_sizes[0])) if len(e.input_sizes) == 1 else \
+        ",".join("x".join(map(str, s)) for s in e.input_sizes)
+    dt = ",".join(e.input_dtypes)
+    what = e.op + (f" [{sizes}]" if sizes else "") + (f" {dt}" if dt else "")
+    return f"{what} (#{e.seq}) at {where(e.activity.site)}"
+
+
+def _ddp_internal(e: Entry) -> bool:
+    a = e.activity
+    return a.kind == "ddp" or (a.kind not in ("collective", "object_collective"))
+
+
+def _lint_code(entries: list[Entry]) -> dict[tuple[str, int], str]:
+    paths = sorted({e.activity.site.path for e in entries if e.activity.site and os.path.isfile(e.activity.site.path)})
+    if not paths:
+        return {}
+    try:
+        from ddp_doctor.lint import lint_paths
+
+        res = lint_paths(paths, select=["DDP201", "DDP202"])
+    except Exception:
+        return {}
+    return {(os.path.realpath(f.location.path), f.location.line): f.code for f in res.findings if f.location}
+
+
+def _flag(e: Entry, flags: dict) -> str | None:
+    s = e.activity.site
+    return flags.get((os.path.realpath(s.path), s.line)) if s else None
+
+
+def diagnose(dumps: list[RankDump]) -> tuple[str, list[Finding], dict[int, Entry | None]]:
+    """(verdict, findings, each rank's last recorded collective) from every rank's dump."""
+    fix201, fix202, fix203 = _fixes()
+    have = {d.rank: d for d in dumps}
+    members = sorted({r for d in dumps for rs in d.groups.values() for r in rs} | set(have))
+    missing = [r for r in members if r not in have]
+    last: dict[int, Entry | None] = {}
+    by_group: dict[str, dict[int, dict[int, Entry]]] = {}
+    for d in dumps:
+        coll = [e for e in d.entries if not e.is_p2p]
+        last[d.rank] = max(coll, key=lambda e: e.seq) if coll else None
+        for e in coll:
+            by_group.setdefault(e.group, {}).setdefault(d.rank, {})[e.seq] = e
+    findings: list[Finding] = []
+    desync = False
+    all_entries = [e for d in dumps for e in d.entries]
+    flags = _lint_code(all_entries)
+    for group, per_rank in sorted(by_group.items()):
+        ranks_in = sorted(per_rank)
+        group_ranks = next((d.groups.get(group) for d in dumps if d.groups.get(group)), None) or ranks_in
+        present = [r for r in group_ranks if r in per_rank]
+        lo = max(min(per_rank[r]) for r in present)  # older entries may have left a ring buffer
+        hi = max(max(per_rank[r]) for r in present)
+        for seq in range(lo, hi + 1):
+            at = {r: per_rank[r].get(seq) for r in present}
+            there = {r: e for r, e in at.items() if e is not None}
+            sigs = Counter(e.signature() for e in there.values())
+            if len(sigs) > 1:
+                findings.append(_mismatch(seq, there, flags, fix201, fix202, fix203))
+                if all(max(per_rank[r]) > seq for r in present):  # they went on past it: paired silently
+                    desync = True
+                break
+            behind = sorted(r for r, e in at.items() if e is None)
+            if behind:
+                findings.append(_behind(seq, there, behind, per_rank, flags, fix201))
+                break
+        if findings:
+            break
+    if missing:
+        ref = next((last[r] for r in sorted(last) if last[r] is not None), None)
+        msg = (f"{'Rank' if len(missing) == 1 else 'Ranks'} {', '.join(map(str, missing))} wrote no Flight Recorder "
+               "dump: crashed or killed (gloo aborts a rank on a size mismatch), stuck before its timeout handler, "
+               "or run with TORCH_FR_BUFFER_SIZE unset.")
+        if ref is not None:
+            holder = next(d for d in dumps if d.rank == min(r for r in last if last[r] is not None))
+            recent = sorted((e for e in holder.entries if not e.is_p2p and e.group == ref.group),
+                            key=lambda e: e.seq)[-3:]
+            msg += (f" Rank {holder.rank}'s last recorded collectives: " + "; ".join(_desc(e) for e in recent) + ".")
+        findings.append(Finding("DDP204", msg, "Look at that rank's stderr for an abort or exception; make every "
+                                "rank record and dump (TORCH_FR_BUFFER_SIZE, TORCH_FR_DUMP_TEMP_FILE).",
+                                location=_loc(ref) if ref else None, ranks=missing,
+                                severity="error" if not findings else "warning",
+                                evidence={"missing_dumps": missing}))
+    verdict = ("desync" if desync else "hang") if any(f.severity.value == "error" for f in findings) else "ok"
+    return verdict, findings, last
+
+
+def _mismatch(seq, there: dict[int, Entry], flags, fix201, fix202, fix203) -> Finding:
+    groups: dict[tuple, list[int]] = {}
+    for r, e in sorted(there.items()):
+        groups.setdefault(e.signature(), []).append(r)
+    explicit = [r for r, e in there.items() if not _ddp_internal(e)]
+    internal = [r for r, e in there.items() if _ddp_internal(e)]
+    per_rank = "; ".join(f"rank {r}: {_desc(e)}" for r, e in sorted(there.items()))
+    ev = {"seq": seq, "group": next(iter(there.values())).group_desc,
+          "calls": {str(r): e.to_collective() | {"site": e.activity.site.to_json() if e.activity.site else None}
+                    for r, e in there.items()}}
+    same_op = len({e.op for e in there.values()}) == 1
+    if explicit and internal and not same_op and len({there[r].signature() for r in explicit}) == 1:
+        e = there[explicit[0]]
+        code = _flag(e, flags) or "DDP201"
+        msg = (f"At collective #{seq} of group {e.group_desc or e.group} the ranks recorded different calls: "
+               f"{per_rank}. {'Rank' if len(explicit) == 1 else 'Ranks'} {', '.join(map(str, sorted(explicit)))} "
+               f"called {e.op} where the other ranks were in DDP's own {there[internal[0]].op} (the training step): "
+               "a collective only some ranks reach.")
+        return Finding(code, msg, fix201 if code == "DDP201" else fix202, location=_loc(e), ranks=sorted(explicit),
+                       evidence=ev)
+    flagged = [r for r, e in there.items() if _flag(e, flags)]
+    flagged_sigs = {there[r].signature() for r in flagged}
+    if len(flagged_sigs) == 1 and len(flagged) < len(there):
+        e = there[flagged[0]]
+        fault = [r for r, x in there.items() if x.signature() == e.signature()]
+        code = _flag(e, flags)
+        msg = (f"At collective #{seq} of group {e.group_desc or e.group} the ranks recorded different calls: "
+               f"{per_rank}. ddp-doctor lint flags rank {fault[0]}'s line as {code} (reached under a rank-dependent "
+               "condition).")
+        return Finding(code, msg, fix201 if code == "DDP201" else fix202, location=_loc(e), ranks=sorted(fault),
+                       evidence=ev)
+    (top, n_top), *rest = Counter({k: len(v) for k, v in groups.items()}).most_common()
+    fault = [r for k, rs in groups.items() if k != top for r in rs] if rest and n_top > rest[0][1] else sorted(there)
+    e = there[min(r for r in fault if there[r].signature() != top) if any(there[r].signature() != top for r in fault)
+               else fault[0]]
+    what = "ops" if not same_op else ("shapes" if len({x.input_sizes for x in there.values()}) > 1 else "dtypes")
+    msg = (f"At collective #{seq} of group {e.group_desc or e.group} the ranks recorded different {what}: {per_rank}. "
+           "The ranks paired calls that do not match (hang, crash or silently wrong data).")
+    return Finding("DDP203", msg, fix203, location=_loc(e), ranks=sorted(fault), evidence=ev)
+
+
+def _behind(seq, there: dict[int, Entry], behind: list[int], per_rank, flags, fix201) -> Finding:
+    e = next(iter(there.values()))
+    ahead = sorted(there)
+    lasts = {r: per_rank[r][max(per_rank[r])] for r in behind}
+    was = "; ".join(f"rank {r}'s last recorded collective is {_desc(x)}" for r, x in sorted(lasts.items()))
+    ev = {"seq": seq, "group": e.group_desc or e.group,
+          "waiting": {str(r): x.to_collective() for r, x in there.items()},
+          "last": {str(r): x.to_collective() for r, x in lasts.items()}}
+    code = _flag(e, flags)
+    if code:
+        msg = (f"Ranks {', '.join(map(str, ahead))} entered {_desc(e)}, which ranks {', '.join(map(str, behind))} "
+               "never "
+               f"reached ({was}); ddp-doctor lint flags that line as {code} (reached under a rank-dependent "
+               "condition).")
+        return Finding(code, msg, fix201, location=_loc(e), ranks=ahead, evidence=ev)
+    msg = (f"{'Rank' if len(behind) == 1 else 'Ranks'} {', '.join(map(str, behind))} never reached collective #{seq} "
+           f"({_desc(e)}, entered by rank {', '.join(map(str, ahead))}): {was}, so it stalled outside collectives "
+           "after that line (data loading, I/O, a lock) or ended.")
+    site = lasts[behind[0]]
+    return Finding("DDP205", msg, runtime_fix("DDP205.stall"), location=_loc(site), ranks=behind, evidence=ev)
+
+
+def build_report(directory: str, dumps: list[RankDump]) -> dict[str, Any]:
+    """The report/v1 object of a job's Flight Recorder dumps."""
+    verdict, findings, last = diagnose(dumps)
+    members = sorted({r for d in dumps for rs in d.groups.values() for r in rs} | {d.rank for d in dumps})
+    ranks = []
+    for r in members:
+        e = last.get(r)
+        state = "in_collective" if e is not None else ("no_dump" if r not in last else "unknown")
+        ranks.append({"rank": r, "state": state,
+                      "epoch": None, "step": None, "last_collective": e.to_collective() if e else None,
+                      "stack": [f.to_json() for f in e.frames] if e else [],
+                      "where": e.activity.site.to_json() if e and e.activity.site else None,
+                      "exit_code": None, "signal": None})
+    return {"schema": "ddp-doctor/report/v1", "verdict": verdict, "exit_code": 0 if verdict == "ok" else 1,
+            "world_size": len(members), "findings": [f.to_report_dict() for f in findings], "ranks": ranks,
+            "source": "flight_recorder", "flight_recorder": {"dir": str(directory),
+                                                             "files": {str(d.rank): d.path for d in dumps},
+                                                             "version": dumps[0].version if dumps else None}}

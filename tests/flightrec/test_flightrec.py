@@ -1,0 +1,131 @@
+"""Flight Recorder dumps from real 2-rank gloo jobs -> ddp-doctor's diagnosis (culprit rank, op/shape, user line)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddp_doctor import flightrec
+
+pytestmark = pytest.mark.scenario
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parents[1] / "src"
+JOB = HERE / "scripts" / "fr_job.py"
+
+
+def _line(marker: str) -> int:
+    return next(i for i, s in enumerate(JOB.read_text().splitlines(), 1) if s.rstrip().endswith(f"# expect: {marker}"))
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    """Run every case once (module scope: each job takes a few seconds); {case: dump dir}."""
+    out = {}
+    for case in ("barrier", "broadcast_size", "op", "allgather_shape"):
+        d = tmp_path_factory.mktemp(case)
+        env = dict(os.environ, PYTHONPATH=str(SRC), TORCH_FR_BUFFER_SIZE="2000",
+                   TORCH_FR_DUMP_TEMP_FILE=str(d / "fr_rank_"), OMP_NUM_THREADS="1")
+        p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-endpoint",
+                            f"127.0.0.1:{_port()}", str(JOB), case], env=env, capture_output=True, text=True,
+                           timeout=180)
+        out[case] = (d, p.stdout + p.stderr)
+    return out
+
+
+def _report(d: Path, tmp_path: Path) -> tuple[dict, str]:
+    out = tmp_path / "fr.json"
+    p = subprocess.run([sys.executable, "-m", "ddp_doctor", "report", "--flight-recorder", str(d), "-o", str(out),
+                        "--html", str(tmp_path / "fr.html"), "--color", "never"],
+                       env=dict(os.environ, PYTHONPATH=str(SRC)), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(out.read_text())
+    from ddp_doctor.cli.report import validate
+
+    assert validate(rep) == []  # the report/v1 contract
+    return rep, p.stdout
+
+
+def test_rank0_barrier_from_dumps(dumps, tmp_path):
+    d, log = dumps["barrier"]
+    assert sorted(x.name for x in d.iterdir()) == ["fr_rank_0", "fr_rank_1"], log[-2000:]
+    rep, text = _report(d, tmp_path)
+    assert rep["verdict"] == "hang" and rep["source"] == "flight_recorder"
+    f = rep["findings"][0]
+    assert f["code"] == "DDP201" and f["ranks"] == [0]
+    assert f["location"]["path"] == str(JOB) and f["location"]["line"] == _line("barrier")
+    calls = f["evidence"]["calls"]
+    assert calls["0"]["op"] == "barrier" and calls["1"]["op"] == "all_reduce"
+    assert "DDP201" in text and "fr_job.py:" in text
+    assert "DDP201" in (tmp_path / "fr.html").read_text()
+
+
+def test_broadcast_size_mismatch_from_dumps(dumps, tmp_path):
+    d, log = dumps["broadcast_size"]
+    rep, _ = _report(d, tmp_path)
+    f = rep["findings"][0]
+    assert f["code"] == "DDP203" and f["location"]["line"] == _line("broadcast_size")
+    assert "shapes" in f["message"]
+    assert f["evidence"]["calls"]["0"]["shape"] == [4] and f["evidence"]["calls"]["1"]["shape"] == [8]
+    assert rep["verdict"] == "desync"  # gloo paired them silently; both ranks went on to the barrier
+
+
+def test_op_mismatch_from_dumps(dumps, tmp_path):
+    d, log = dumps["op"]
+    rep, _ = _report(d, tmp_path)
+    f = rep["findings"][0]
+    assert f["code"] == "DDP203" and "ops" in f["message"]
+    assert {c["op"] for c in f["evidence"]["calls"].values()} == {"all_gather", "all_reduce"}
+    lines = {c["site"]["line"] for c in f["evidence"]["calls"].values()}
+    assert lines == {_line("op rank 0"), _line("op rank 1")}
+
+
+def test_aborted_rank_has_no_dump(dumps, tmp_path):
+    """gloo aborts a rank on an all_gather size mismatch: its dump is missing, the other's names the call."""
+    d, log = dumps["allgather_shape"]
+    rep, _ = _report(d, tmp_path)
+    codes = {f["code"]: f for f in rep["findings"]}
+    assert "DDP204" in codes, rep["findings"]
+    present = {int(x.name.rsplit("_", 1)[1]) for x in d.iterdir()}
+    assert codes["DDP204"]["ranks"] == sorted({0, 1} - present)
+    # the survivor's recorder shows the all_gather with its own size (3 + rank) just before the end
+    other = 1 - codes["DDP204"]["ranks"][0]
+    assert f"all_gather [{3 + other}] Float" in codes["DDP204"]["message"]
+    assert f"fr_job.py:{_line('allgather_shape')}" in codes["DDP204"]["message"]
+
+
+def _entry(seq, op, line, sizes=((4,),), frames_path="/job/train.py"):
+    return {"process_group": ("0", "default_pg"), "collective_seq_id": seq, "p2p_seq_id": 0, "is_p2p": False,
+            "profiling_name": f"nccl:{op}", "input_sizes": [list(s) for s in sizes], "input_dtypes": ["Float"],
+            "output_sizes": [], "state": "completed",
+            "frames": [{"name": op, "filename": "/x/torch/distributed/distributed_c10d.py", "line": 1},
+                       {"name": "main", "filename": frames_path, "line": line}]}
+
+
+def test_rank_behind_and_json_dumps(tmp_path):
+    """A rank that never reached collective #3 (NCCL-named JSON dumps, as _dump_fr_trace_json writes them)."""
+    cfg = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"}}
+    for r in range(3):
+        entries = [_entry(seq, "all_reduce", 10) for seq in (1, 2, 3) if not (r == 2 and seq == 3)]
+        dump = {"version": "2.10", "pg_config": cfg, "entries": entries}
+        (tmp_path / f"nccl_trace_rank_{r}").write_text(json.dumps(dump))
+    verdict, findings, last = flightrec.diagnose(flightrec.read_dir(tmp_path))
+    assert verdict == "hang"
+    assert [(f.code, f.ranks) for f in findings] == [("DDP205", [2])]
+    assert "never reached collective #3" in findings[0].message
+
+
+def test_empty_dir_is_a_clear_error(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(flightrec.FlightRecorderError, match="no Flight Recorder dump"):
+        flightrec.read_dir(tmp_path)
