@@ -47,3 +47,11 @@ def test_only_files_the_job_ran(tmp_path):
     r["sources"].append(str(link))
     attach_snippets(r)
     assert "snippet" not in r["findings"][0]["location"]
+
+
+def test_stack_sources_are_absolute_python_files_of_the_stacks():
+    from ddp_doctor.report.snippets import stack_sources
+
+    stacks = [[{"path": "/job/train.py", "line": 3}, {"path": "<frozen runpy>", "line": 1}],
+              [{"path": "/job/data.py", "line": 9}, {"path": "relative.py", "line": 2}, {"path": "/etc/passwd"}]]
+    assert stack_sources(stacks) == ["/job/data.py", "/job/train.py"]

@@ -14,6 +14,7 @@ from ddp_doctor.attach.diagnose import activity_state, diagnose
 from ddp_doctor.attach.discover import Job, find_job
 from ddp_doctor.attach.sample import RankView, sample_job
 from ddp_doctor.attach.stacks import AttachError
+from ddp_doctor.report.snippets import stack_sources
 
 __all__ = ["AttachError", "attach", "build_report", "find_job", "stop_job"]
 
@@ -39,7 +40,10 @@ def build_report(job: Job, views: list[RankView], verdict: str, findings: list) 
                          "unchanged_s": round(w.unchanged_s, 1)} for w in v.workers],
         })
     cmd = views[0].proc.cmdline if views else []
+    stacks = [st for r in ranks for st in (r["stack"], *(t["stack"] for t in r["threads"]),
+                                           *(w["stack"] for w in r["workers"]))]
     return {
+        "sources": stack_sources(stacks),  # the files these processes ran: the only ones snippets quote
         "schema": "ddp-doctor/report/v1", "verdict": verdict, "exit_code": 1 if verdict != "ok" else 0,
         "world_size": job.world_size, "findings": [f.to_report_dict() for f in findings], "ranks": ranks,
         "source": "attach", "command": cmd, "job": job.job, "nodes": [job.node],

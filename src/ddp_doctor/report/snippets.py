@@ -62,6 +62,13 @@ def _all_findings(report: dict[str, Any]) -> Iterable[dict[str, Any]]:
             yield from past.get("findings") or []
 
 
+def stack_sources(stacks: Iterable[Iterable[dict[str, Any]]]) -> list[str]:
+    """The source files of stacks taken from the job's own processes (attach's samples, Flight Recorder
+    dumps): what a report built from them may list as its ``sources``."""
+    return sorted({f["path"] for st in stacks for f in st
+                   if isinstance(f.get("path"), str) and f["path"].startswith("/") and f["path"].endswith(".py")})
+
+
 def saved_report_sources(report: dict[str, Any]) -> set[str]:
     """The files a saved report may have quoted: its ``sources`` that are Python source files."""
     out = set()
