@@ -101,6 +101,7 @@ class Project:
         self._files: dict[tuple[Path, int, str], Path | None] = {}
         self._relevant: dict[tuple[str, str], bool] = {}
         self._listings: dict[Path, frozenset] = {}
+        self._dropped: list["ModuleModel"] = []  # models out of the cache, released between files
 
     # --------------------------------------------------------------- files
     def built(self, path: str, source: str) -> "ModuleModel | None":
@@ -115,10 +116,28 @@ class Project:
             self._keep(os.path.realpath(model.path), model)
 
     def _keep(self, real: str, model: "ModuleModel | None") -> None:
+        old = self._by_path.get(real)
+        if old is not None and old is not model:
+            self._dropped.append(old)
         self._by_path[real] = model
         self._by_path.move_to_end(real)
         while len(self._by_path) > _MAX_MODELS:
-            self._by_path.popitem(last=False)
+            _path, gone = self._by_path.popitem(last=False)
+            if gone is not None:
+                self._dropped.append(gone)
+
+    def release_dropped(self, everything: bool = False) -> None:
+        """Release the models dropped from the cache (or all of them, when the run is over).  Called
+        between files, when no analysis holds a model: a dropped model may still be in use while the
+        file that imported it is being linted."""
+        if everything:
+            self._dropped.extend(m for m in self._by_path.values() if m is not None)
+            self._by_path.clear()
+        kept = {id(m) for m in self._by_path.values() if m is not None}
+        for m in self._dropped:
+            if id(m) not in kept:
+                m.release()
+        self._dropped = []
 
     def within(self, path: Path) -> bool:
         return any(path == r or r in path.parents for r in self.roots)
