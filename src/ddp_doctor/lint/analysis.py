@@ -233,15 +233,17 @@ def fn_collectives(model: ModuleModel, fn: ast.AST, depth: int = 0) -> list[tupl
     out: list[tuple[str, ast.Call]] = []
     if scope is not None and not scope.rank_guarded_all:
         for site in scope.sites:
-            if model.rank_conds(site.conds, scope):
-                continue
+            # what the site would add first, its (costly) rank conditions only when that is something
             name = model.collective_name(site.call, scope)
             if name and not model.uses_subgroup(site.call):
-                out.append((name, site.call))
+                got = [(name, site.call)]
             elif depth < 1:
                 callee = model.resolve_function(site.call.func, scope)
-                if callee is not None and callee is not fn:
-                    out += fn_collectives(model, callee, depth + 1)
+                got = fn_collectives(model, callee, depth + 1) if callee is not None and callee is not fn else []
+            else:
+                got = []
+            if got and not model.rank_conds(site.conds, scope):
+                out += got
     model._cache[key] = out
     return out
 
@@ -253,10 +255,8 @@ def ddp_forward_in_fn(model: ModuleModel, fn: ast.AST, call: ast.Call, caller: S
         return None
     offset = 1 if scope.cls is not None and fn.args.args and fn.args.args[0].arg in ("self", "cls") else 0
     for site in scope.sites:
-        if model.rank_conds(site.conds, scope):
-            continue
         target = forward_target(site.call)
-        if target is None:
+        if target is None or model.rank_conds(site.conds, scope):
             continue
         def quiet() -> bool:
             return in_no_grad(model, scope, site.call.lineno) or in_no_grad(model, caller, call.lineno)

@@ -404,12 +404,17 @@ def _summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSumma
         for name, call in A.fn_collectives(m, fn):
             colls.append(Related(m.path, call.lineno, f"`{name}()` in `{fn.name}`"))
     for site in scope.sites:
-        guarded = bool(m.rank_conds(site.conds, scope)) or scope.rank_guarded_all
         call = site.call
+        guarded = None  # the rank conditions are costly: only worked out where they matter
+
+        def is_guarded(site=site) -> bool:
+            return scope.rank_guarded_all or bool(m.rank_conds(site.conds, scope))
+
         if m.is_backward_call(call) and s.backward is None:
             s.backward = Related(m.path, call.lineno, f"the backward in `{fn.name}`")
         target = A.forward_target(call)
-        if not guarded and isinstance(target, ast.Name) and target.id in params and target.id not in s.forwards:
+        if isinstance(target, ast.Name) and target.id in params and target.id not in s.forwards and \
+                not (guarded := is_guarded()):
             quiet = A.in_no_grad(m, scope, call.lineno)
             s.forwards[target.id] = (Related(m.path, call.lineno, f"`{target.id}(...)` in `{fn.name}`"), quiet)
         if m.resolve_function(call.func, scope) is not None:
@@ -421,7 +426,7 @@ def _summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSumma
         inner = project.summary_of_call(m, call.func, scope)
         if inner is None:
             continue
-        if not guarded:
+        if inner.collectives and not (guarded if guarded is not None else is_guarded()):
             colls.extend(inner.collectives)
         if s.backward is None and inner.backward is not None:
             s.backward = inner.backward
