@@ -27,8 +27,9 @@ SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".tox", ".nox", ".mypy_cache"
 # reported) but skip building the semantic model
 _RELEVANT = re.compile(r"[dD]istributed|DataLoader|lightning|accelerat|fabric|deepspeed|horovod")
 # a run holds many parsed trees (the project's model cache): the cyclic collector's full passes over
-# them cost about 40% of the CPU time, yet the garbage is only the models of finished files.  So the
-# collector is paused for the run and a full collection is made every this many files instead.
+# them cost about 40% of the CPU time, yet nothing there is garbage (models are released without it,
+# see Project.release_dropped).  So the collector is paused for the run, and the youngest generation
+# (what the last files allocated, not the whole heap) is collected every this many files.
 _GC_EVERY = 200
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
 
@@ -348,7 +349,7 @@ def _lint_paths(paths: list, select, ignore, exclude) -> LintResult:
             _lint_one(result, p, select, ignore, project)
             project.release_dropped()
             if i % _GC_EVERY == 0:
-                gc.collect()
+                gc.collect(0)
         project.release_dropped(everything=True)
     finally:
         if was_enabled:

@@ -133,6 +133,8 @@ class Project:
         if everything:
             self._dropped.extend(m for m in self._by_path.values() if m is not None)
             self._by_path.clear()
+        if not self._dropped:
+            return
         kept = {id(m) for m in self._by_path.values() if m is not None}
         for m in self._dropped:
             if id(m) not in kept:
