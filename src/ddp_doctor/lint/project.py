@@ -85,6 +85,10 @@ class FunctionSummary:
     iterates: dict[str, tuple[Related, bool]] = field(default_factory=dict)  # param -> (its loop, with a backward)
     returns: dict[str, Related] = field(default_factory=dict)  # "loader" / "sampler" / "ddp" -> where made
     rank_value: str | None = None  # "rank" (returns the rank) or "main" (returns rank == 0)
+    # a `return` before the function's backward under a condition that can differ between ranks (its
+    # batch, loss, clock, the rank): a caller's training loop then skips the backward on some ranks only
+    early_return: Related | None = None
+    early_return_on: tuple[str, ...] = ()  # the parameters its condition depends on
 
 
 def _digest(text: str) -> str:
@@ -458,7 +462,37 @@ def _summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSumma
         if "ddp" not in s.returns and m.is_ddp_value(v, scope):
             s.returns["ddp"] = Related(m.path, r.lineno, f"the DDP model returned by `{fn.name}`")
     s.rank_value = _rank_value(m, fn, scope)
+    if s.backward is not None:
+        s.early_return, s.early_return_on = _early_return(m, fn, scope, positional)
     return s
+
+
+def _early_return(m: "ModuleModel", fn: ast.AST, scope: Scope, params: list[str]):
+    """``if not torch.isfinite(loss): return`` before the backward of a training-step helper: the
+    ``return`` and the parameters whose per-rank value (a batch, a model's output) makes its condition
+    differ between ranks.  Each parameter is tried alone, so ``if cfg.dry_run: return`` depends on none
+    that a caller passes its batch or model in."""
+    from ddp_doctor.lint import analysis as A
+    from ddp_doctor.lint.rules.steps import varying_reason
+    from ddp_doctor.lint.varying import RankVariance
+
+    returns = [j for j in scope.jumps if j.kind == "return" and not j.loops and j.conds]
+    bws = [b for b in A.backward_sites(m, scope) if not b.loops] if returns else []
+    if not bws:
+        return None, ()
+    first = min(b.call.lineno for b in bws)
+    returns = [j for j in returns if j.stmt.lineno < first]
+    for j in returns:
+        on, reason = [], None
+        for p in params:
+            got = varying_reason(m, scope, j.conds, RankVariance(m, scope, frozenset([p])))
+            if got is not None:
+                on.append(p)
+                reason = reason or got[0]
+        if on:
+            return Related(m.path, j.stmt.lineno, f"the `return` under `{reason}` in `{fn.name}`, before its "
+                                                  f"backward"), tuple(on)
+    return None, ()
 
 
 def _shuffling_sampler_of(m: "ModuleModel", loader: ast.Call, scope: Scope) -> ast.Call | None:
