@@ -94,7 +94,11 @@ def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int
             return out
         return []
     if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant):
-        # loaders["train"] with loaders = {"train": DataLoader(...)} or dict(train=DataLoader(...))
+        # loaders["train"] with loaders = {"train": DataLoader(...)} or dict(train=DataLoader(...)), and
+        # loaders[0] with loaders = [train_loader, val_loader]
+        if isinstance(expr.value, (ast.List, ast.Tuple)):
+            return [x for item in _dict_items(expr.value, expr.slice.value)
+                    for x in resolve_loaders(model, item, scope, depth + 1)]
         out = []
         for v in model.values_of(expr.value, scope):
             for item in _dict_items(v, expr.slice.value):
@@ -121,6 +125,10 @@ def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int
 
 
 def _dict_items(v: ast.expr, key) -> list[ast.expr]:
+    """The item ``key`` of a dict literal, ``dict(...)``, or a list / tuple literal (``loaders[0]``)."""
+    if isinstance(v, (ast.List, ast.Tuple)) and type(key) is int and -len(v.elts) <= key < len(v.elts) and \
+            not any(isinstance(e, ast.Starred) for e in v.elts):
+        return [v.elts[key]]
     if isinstance(v, ast.Dict):
         return [val for k, val in zip(v.keys, v.values) if isinstance(k, ast.Constant) and k.value == key]
     if isinstance(v, ast.Call) and final_name(v.func) == "dict":
