@@ -94,7 +94,11 @@ def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int
             return out
         return []
     if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant):
-        # loaders["train"] with loaders = {"train": DataLoader(...)} or dict(train=DataLoader(...))
+        # loaders["train"] with loaders = {"train": DataLoader(...)} or dict(train=DataLoader(...)), and
+        # loaders[0] with loaders = [train_loader, val_loader]
+        if isinstance(expr.value, (ast.List, ast.Tuple)):
+            return [x for item in _dict_items(expr.value, expr.slice.value)
+                    for x in resolve_loaders(model, item, scope, depth + 1)]
         out = []
         for v in model.values_of(expr.value, scope):
             for item in _dict_items(v, expr.slice.value):
@@ -121,6 +125,10 @@ def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int
 
 
 def _dict_items(v: ast.expr, key) -> list[ast.expr]:
+    """The item ``key`` of a dict literal, ``dict(...)``, or a list / tuple literal (``loaders[0]``)."""
+    if isinstance(v, (ast.List, ast.Tuple)) and type(key) is int and -len(v.elts) <= key < len(v.elts) and \
+            not any(isinstance(e, ast.Starred) for e in v.elts):
+        return [v.elts[key]]
     if isinstance(v, ast.Dict):
         return [val for k, val in zip(v.keys, v.values) if isinstance(k, ast.Constant) and k.value == key]
     if isinstance(v, ast.Call) and final_name(v.func) == "dict":
@@ -233,15 +241,17 @@ def fn_collectives(model: ModuleModel, fn: ast.AST, depth: int = 0) -> list[tupl
     out: list[tuple[str, ast.Call]] = []
     if scope is not None and not scope.rank_guarded_all:
         for site in scope.sites:
-            if model.rank_conds(site.conds, scope):
-                continue
+            # what the site would add first, its (costly) rank conditions only when that is something
             name = model.collective_name(site.call, scope)
             if name and not model.uses_subgroup(site.call):
-                out.append((name, site.call))
+                got = [(name, site.call)]
             elif depth < 1:
                 callee = model.resolve_function(site.call.func, scope)
-                if callee is not None and callee is not fn:
-                    out += fn_collectives(model, callee, depth + 1)
+                got = fn_collectives(model, callee, depth + 1) if callee is not None and callee is not fn else []
+            else:
+                got = []
+            if got and not model.rank_conds(site.conds, scope):
+                out += got
     model._cache[key] = out
     return out
 
@@ -253,10 +263,8 @@ def ddp_forward_in_fn(model: ModuleModel, fn: ast.AST, call: ast.Call, caller: S
         return None
     offset = 1 if scope.cls is not None and fn.args.args and fn.args.args[0].arg in ("self", "cls") else 0
     for site in scope.sites:
-        if model.rank_conds(site.conds, scope):
-            continue
         target = forward_target(site.call)
-        if target is None:
+        if target is None or model.rank_conds(site.conds, scope):
             continue
         def quiet() -> bool:
             return in_no_grad(model, scope, site.call.lineno) or in_no_grad(model, caller, call.lineno)

@@ -85,6 +85,10 @@ class FunctionSummary:
     iterates: dict[str, tuple[Related, bool]] = field(default_factory=dict)  # param -> (its loop, with a backward)
     returns: dict[str, Related] = field(default_factory=dict)  # "loader" / "sampler" / "ddp" -> where made
     rank_value: str | None = None  # "rank" (returns the rank) or "main" (returns rank == 0)
+    # a `return` before the function's backward under a condition that can differ between ranks (its
+    # batch, loss, clock, the rank): a caller's training loop then skips the backward on some ranks only
+    early_return: Related | None = None
+    early_return_on: tuple[str, ...] = ()  # the parameters its condition depends on
 
 
 def _digest(text: str) -> str:
@@ -101,6 +105,7 @@ class Project:
         self._files: dict[tuple[Path, int, str], Path | None] = {}
         self._relevant: dict[tuple[str, str], bool] = {}
         self._listings: dict[Path, frozenset] = {}
+        self._dropped: list["ModuleModel"] = []  # models out of the cache, released between files
 
     # --------------------------------------------------------------- files
     def built(self, path: str, source: str) -> "ModuleModel | None":
@@ -115,10 +120,30 @@ class Project:
             self._keep(os.path.realpath(model.path), model)
 
     def _keep(self, real: str, model: "ModuleModel | None") -> None:
+        old = self._by_path.get(real)
+        if old is not None and old is not model:
+            self._dropped.append(old)
         self._by_path[real] = model
         self._by_path.move_to_end(real)
         while len(self._by_path) > _MAX_MODELS:
-            self._by_path.popitem(last=False)
+            _path, gone = self._by_path.popitem(last=False)
+            if gone is not None:
+                self._dropped.append(gone)
+
+    def release_dropped(self, everything: bool = False) -> None:
+        """Release the models dropped from the cache (or all of them, when the run is over).  Called
+        between files, when no analysis holds a model: a dropped model may still be in use while the
+        file that imported it is being linted."""
+        if everything:
+            self._dropped.extend(m for m in self._by_path.values() if m is not None)
+            self._by_path.clear()
+        if not self._dropped:
+            return
+        kept = {id(m) for m in self._by_path.values() if m is not None}
+        for m in self._dropped:
+            if id(m) not in kept:
+                m.release()
+        self._dropped = []
 
     def within(self, path: Path) -> bool:
         return any(path == r or r in path.parents for r in self.roots)
@@ -385,12 +410,17 @@ def _summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSumma
         for name, call in A.fn_collectives(m, fn):
             colls.append(Related(m.path, call.lineno, f"`{name}()` in `{fn.name}`"))
     for site in scope.sites:
-        guarded = bool(m.rank_conds(site.conds, scope)) or scope.rank_guarded_all
         call = site.call
+        guarded = None  # the rank conditions are costly: only worked out where they matter
+
+        def is_guarded(site=site) -> bool:
+            return scope.rank_guarded_all or bool(m.rank_conds(site.conds, scope))
+
         if m.is_backward_call(call) and s.backward is None:
             s.backward = Related(m.path, call.lineno, f"the backward in `{fn.name}`")
         target = A.forward_target(call)
-        if not guarded and isinstance(target, ast.Name) and target.id in params and target.id not in s.forwards:
+        if isinstance(target, ast.Name) and target.id in params and target.id not in s.forwards and \
+                not (guarded := is_guarded()):
             quiet = A.in_no_grad(m, scope, call.lineno)
             s.forwards[target.id] = (Related(m.path, call.lineno, f"`{target.id}(...)` in `{fn.name}`"), quiet)
         if m.resolve_function(call.func, scope) is not None:
@@ -402,7 +432,7 @@ def _summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSumma
         inner = project.summary_of_call(m, call.func, scope)
         if inner is None:
             continue
-        if not guarded:
+        if inner.collectives and not (guarded if guarded is not None else is_guarded()):
             colls.extend(inner.collectives)
         if s.backward is None and inner.backward is not None:
             s.backward = inner.backward
@@ -432,7 +462,37 @@ def _summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSumma
         if "ddp" not in s.returns and m.is_ddp_value(v, scope):
             s.returns["ddp"] = Related(m.path, r.lineno, f"the DDP model returned by `{fn.name}`")
     s.rank_value = _rank_value(m, fn, scope)
+    if s.backward is not None:
+        s.early_return, s.early_return_on = _early_return(m, fn, scope, positional)
     return s
+
+
+def _early_return(m: "ModuleModel", fn: ast.AST, scope: Scope, params: list[str]):
+    """``if not torch.isfinite(loss): return`` before the backward of a training-step helper: the
+    ``return`` and the parameters whose per-rank value (a batch, a model's output) makes its condition
+    differ between ranks.  Each parameter is tried alone, so ``if cfg.dry_run: return`` depends on none
+    that a caller passes its batch or model in."""
+    from ddp_doctor.lint import analysis as A
+    from ddp_doctor.lint.rules.steps import varying_reason
+    from ddp_doctor.lint.varying import RankVariance
+
+    returns = [j for j in scope.jumps if j.kind == "return" and not j.loops and j.conds]
+    bws = [b for b in A.backward_sites(m, scope) if not b.loops] if returns else []
+    if not bws:
+        return None, ()
+    first = min(b.call.lineno for b in bws)
+    returns = [j for j in returns if j.stmt.lineno < first]
+    for j in returns:
+        on, reason = [], None
+        for p in params:
+            got = varying_reason(m, scope, j.conds, RankVariance(m, scope, frozenset([p])))
+            if got is not None:
+                on.append(p)
+                reason = reason or got[0]
+        if on:
+            return Related(m.path, j.stmt.lineno, f"the `return` under `{reason}` in `{fn.name}`, before its "
+                                                  f"backward"), tuple(on)
+    return None, ()
 
 
 def _shuffling_sampler_of(m: "ModuleModel", loader: ast.Call, scope: Scope) -> ast.Call | None:

@@ -25,6 +25,12 @@ class ValueFlow:
             if isinstance(stmt, ast.AugAssign):
                 value = ast.BinOp(left=stmt.target, op=stmt.op, right=stmt.value)
         elif isinstance(stmt, (ast.For, ast.AsyncFor)):
+            if isinstance(stmt.iter, (ast.List, ast.Tuple)) and stmt.iter.elts and \
+                    not any(isinstance(e, ast.Starred) for e in stmt.iter.elts):
+                # `for name, loader in [("train", train_loader), ("val", val_loader)]`: each element in turn
+                for elt in stmt.iter.elts:
+                    self._bind(scope, stmt.target, elt, conds)
+                return
             targets, value = [stmt.target], ast.Subscript(value=stmt.iter, slice=ast.Constant(value=0))
         elif isinstance(stmt, (ast.With, ast.AsyncWith)):
             for item in stmt.items:

@@ -116,11 +116,16 @@ def _line(stmt: ast.AST) -> tuple[int, int]:
 class RankVariance:
     """Which names vary by rank where, in one scope (see the module docstring)."""
 
-    def __init__(self, m: ModuleModel, scope: Scope):
+    def __init__(self, m: ModuleModel, scope: Scope, per_rank_params: frozenset[str] = frozenset()):
+        """``per_rank_params``: parameters taken to hold this rank's own data (a helper's batch) or model
+        (its output varies), for a summary that asks "what if the caller passes such a value?"."""
         self.m = m
         self.scope = scope
+        self.models = per_rank_params
         self.where: dict[int, tuple[tuple[Cond, ...], tuple[ast.stmt, ...]]] = {}
         self.bindings: dict[str, list[Binding]] = {}
+        for p in per_rank_params:  # bound on entry, before every statement of the body
+            self.bindings.setdefault(p, []).append(Binding(p, None, scope.node, (), ()))
         self.agreed: dict[str, list[tuple[ast.stmt, tuple[ast.stmt, ...]]]] = {}
         for stmt, conds, loops in scope.stmts:
             self.where[id(stmt)] = (conds, loops)
@@ -246,7 +251,7 @@ class RankVariance:
                 if tgt is not None:
                     if isinstance(tgt, ast.Attribute) and tgt.attr == "module":
                         tgt = tgt.value  # model.module(x): the rank's own forward, too
-                    if m.is_ddp_value(tgt, scope):
+                    if m.is_ddp_value(tgt, scope) or (isinstance(tgt, ast.Name) and tgt.id in self.models):
                         out.append("model output")
         if not isinstance(expr, ast.Constant) and m.varies_by_rank(expr, scope):
             out.append("rank")

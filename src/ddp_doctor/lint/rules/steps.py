@@ -5,7 +5,7 @@ import ast
 
 from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import ModuleModel
-from ddp_doctor.lint.names import final_name, kwarg
+from ddp_doctor.lint.names import arg_or_kw, final_name, kwarg
 from ddp_doctor.lint.scopes import Scope
 from ddp_doctor.lint.rules.base import Context, Rule
 from ddp_doctor.lint.varying import RankVariance, has_collective, rank_variance
@@ -95,6 +95,23 @@ def _data_exception(ctx: Context, scope: Scope, stmt: ast.stmt, loop: ast.stmt, 
     return None
 
 
+def varying_reason(m: ModuleModel, scope: Scope, conds, rv: RankVariance) -> tuple[str, str] | None:
+    """The innermost of ``conds`` whose truth can differ between ranks at its ``if``: (its text, "rank" or
+    "data"), or None."""
+    for c in reversed(conds):
+        t = Context.text(None, c.test, 50)
+        text = t if c.positive else f"not ({t})"
+        if m.is_rank_condition(c.test, scope):
+            return text, "rank"
+        if has_collective(m, c.test, scope) or _exhausted_iterator(m, c.test, scope):
+            continue
+        hit = rv.varying_names(c.test, c.node)
+        direct = [k for k in rv.sources(c.test) if k != "rank"]
+        if (hit or direct) and not (hit and not direct and _size_only(c.test, hit)):
+            return text, "data"
+    return None
+
+
 class UnevenSteps(Rule):
     code = "DDP101"
 
@@ -107,6 +124,7 @@ class UnevenSteps(Rule):
             loops = A.training_loops(m, scope)
             if not loops:
                 continue
+            self._early_return_helpers(ctx, scope, loops)
             rv = rank_variance(m, scope)
             bws = A.backward_sites(m, scope)
             for jump in scope.jumps:
@@ -140,6 +158,48 @@ class UnevenSteps(Rule):
                         "data of different lengths wrap the loader in `ddp_doctor.fixes.EvenBatches`.",
                     )
                     break
+
+    def _early_return_helpers(self, ctx: Context, scope: Scope, loops: list[ast.stmt]) -> None:
+        """``train_step(model, batch, opt)`` in a training loop, where ``train_step`` (another project file)
+        returns before its backward under a condition on its batch or loss: reported at the call, with the
+        ``return`` as the related location."""
+        m = ctx.model
+        if m.project is None or not m.import_from:
+            return
+        for site in scope.sites:
+            if not any(loop in site.loops for loop in loops):
+                continue
+            summ = m.project.summary_of_call(m, site.call.func, scope)
+            if summ is None or summ.early_return is None or not self._passes_per_rank(ctx, scope, site, summ):
+                continue
+            r = summ.early_return
+            ctx.report(
+                self.code, site.call,
+                f"`{ctx.text(site.call.func)}()` skips its backward on some ranks only: it takes {r.message} "
+                f"({r.where}), a condition on the batch or the DDP model passed here, so each rank decides from its "
+                f"own data (no collective makes the ranks agree). The "
+                f"other ranks still call DDP's gradient all-reduce and wait for it forever (a silent hang), or on "
+                f"gloo average gradients of different steps and fail later.",
+                "Make every rank take the same decision in the helper: `if ddp_doctor.fixes.agree(cond, "
+                "op=\"any\"): return` (for a NaN/Inf loss: `ddp_doctor.fixes.skip_if_nonfinite`).",
+                related=(r,),
+            )
+
+    @staticmethod
+    def _passes_per_rank(ctx: Context, scope: Scope, site, summ) -> bool:
+        """Does the call pass this rank's own batch or its DDP model where the helper's early return
+        depends on it?"""
+        m = ctx.model
+        rv = rank_variance(m, scope)
+        for i, pname in enumerate(summ.params):
+            if pname not in summ.early_return_on:
+                continue
+            arg = arg_or_kw(site.call, i, pname)
+            if arg is None:
+                continue
+            if m.is_ddp_value(arg, scope) or rv.sources(arg) or rv.varying_names(arg, site.stmt):
+                return True
+        return False
 
     def _uneven_datasets(self, ctx: Context) -> None:
         """A training loader over a per-rank dataset whose size comes from a per-rank table with unequal
@@ -207,20 +267,7 @@ class UnevenSteps(Rule):
         return None
 
     def _reason(self, ctx: Context, scope: Scope, conds, rv: RankVariance) -> tuple[str, str] | None:
-        """The innermost enclosing condition whose truth can differ between ranks at its ``if``."""
-        m = ctx.model
-        for c in reversed(conds):
-            t = ctx.text(c.test, 50)
-            text = t if c.positive else f"not ({t})"
-            if m.is_rank_condition(c.test, scope):
-                return text, "rank"
-            if has_collective(m, c.test, scope) or _exhausted_iterator(m, c.test, scope):
-                continue
-            hit = rv.varying_names(c.test, c.node)
-            direct = [k for k in rv.sources(c.test) if k != "rank"]
-            if (hit or direct) and not (hit and not direct and _size_only(c.test, hit)):
-                return text, "data"
-        return None
+        return varying_reason(ctx.model, scope, conds, rv)
 
     @staticmethod
     def _why(reason: str, kind: str) -> str:
