@@ -17,11 +17,11 @@ import hashlib
 import os
 import re
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddp_doctor.lint.evaluate import RANKS, _Eval
+from ddp_doctor.lint.function_summary import FunctionSummary, Related
+from ddp_doctor.lint.function_summary import summarise as _summarise
 from ddp_doctor.lint.scopes import Scope
 
 if TYPE_CHECKING:
@@ -44,51 +44,6 @@ _MAX_MODELS = 128
 # summaries by content hash, shared by every Project of this process (pre-commit and flake8 lint many
 # files); they hold locations and names only, never a model
 _SUMMARIES: dict[tuple[str, str, int], "FunctionSummary"] = {}
-
-
-@dataclass(frozen=True)
-class Related:
-    """A place in another file that makes a finding one (SARIF ``relatedLocations``)."""
-
-    path: str
-    line: int
-    message: str
-
-    @property
-    def where(self) -> str:
-        return f"{display_path(self.path)}:{self.line}"
-
-    def to_dict(self) -> dict:
-        return {"path": display_path(self.path), "line": self.line, "message": self.message}
-
-
-def display_path(path: str) -> str:
-    """``path`` relative to the working directory when it is under it (as the linted paths are shown)."""
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if rel.startswith("..") else rel
-
-
-@dataclass
-class FunctionSummary:
-    """What one function does, as its callers in other files need to know."""
-
-    path: str
-    name: str
-    params: tuple[str, ...]  # positional parameters, without self/cls
-    collectives: tuple[Related, ...] = ()  # entered on every rank that runs the function
-    backward: Related | None = None  # runs a backward (itself or through what it calls)
-    trains: Related | None = None  # a loop over data with a backward inside (a train-one-epoch function)
-    forwards: dict[str, tuple[Related, bool]] = field(default_factory=dict)  # param -> (its call, under no_grad)
-    iterates: dict[str, tuple[Related, bool]] = field(default_factory=dict)  # param -> (its loop, with a backward)
-    returns: dict[str, Related] = field(default_factory=dict)  # "loader" / "sampler" / "ddp" -> where made
-    rank_value: str | None = None  # "rank" (returns the rank) or "main" (returns rank == 0)
-    # a `return` before the function's backward under a condition that can differ between ranks (its
-    # batch, loss, clock, the rank): a caller's training loop then skips the backward on some ranks only
-    early_return: Related | None = None
-    early_return_on: tuple[str, ...] = ()  # the parameters its condition depends on
 
 
 def _digest(text: str) -> str:
@@ -393,148 +348,3 @@ class Project:
             self._resolving.discard(key)
         _SUMMARIES[key] = got
         return got
-
-
-def _summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummary:
-    from ddp_doctor.lint import analysis as A
-
-    scope = m.scopes[fn]
-    params = list(scope.params)
-    a = fn.args
-    positional = [x.arg for x in (*a.posonlyargs, *a.args)]
-    if scope.cls is not None and positional and positional[0] in ("self", "cls"):
-        positional = positional[1:]
-    s = FunctionSummary(m.path, fn.name, tuple(positional))
-    colls: list[Related] = []
-    if not scope.rank_guarded_all:
-        for name, call in A.fn_collectives(m, fn):
-            colls.append(Related(m.path, call.lineno, f"`{name}()` in `{fn.name}`"))
-    for site in scope.sites:
-        call = site.call
-        guarded = None  # the rank conditions are costly: only worked out where they matter
-
-        def is_guarded(site=site) -> bool:
-            return scope.rank_guarded_all or bool(m.rank_conds(site.conds, scope))
-
-        if m.is_backward_call(call) and s.backward is None:
-            s.backward = Related(m.path, call.lineno, f"the backward in `{fn.name}`")
-        target = A.forward_target(call)
-        if isinstance(target, ast.Name) and target.id in params and target.id not in s.forwards and \
-                not (guarded := is_guarded()):
-            quiet = A.in_no_grad(m, scope, call.lineno)
-            s.forwards[target.id] = (Related(m.path, call.lineno, f"`{target.id}(...)` in `{fn.name}`"), quiet)
-        if m.resolve_function(call.func, scope) is not None:
-            callee = m.resolve_function(call.func, scope)
-            if callee is not fn and s.backward is None and any(
-                    m.is_backward_call(x.call) for x in A.fn_direct_sites(m, callee)):
-                s.backward = Related(m.path, call.lineno, f"the backward in `{getattr(callee, 'name', '?')}`")
-            continue
-        inner = project.summary_of_call(m, call.func, scope)
-        if inner is None:
-            continue
-        if inner.collectives and not (guarded if guarded is not None else is_guarded()):
-            colls.extend(inner.collectives)
-        if s.backward is None and inner.backward is not None:
-            s.backward = inner.backward
-    s.collectives = tuple(dict.fromkeys(colls))
-    loops = A.training_loops(m, scope)
-    if loops:
-        s.trains = Related(m.path, loops[0].lineno, f"the training loop of `{fn.name}`")
-    for loop, _c, _l in scope.loops:
-        it = A.unwrap_iter(loop.iter) if isinstance(loop, (ast.For, ast.AsyncFor)) else None
-        if isinstance(it, ast.Name) and it.id in params and it.id not in s.iterates:
-            training = loop in loops
-            what = "trains on" if training else "iterates"
-            s.iterates[it.id] = (Related(m.path, loop.lineno, f"`{fn.name}` {what} `{it.id}` here"), training)
-    for r in m.returns_of(fn):
-        v = r.value
-        if v is None:
-            continue
-        if "loader" not in s.returns and A.resolve_loaders(m, v, scope):
-            call, lscope = A.resolve_loaders(m, v, scope)[0]
-            s.returns["loader"] = Related(m.path, call.lineno, f"the DataLoader made in `{fn.name}`")
-            sampler = _shuffling_sampler_of(m, call, lscope)
-            if sampler is not None:
-                s.returns["shuffled_sampler"] = Related(
-                    m.path, sampler.lineno, f"the shuffling DistributedSampler of the DataLoader made in `{fn.name}`")
-        if "sampler" not in s.returns and _is_sampler_value(m, v, scope):
-            s.returns["sampler"] = Related(m.path, r.lineno, f"the DistributedSampler returned by `{fn.name}`")
-        if "ddp" not in s.returns and m.is_ddp_value(v, scope):
-            s.returns["ddp"] = Related(m.path, r.lineno, f"the DDP model returned by `{fn.name}`")
-    s.rank_value = _rank_value(m, fn, scope)
-    if s.backward is not None:
-        s.early_return, s.early_return_on = _early_return(m, fn, scope, positional)
-    return s
-
-
-def _early_return(m: "ModuleModel", fn: ast.AST, scope: Scope, params: list[str]):
-    """``if not torch.isfinite(loss): return`` before the backward of a training-step helper: the
-    ``return`` and the parameters whose per-rank value (a batch, a model's output) makes its condition
-    differ between ranks.  Each parameter is tried alone, so ``if cfg.dry_run: return`` depends on none
-    that a caller passes its batch or model in."""
-    from ddp_doctor.lint import analysis as A
-    from ddp_doctor.lint.rules.steps import varying_reason
-    from ddp_doctor.lint.varying import RankVariance
-
-    returns = [j for j in scope.jumps if j.kind == "return" and not j.loops and j.conds]
-    bws = [b for b in A.backward_sites(m, scope) if not b.loops] if returns else []
-    if not bws:
-        return None, ()
-    first = min(b.call.lineno for b in bws)
-    returns = [j for j in returns if j.stmt.lineno < first]
-    for j in returns:
-        on, reason = [], None
-        for p in params:
-            got = varying_reason(m, scope, j.conds, RankVariance(m, scope, frozenset([p])))
-            if got is not None:
-                on.append(p)
-                reason = reason or got[0]
-        if on:
-            return Related(m.path, j.stmt.lineno, f"the `return` under `{reason}` in `{fn.name}`, before its "
-                                                  f"backward"), tuple(on)
-    return None, ()
-
-
-def _shuffling_sampler_of(m: "ModuleModel", loader: ast.Call, scope: Scope) -> ast.Call | None:
-    """The DistributedSampler (shuffle not False) given to ``loader``, when the function sets no epoch."""
-    from ddp_doctor.lint.names import arg_or_kw, kwarg
-
-    s = kwarg(loader, "sampler")
-    if s is None:
-        return None
-    cands = [s.value] if isinstance(s.value, ast.Call) else [v for v in m.values_of(s.value, scope)]
-    for c in cands:
-        if isinstance(c, ast.Call) and m.is_sampler_call(c):
-            shuffle = arg_or_kw(c, 3, "shuffle")
-            if shuffle is None or (isinstance(shuffle, ast.Constant) and shuffle.value is True):
-                return c
-    return None
-
-
-def _is_sampler_value(m: "ModuleModel", v: ast.expr, scope: Scope, depth: int = 0) -> bool:
-    if depth > 4:
-        return False
-    if isinstance(v, ast.Call):
-        return m.is_sampler_call(v)
-    return any(x is not v and _is_sampler_value(m, x, scope, depth + 1) for x in m.values_of(v, scope))
-
-
-def _rank_value(m: "ModuleModel", fn: ast.AST, scope: Scope) -> str | None:
-    """``def get_rank(): return dist.get_rank() if ... else 0`` -> "rank"; ``is_main_process()`` -> "main"."""
-    rets = [r.value for r in m.returns_of(fn) if r.value is not None]
-    if not rets or len(rets) > 4 or not any(m.mentions_rank(r, scope) for r in rets):
-        return None
-    per_rank = []
-    for r in RANKS:
-        vals: set = set()
-        try:
-            for v in rets:
-                vals |= _Eval(m, scope, r, {}).ev(v, 0)
-        except Exception:  # noqa: BLE001 - not a plain function of the rank
-            vals = {object()}
-        per_rank.append(vals)
-    if all(v == {r} or v == {r, 0} for r, v in zip(RANKS, per_rank)) and per_rank[1] != per_rank[0]:
-        return "rank"
-    if all(v == {r == 0} for r, v in zip(RANKS, per_rank)):
-        return "main"
-    return None

@@ -6,7 +6,7 @@ from typing import Sequence
 
 from ddp_doctor.findings import Finding, Location
 from ddp_doctor.lint.model import ModuleModel
-from ddp_doctor.lint.project import Related
+from ddp_doctor.lint.function_summary import Related
 
 
 class Context:

@@ -5,7 +5,7 @@ import ast
 from dataclasses import dataclass
 
 from ddp_doctor.lint import analysis as A
-from ddp_doctor.lint.project import Related
+from ddp_doctor.lint.function_summary import Related
 from ddp_doctor.lint.names import arg_or_kw
 from ddp_doctor.lint.scopes import Cond, Scope, Site
 from ddp_doctor.lint.rules.base import Context, Rule

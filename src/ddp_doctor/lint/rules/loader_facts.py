@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import ModuleModel
 from ddp_doctor.lint.names import ITERABLE_DATASETS, arg_or_kw, final_name
-from ddp_doctor.lint.project import Related
+from ddp_doctor.lint.function_summary import Related
 from ddp_doctor.lint.scopes import Scope
 
 
