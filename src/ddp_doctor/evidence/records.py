@@ -64,6 +64,7 @@ class Collective:
     waiting_s: float | None = None
     epoch: int | None = None
     step_in_epoch: int | None = None
+    join: bool = False   # issued inside DDP's Join: ranks' calls legitimately differ there
 
     def signature(self) -> tuple:
         return (self.op, self.shapes, self.dtypes)
@@ -75,6 +76,8 @@ class Collective:
             v = getattr(self, k)
             if v is not None:
                 d[k] = v
+        if self.join:
+            d["join"] = True
         return d
 
     @classmethod
@@ -85,7 +88,7 @@ class Collective:
             return d
         return cls(d.get("group"), d.get("seq"), d["op"], tuple(d.get("shapes") or ()), tuple(d.get("dtypes") or ()),
                    Site.from_json(d.get("site")), d.get("origin"), d.get("waiting_s"), d.get("epoch"),
-                   d.get("step_in_epoch"))
+                   d.get("step_in_epoch"), bool(d.get("join")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +143,27 @@ class RaisedError:
         return cls(d.get("type") or "Exception", d.get("message") or "", d.get("module"),
                    Site.from_json(d.get("location")), _sites(d.get("traceback")), bool(d.get("in_collective")),
                    Collective.from_json(d.get("collective")), d.get("t"))
+
+
+@dataclass(frozen=True, slots=True)
+class Activity:
+    """Signs of life of a rank, sampled at each publish: CPU seconds and bytes read + written
+    (``/proc``'s rchar + wchar) of its training thread (the one that runs the model, the loader and the
+    collectives; the probe's own threads never count), its DataLoader workers' CPU seconds, and a
+    signature of the training thread's Python stack.  A rank none of these moved for is stuck, not slow."""
+    cpu_s: float = 0.0
+    io_bytes: int = 0
+    workers_cpu_s: float = 0.0
+    stack_sig: int = 0
+
+    def to_json(self) -> list:
+        return [self.cpu_s, self.io_bytes, self.workers_cpu_s, self.stack_sig]
+
+    @classmethod
+    def from_json(cls, d) -> "Activity | None":
+        if not d:
+            return None
+        return d if isinstance(d, Activity) else cls(float(d[0]), int(d[1]), float(d[2]), int(d[3]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +223,7 @@ class LoaderState:
     skips_by_epoch: tuple[int, ...] = ()
     sampler: SamplerState | None = None
     worker_pids: tuple[int, ...] = ()
+    join_epochs: tuple[int, ...] = ()   # training epochs run under DDP's Join
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {}
@@ -206,6 +231,8 @@ class LoaderState:
             v = getattr(self, f.name)
             d[f.name] = _site_json(v) if f.name == "site" else v.to_json() if f.name == "sampler" and v else \
                 list(v) if isinstance(v, tuple) else v
+        if not self.join_epochs:
+            del d["join_epochs"]
         return d
 
     @classmethod
@@ -213,7 +240,8 @@ class LoaderState:
         kw = {f.name: d.get(f.name) for f in fields(cls) if f.name in d}
         kw["site"] = Site.from_json(d.get("site"))
         kw["sampler"] = SamplerState.from_json(d.get("sampler"))
-        for k in ("epoch_start_s", "batch_wait_s", "steps_by_epoch", "batches_by_epoch", "skips_by_epoch", "worker_pids"):
+        for k in ("epoch_start_s", "batch_wait_s", "steps_by_epoch", "batches_by_epoch", "skips_by_epoch", "worker_pids",
+                  "join_epochs"):
             kw[k] = _tuple(d.get(k))
         for k in ("epochs", "batches"):
             kw[k] = kw.get(k) or 0

@@ -18,7 +18,7 @@ import time
 import weakref
 
 from ddp_doctor.probe import lifeline
-from ddp_doctor.probe.recorder import LoaderRec, Recorder, user_site
+from ddp_doctor.probe.recorder import EpochRec, LoaderRec, Recorder, user_site
 
 COLLECTIVES = (
     "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "reduce_scatter",
@@ -222,6 +222,7 @@ def _patch_ddp() -> None:
     def forward(self, *args, **kwargs):
         entry = None
         try:
+            REC.train_thread = threading.get_ident()
             REC.forwards += 1
             REC.progress += 1
             site = user_site(sys._getframe(1))
@@ -323,10 +324,7 @@ def _patch_data() -> None:
             rec = getattr(self, "_ddpd_rec", None)
             if rec is not None:
                 rec.epochs += 1
-                rec.steps_by_epoch.append(0)
-                rec.batches_by_epoch.append(0)
-                rec.skips_by_epoch.append(0)
-                rec.steps_at_batch = -1
+                it._ddpd_epoch = rec.cur = EpochRec()
                 s = rec.sampler
                 rec.sampler_epochs.append(getattr(s, "epoch", None))
                 if rec.length is None:
@@ -350,6 +348,7 @@ def _patch_data() -> None:
         if rec is None:
             return orig_next(self)
         t = time.monotonic()
+        REC.train_thread = threading.get_ident()
         REC.in_data_wait = (rec, t)
         try:
             batch = orig_next(self)
@@ -358,11 +357,14 @@ def _patch_data() -> None:
         try:
             dt = time.monotonic() - t
             rec.batches += 1
-            if rec.batches_by_epoch:
-                rec.batches_by_epoch[-1] += 1
-                if rec is REC.train_loader and rec.steps_at_batch == REC.steps:
-                    rec.skips_by_epoch[-1] += 1  # the previous batch led to no optimizer step
-            rec.steps_at_batch = REC.steps
+            e = getattr(self, "_ddpd_epoch", None)
+            if e is not None:
+                rec.cur = e
+                e.batches += 1
+                e.joined = e.joined or REC.join_depth > 0
+                if rec is REC.train_loader and e.steps_at_batch == REC.steps:
+                    e.skips += 1  # the previous batch of this pass led to no optimizer step
+                e.steps_at_batch = REC.steps
             rec.data_wait_s += dt
             rec.batch_wait.append(dt)
             if REC.first_step_t is not None:
@@ -438,6 +440,7 @@ def _patch_optimizer() -> None:
 
     def _post(opt, args, kwargs):
         try:
+            REC.train_thread = threading.get_ident()
             REC.step()
         except Exception:
             pass
@@ -453,6 +456,12 @@ def _patch_perf() -> None:
     _perf.install(REC)
 
 
+def _patch_groups() -> None:
+    from ddp_doctor.probe import groups
+
+    groups.install(REC)
+
+
 def install(rec: Recorder) -> None:
     """Install every hook once; a hook that cannot be installed is skipped (training unaffected)."""
     global REC, _installed
@@ -465,7 +474,7 @@ def install(rec: Recorder) -> None:
     except Exception:
         return
     _register_stack_dump("rank")
-    for patch in (_patch_collectives, _patch_ddp, _patch_data, _patch_optimizer, _patch_perf):
+    for patch in (_patch_groups, _patch_collectives, _patch_ddp, _patch_data, _patch_optimizer, _patch_perf):
         try:
             patch()
         except Exception as e:  # pragma: no cover - depends on torch version

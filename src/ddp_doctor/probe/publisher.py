@@ -9,7 +9,6 @@ import dataclasses
 import gc
 import json
 import os
-import sys
 import threading
 import time
 from typing import Any
@@ -17,7 +16,9 @@ from typing import Any
 from ddp_doctor import store as side
 from ddp_doctor.evidence import (Collective, DataWait, DdpModel, LoaderState, RankState, SamplerState, Site, SiteCount,
                                  ThreadStack, TimelineEvent, Timing, stacks_to_json)
-from ddp_doctor.probe.recorder import Recorder, frames_of, user_site
+from ddp_doctor import frames as kinds
+from ddp_doctor.probe import activity, stackdump
+from ddp_doctor.probe.recorder import Recorder
 
 INTERVAL = 0.25
 DEADLINE_S = 2.0   # the most any store call may keep the rank's thread (or its exit) waiting
@@ -57,13 +58,14 @@ def _sampler_state(rec_l) -> SamplerState | None:
 
 def _loader(lr, sites_of) -> LoaderState:
     st = lr.settings
+    steps, batches, skips, joined = lr.epoch_counts()
     return LoaderState(
         site=sites_of(lr.site), len=lr.length, num_workers=st.get("num_workers"), pin_memory=st.get("pin_memory"),
         persistent_workers=st.get("persistent_workers"), prefetch_factor=st.get("prefetch_factor"),
         batch_size=st.get("batch_size"), epochs=lr.epochs, batches=lr.batches, data_wait_s=round(lr.data_wait_s, 4),
         epoch_start_s=tuple(round(x, 4) for x in lr.epoch_start_s),
-        batch_wait_s=tuple(round(x, 5) for x in lr.batch_wait), steps_by_epoch=tuple(lr.steps_by_epoch[-100:]),
-        batches_by_epoch=tuple(lr.batches_by_epoch[-100:]), skips_by_epoch=tuple(lr.skips_by_epoch[-100:]),
+        batch_wait_s=tuple(round(x, 5) for x in lr.batch_wait), steps_by_epoch=steps,
+        batches_by_epoch=batches, skips_by_epoch=skips, join_epochs=joined,
         sampler=_sampler_state(lr), worker_pids=tuple(lr.worker_pids))
 
 
@@ -86,19 +88,34 @@ def _fingerprints(rec: Recorder, sites: list[Site | None]) -> tuple[Collective, 
     for t in list(rec.ring):
         c = rec.fp_records.get(t)
         if c is None:
-            g, s, op, sh, dt, si, ep, stp = t
-            c = Collective(g, s, op, tuple(sh), tuple(dt), sites[si] if si < n else None, None, None, ep, stp)
+            g, s, op, sh, dt, si, ep, stp, joined = t
+            c = Collective(g, s, op, tuple(sh), tuple(dt), sites[si] if si < n else None, None, None, ep, stp, joined)
         made[t] = c
     rec.fp_records = made
     return tuple(made.values())
 
 
+_dumper = stackdump.StackDumper()
+
+
+def _main_site(stacks: dict[int, bytes], rec: Recorder) -> Site | None:
+    """The main thread's innermost user line (its innermost library line failing that)."""
+    text = stacks.get(rec.main_thread_id)
+    if not text:
+        return None
+    fs = [f for f in stackdump.frames(text) if not kinds.is_internal(f[0]) and not kinds.is_tooling(f[0])]
+    user = kinds.innermost_user(fs, path=lambda f: f[0])
+    got = user or (fs[-1] if fs else None)
+    return _site_of(got)
+
+
 def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
-    """This rank's state as the typed record (cheap enough to build 4x a second; the hooks keep tuples)."""
+    """This rank's state as the typed record (cheap enough to build 4x a second; the hooks keep tuples).
+    Never touches a frame object (``stackdump``): the user's objects must never be freed in this thread."""
     epoch, step_in_epoch = rec.epoch_ctx()
     tl = rec.train_loader
     steps_time = sum(rec.step_times)
-    frame = sys._current_frames().get(rec.main_thread_id)
+    stacks = _dumper.dump()
     wait = rec.in_data_wait
     sites = _sites(rec)
     n = len(sites)
@@ -106,9 +123,10 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
         rank=rec.rank, local_rank=rec.local_rank, host=rec.host, pid=rec.pid, attempt=ATTEMPT,
         agent_store=AGENT_STORE, world_size=rec.world_size, t=round(rec.now(), 3),
         epoch=epoch, step=rec.steps, step_in_epoch=step_in_epoch, forwards=rec.forwards, backwards=rec.backwards,
-        progress=rec.progress, steps_by_epoch=tuple(tl.steps_by_epoch) if tl is not None else (),
+        progress=rec.progress, steps_by_epoch=tuple(e.steps for e in tl.trained) if tl is not None else (),
         train_loader=_position(rec.loaders, tl), step_times=tuple(round(x, 5) for x in rec.step_times),
-        cpu_s=round(time.process_time(), 3), where=_site_of(user_site(frame)) if frame is not None else None,
+        cpu_s=round(time.process_time(), 3), activity=activity.sample(rec, stacks), pg_timeout_s=rec.pg_timeout_s,
+        where=_main_site(stacks, rec),
         in_collective=_coll(rec.cur or rec.poll_pending(), sites), last_collective=_coll(rec.last, sites, pending=False),
         in_data_wait=None if wait is None else DataWait(_position(rec.loaders, wait[0]),
                                                         round(time.monotonic() - wait[1], 3)),
@@ -163,11 +181,11 @@ def thread_stacks(rec: Recorder) -> list[ThreadStack]:
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
     out = []
-    for ident, frame in sys._current_frames().items():
+    for ident, text in _dumper.dump().items():
         if ident == me:
             continue
         out.append(ThreadStack(names.get(ident, str(ident)), ident == rec.main_thread_id,
-                               tuple(Site(*f) for f in frames_of(frame))))
+                               tuple(Site(*f) for f in stackdump.frames(text) if not kinds.is_tooling(f[0]))))
     out.sort(key=lambda t: not t.main)
     return out
 

@@ -24,27 +24,41 @@ _TIMELINE = 2000
 _OBJECTS = 32   # the last DataLoaders / DDP models kept on record (a job may build thousands)
 
 
+class EpochRec:
+    """One pass over a DataLoader (one ``iter(loader)``).  It becomes a *training epoch* -- numbered,
+    counted in ``steps_by_epoch`` -- only when an optimizer step follows one of its batches: rank 0
+    drawing a batch to log its shape, or a few for sample predictions, is not an epoch."""
+
+    __slots__ = ("index", "steps", "batches", "skips", "steps_at_batch", "joined")
+
+    def __init__(self) -> None:
+        self.index: int | None = None  # position among the loader's training epochs, once one
+        self.steps = 0
+        self.batches = 0
+        self.skips = 0          # batches followed by no optimizer step before the next batch
+        self.steps_at_batch = -1
+        self.joined = False     # ran (partly) inside DDP's Join: ranks may differ in steps
+
+
 class LoaderRec:
     """What the probe knows about one DataLoader (keyed by the object)."""
 
     __slots__ = ("site", "settings", "length", "epochs", "batches", "data_wait_s", "epoch_start_s",
-                 "batch_wait", "steps_by_epoch", "_sampler", "sampler_type", "sampler_last", "sampler_epochs", "worker_pids",
-                 "iter_t", "first_batch_pending", "idx", "batches_by_epoch", "skips_by_epoch", "steps_at_batch")
+                 "batch_wait", "trained", "cur", "_sampler", "sampler_type", "sampler_last", "sampler_epochs",
+                 "worker_pids", "iter_t", "first_batch_pending", "idx")
 
     def __init__(self, idx: int, site, settings: dict[str, Any], sampler) -> None:
         self.idx = idx
         self.site = site
         self.settings = settings
         self.length: int | None = None
-        self.epochs = 0
+        self.epochs = 0          # passes (iter() calls); training epochs are ``trained``
         self.batches = 0
         self.data_wait_s = 0.0
         self.epoch_start_s: deque[float] = deque(maxlen=100)
         self.batch_wait: deque[float] = deque(maxlen=200)
-        self.steps_by_epoch: list[int] = []
-        self.batches_by_epoch: list[int] = []
-        self.skips_by_epoch: list[int] = []  # batches followed by no optimizer step before the next batch
-        self.steps_at_batch = -1
+        self.trained: list[EpochRec] = []  # the passes that became training epochs, in order
+        self.cur: EpochRec | None = None    # the pass that yielded the latest batch
         self._sampler = _weak(sampler)  # never keep the user's sampler (and its dataset) alive
         self.sampler_type = type(sampler).__name__ if sampler is not None else None
         self.sampler_last: Any = None  # its last published state, kept once the user drops it
@@ -52,6 +66,14 @@ class LoaderRec:
         self.worker_pids: list[int] = []
         self.iter_t = 0.0
         self.first_batch_pending = False
+
+    def epoch_counts(self, limit: int = 100) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...],
+                                                      tuple[int, ...]]:
+        """(steps, batches, skipped batches) per training epoch, the last ``limit``, and the indices of
+        the training epochs run under DDP's Join."""
+        eps = self.trained[-limit:]
+        return (tuple(e.steps for e in eps), tuple(e.batches for e in eps), tuple(e.skips for e in eps),
+                tuple(e.index for e in eps if e.joined))
 
     @property
     def sampler(self):
@@ -84,6 +106,8 @@ class Recorder:
         except ValueError:
             self.t0 = time.time()
         self.main_thread_id = threading.main_thread().ident
+        self.train_thread: int | None = None  # the thread that last ran the model, a batch or a step
+        self.pg_timeout_s: float | None = None  # the default process group's timeout
         self.seq: dict[str, int] = {}
         # current collective: (group, seq, op, shapes, dtypes, site_idx, t_enter_monotonic, origin)
         self.cur: tuple | None = None
@@ -92,7 +116,7 @@ class Recorder:
         # issued collectives whose call returned before the work completed (async_op=True; NCCL, whose
         # calls return once queued on the stream): [entry, work] oldest first, until work.is_completed()
         self.pending: deque[tuple] = deque(maxlen=_PENDING)
-        # fingerprints: (group, seq, op, shapes, dtypes, site_idx, epoch, step_in_epoch)
+        # fingerprints: (group, seq, op, shapes, dtypes, site_idx, epoch, step_in_epoch, inside a Join)
         self.ring: deque[tuple] = deque(maxlen=_RING)
         self.sites: list[tuple[str, int, str] | None] = []
         self._site_idx: dict[Any, int] = {}
@@ -116,6 +140,8 @@ class Recorder:
         # (record, weak reference to the DDP module): the model is the user's to free
         self.ddps: deque[tuple[dict[str, Any], Any]] = deque(maxlen=_OBJECTS)
         self.pending_grad_sync: Any = None
+        self.join_depth = 0   # inside DDP's Join context manager (probe/groups.py)
+        self.join_exits = 0
         self.timeline: deque[tuple] = deque(maxlen=_TIMELINE)
         self.exc: Any = None  # evidence.RaisedError, set once by the probe when the program raises
         self.exit_site: Any = None  # evidence.Site where sys.exit() was called
@@ -139,10 +165,13 @@ class Recorder:
         return time.time() - self.t0
 
     def epoch_ctx(self) -> tuple[int | None, int | None]:
+        """(training epoch, optimizer steps in it) of the training loader's current pass; a pass not yet
+        followed by a step counts as the epoch it would become."""
         tl = self.train_loader
-        if tl is None or tl.epochs == 0:
+        e = tl.cur if tl is not None else None
+        if e is None:
             return None, None
-        return tl.epochs - 1, (tl.steps_by_epoch[-1] if tl.steps_by_epoch else 0)
+        return (e.index if e.index is not None else len(tl.trained)), e.steps
 
     # -- events -----------------------------------------------------------------
     def coll_enter(self, group: str, op: str, shapes, dtypes, site, origin: str = "user") -> tuple:
@@ -152,7 +181,7 @@ class Recorder:
         entry = (group, seq, op, shapes, dtypes, sidx, time.monotonic(), origin)
         self.cur = entry
         ep, st = self.epoch_ctx()
-        self.ring.append((group, seq, op, shapes, dtypes, sidx, ep, st))
+        self.ring.append((group, seq, op, shapes, dtypes, sidx, ep, st, self.join_depth > 0))
         key = (op, sidx)
         self.site_counts[key] = self.site_counts.get(key, 0) + 1
         return entry
@@ -217,8 +246,12 @@ class Recorder:
         self.last_step_t = t
         lr = self.last_loader
         if lr is not None:
-            if lr.steps_by_epoch:
-                lr.steps_by_epoch[-1] += 1
+            e = lr.cur
+            if e is not None:
+                if e.index is None:  # this pass's first step: it is a training epoch
+                    e.index = len(lr.trained)
+                    lr.trained.append(e)
+                e.steps += 1
             if self.train_loader is not lr:
                 self.train_loader = lr
                 self.version += 1
