@@ -49,7 +49,8 @@ CATALOGUE: dict[str, CodeInfo] = _entries(
     ("DDP202", "ddp-forward-on-subset-of-ranks", "error", "DDP model called on only some ranks"),
     ("DDP203", "collective-mismatch", "error", "Ranks call different collectives at the same point"),
     ("DDP204", "rank-exited", "error", "A rank exited while the others wait"),
-    ("DDP205", "stalled-outside-collectives", "error", "No rank progresses and none is in a collective"),
+    ("DDP205", "stalled-outside-collectives", "error",
+     "A rank is stuck outside collectives (the others wait for it, or no rank progresses)"),
     ("DDP206", "launch-not-at-entry", "warning", "Distributed launch/init outside the program entry"),
     ("DDP301", "load-without-map-location", "warning", "torch.load without map_location"),
     ("DDP302", "cuda-before-set-device", "warning", "CUDA used before torch.cuda.set_device(local_rank)"),
@@ -119,6 +120,13 @@ RUNTIME_FIXES: dict[str, str] = {
         "Look at the line shown: a DataLoader worker blocked on I/O or a lock, a dataset __getitem__ that"
         " never returns, or a rank waiting on a file/queue another rank never fills. Set "
         "DataLoader(timeout=...) so a stuck worker raises instead of hanging."),
+    "DDP205.pg-timeout": (
+        "The rank shown keeps the others waiting in a collective longer than the process group's timeout"
+        " allows: move the slow work out of the window between collectives, run it on every rank, or"
+        " raise init_process_group(timeout=...) for this job."),
+    "DDP205.slow": (
+        "Nothing to fix if the wait is expected (a remote call, an evaluation on one rank). Otherwise do the"
+        " slow work on every rank or outside the window between collectives, so the others do not idle."),
     "DDP205.transport": (
         "Check the interconnect and the other nodes' logs; run `ddp-doctor check`."),
     "DDP501.stale-store": (

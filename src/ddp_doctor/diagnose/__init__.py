@@ -59,6 +59,7 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
         findings = collectives.diagnose_ddp_subset(evidence) + findings
     findings += steps.diagnose_sampler(evidence)
     if verdict == "ok":
+        findings += hang.slow_not_stuck(evidence)
         findings += _perf(evidence)
     return verdict, _dedupe(findings)
 

@@ -53,13 +53,14 @@ def diagnose_steps(ev: JobEvidence) -> list[Finding]:
     if len(ranks) < 2 or any(st.missing for st in ranks.values()):
         return []
     counts = {r: st.steps_by_epoch for r, st in ranks.items()}
+    joined = frozenset().union(*(st.join_epochs() for st in ranks.values()))
     n = min(len(c) for c in counts.values())
     for e in range(n):
         vals = {r: c[e] for r, c in counts.items()}
-        if len(set(vals.values())) > 1:
+        if len(set(vals.values())) > 1 and e not in joined:
             return [uneven_steps(ranks, e, vals, "the job ran on: its model is silently wrong", lint=ev.lint)]
     totals = {r: st.step for r, st in ranks.items()}
-    if len(set(totals.values())) > 1:
+    if len(set(totals.values())) > 1 and not joined:
         return [uneven_steps(ranks, "(all)", totals, "the job ran on: its model is silently wrong", lint=ev.lint)]
     return []
 
