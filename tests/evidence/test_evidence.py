@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ddp_doctor.evidence import (SCHEMA, Capture, Collective, DataWait, DdpModel, ExitStatus, JobEvidence,
+from ddp_doctor.evidence import (SCHEMA, Activity, Capture, Collective, DataWait, DdpModel, ExitStatus, JobEvidence,
                                  LintMark, LoaderState, RaisedError, RankState, SamplerState, Site, SiteCount,
-                                 ThreadStack, TimelineEvent, Timing, Verdict, WorkerStack, rank_state_from_wire,
+                                 ThreadStack, TimelineEvent, Timing, Suspicion, Verdict, WorkerStack, rank_state_from_wire,
                                  to_wire)
 from ddp_doctor.report._view import collective_text
 
@@ -25,7 +25,7 @@ def _full_state() -> RankState:
     return RankState(
         rank=1, local_rank=1, host="h", pid=42, attempt=1, agent_store=True, world_size=2, t=3.0, epoch=0, step=5,
         step_in_epoch=5, forwards=6, backwards=5, progress=17, steps_by_epoch=(5,), train_loader=0,
-        step_times=(0.1, 0.2), cpu_s=1.0, where=S, in_collective=c, last_collective=c.__class__("world", 6, "barrier"),
+        step_times=(0.1, 0.2), cpu_s=1.0, activity=Activity(0.5, 4096, 1.25, 12345), pg_timeout_s=90.0, where=S, in_collective=c, last_collective=c.__class__("world", 6, "barrier"),
         in_data_wait=DataWait(0, 0.5), seq={"world": 8},
         fingerprints=(Collective("world", 6, "barrier", site=Site("/u/train.py", 19, "main"), epoch=0, step_in_epoch=4),
                       Collective("world", 7, "all_gather", ("10x3",), ("float32",), S, epoch=0, step_in_epoch=5)),
@@ -38,7 +38,7 @@ def _full_state() -> RankState:
         done=False, exit_code=1, exit_site=None, timeline=(TimelineEvent(0.1, "step", 0.2, "step 2"),),
         perf={"loadavg": [1.0, 1.0, 1.0], "cpu_count": 8},
         stack=(S,), threads=(ThreadStack("MainThread", True, (S,)),), workers=(WorkerStack(77, (S,)),),
-        exit=ExitStatus(-9, "SIGKILL"), busy=True, stalled_s=3.5,
+        exit=ExitStatus(-9, "SIGKILL"), busy=True, stalled_s=3.5, idle_s=3.0,
         sites_seen=frozenset({("all_gather", S.key()), ("barrier", None)}), fatal_stack=True)
 
 
@@ -46,7 +46,9 @@ def test_every_field_round_trips_through_the_wire_text():
     st = _full_state()
     back = rank_state_from_wire(to_wire(st))
     assert back == st
-    ev = JobEvidence(2, {1: st, 0: RankState(rank=0, missing=True)}, 1.0, 5.0, "adaptive", (LintMark("DDP201", "/u/train.py", 20),))
+    warn = Suspicion(12.5, {1: st.in_collective}, {0: S}, {0: 12.0, 1: 0.5}, 90.0)
+    ev = JobEvidence(2, {1: st, 0: RankState(rank=0, missing=True)}, 1.0, 5.0, "adaptive",
+                     (LintMark("DDP201", "/u/train.py", 20),), warn)
     assert JobEvidence.from_json(json.loads(json.dumps(ev.to_json()))) == ev
     v = Verdict("desync", kind="shape", group="world", seq=7, calls={0: st.in_collective, 1: st.in_collective},
                 busy=(1,), failed=False, blocked=True, t_detect=1.0, t_stacks=2.0)

@@ -27,7 +27,7 @@ def test_forged_rank_state_does_not_stop_the_job(tmp_path, cleanup):
 
     report = tmp_path / "r.json"
     run = start_run(["--quiet", "--no-lint", "--report", str(report), "--nproc-per-node", "2",
-                     str(SCRIPTS / "short_train.py")], env=env(STEPS="100"))
+                     str(SCRIPTS / "short_train.py")], env=env(STEPS="200"))
     cleanup.append(psutil.Process(run.pid))
     ranks = poll(lambda: len(ranks_of(run.pid)) == 2 and ranks_of(run.pid), 90)
     assert ranks, run.poll()
@@ -52,7 +52,7 @@ def test_forged_rank_state_does_not_stop_the_job(tmp_path, cleanup):
         evil.set("ddpd/rank/1", b"ddpd1|99999999999999999999999|" + b"0" * 64 + b"|" + forged_json)  # bad signature
         evil.set("ddpd/stop", json.dumps({"reason": "hang"}))
         time.sleep(0.05)
-    end = time.monotonic() + 2.0
+    end = time.monotonic() + 4.0  # (the watcher must read one replay between the rank's own posts)
     while time.monotonic() < end and run.poll() is None:
         evil.set("ddpd/rank/1", old)                                           # replay of a genuine value
         time.sleep(0.04)

@@ -33,7 +33,8 @@ def capture(name: str) -> None:
         path = Path(tmp) / "capture.json"
         env = manifest.scenario_env(name, dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1",
                                                DDP_DOCTOR_EVIDENCE_OUT=str(path)))
-        cmd = [sys.executable, "-m", "ddp_doctor", "run", "--quiet", *manifest.torchrun_argv(name)]
+        cmd = [sys.executable, "-m", "ddp_doctor", "run", "--quiet", *manifest.doctor_options(name),
+               *manifest.torchrun_argv(name)]
         subprocess.run(cmd, env=env, timeout=300, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         text = path.read_text(encoding="utf-8").replace(str(ROOT), "/checkout")
     OUT.mkdir(exist_ok=True)
