@@ -104,6 +104,19 @@ def test_unused_outputs_on_every_rank_make_one_finding_with_the_outputs_fix():
     assert "cannot help here" in f204[0].fix
 
 
+def test_unused_parameters_raised_in_ddps_buffer_broadcast_name_every_rank():
+    """A model with buffers: the error escapes DDP's forward while it broadcasts buffers, so the ranks' errors
+    look like failures inside a collective; every rank that raised it is still a cause."""
+    fwd = {"group": "world", "seq": 3, "op": "ddp.forward(broadcast_buffers)", "site": site(40)}
+    named = ((3, "aux.weight", "Linear"),)
+    ev = {"ranks": {r: rank(r, exc=exc(REDUCTION + f"Parameter indices which did not receive grad for rank {r}: 3",
+                                       collective=fwd, t=5.0 + r), ddp=ddp(*named),
+                            exit={"exit_code": 1, "signal": None}) for r in (0, 1)}}
+    _verdict, fs = diagnose(ev, {"reason": "exit", "rank": 0})
+    assert [(f.code, f.ranks) for f in fs if f.code == "DDP204"] == [("DDP204", [0, 1])]
+    assert "No rank used them in the loss" in fs[0].message
+
+
 def test_unused_indices_without_a_recorded_model_are_still_explained():
     ev = {"ranks": {
         0: rank(0, in_collective={"group": "world", "seq": 1, "op": "ddp.backward(allreduce_grads)", "site": site(44)}),

@@ -36,9 +36,10 @@ def _params_text(params: tuple[DdpParam, ...], info: UnusedParams) -> str:
     return text
 
 
-def diagnose_unused(ranks: dict[int, RankState], roots: list[int]) -> Finding | None:
-    """DDP's "Expected to have finished reduction in the prior iteration" error of the ranks in ``roots``."""
-    hit = {r: info for r in roots if ranks[r].exc and (info := unused_params(ranks[r].exc.message))}
+def diagnose_unused(ranks: dict[int, RankState]) -> Finding | None:
+    """DDP's "Expected to have finished reduction in the prior iteration" error, of every rank that raised it
+    (never a consequence of another rank's failure, even when raised inside DDP's buffer broadcast)."""
+    hit = {r: info for r in sorted(ranks) if ranks[r].exc and (info := unused_params(ranks[r].exc.message))}
     if not hit:
         return None
     rs = sorted(hit)

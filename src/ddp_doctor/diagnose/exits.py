@@ -145,7 +145,7 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
                                      **step_evidence(ranks)}))
         return out
     roots = _root_ranks(ranks)
-    unused = errors.diagnose_unused(ranks, roots)  # DDP's unused-parameter error, on one rank or several
+    unused = errors.diagnose_unused(ranks)  # DDP's unused-parameter error, on one rank or several
     if unused is not None:
         out.append(unused)
         roots = [r for r in roots if r not in unused.ranks]
