@@ -94,6 +94,20 @@ def test_group_size_site_and_collective_count(group, monkeypatch):
     assert rec.group_colls == 1
 
 
+def test_the_publishers_thread_does_not_hold_the_group_once_seen(group):
+    import threading
+
+    rec = Recorder()
+    groups.note_group(rec)
+    dist.all_reduce(torch.ones(1))
+    t = threading.Thread(target=groups.note_group, args=(rec,))
+    t.start()
+    t.join()
+    assert rec.group_colls == 0  # read again only from the rank's main thread (the final post)
+    groups.note_group(rec)
+    assert rec.group_colls == 1
+
+
 def test_init_wrapper_records_the_callers_line(tmp_path, monkeypatch):
     from torch.distributed import distributed_c10d as c10d
 

@@ -8,23 +8,29 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 
 from ddp_doctor.probe.recorder import user_site
 
 
 def note_group(rec, site=None) -> None:
     """Record the default group once it exists (from the init wrapper; the publisher's look catches an
-    init the wrapper did not see, without a site), and how many collectives the group itself has counted
-    (every publish: DDP's, functional and library collectives included, not only those the hooks see)."""
+    init the wrapper did not see, without a site).  In the rank's main thread (the init wrapper, the final
+    post) also how many collectives the group itself has counted: DDP's, functional and library ones
+    included, not only those the hooks see.  The publisher's thread touches the group only until it has
+    seen it once: it must never hold the last reference to a process group being destroyed."""
     try:
         dist = sys.modules.get("torch.distributed")
-        if dist is None or not dist.is_available() or not dist.is_initialized():
+        main = threading.current_thread() is threading.main_thread()
+        if dist is None or (rec.group is not None and site is None and not main):
             return
-        pg = dist.distributed_c10d._get_default_group()
-        try:
-            rec.group_colls = int(pg._get_sequence_number_for_group())
-        except Exception:
-            pass
+        if not dist.is_available() or not dist.is_initialized():
+            return
+        if main:
+            try:
+                rec.group_colls = int(dist.distributed_c10d._get_default_group()._get_sequence_number_for_group())
+            except Exception:
+                pass
         if site is None and rec.group is not None:
             return
         rec.group = (dist.get_world_size(), dist.get_rank(), site, str(dist.get_backend()))
