@@ -123,9 +123,9 @@ RUNTIME_FIXES: dict[str, str] = {
         "freeze (`requires_grad_(False)`) or remove the parameters never used, before wrapping the model in DDP."),
     "DDP204.unused-outputs": (
         "find_unused_parameters=True cannot help here: DDP searches from forward's outputs, not from the loss. Use"
-        " that output in the loss (`loss = loss + 0.0 * aux.sum()` if it must not count), stop returning it from "
-        "forward (or return it detached), or freeze (`requires_grad_(False)`) the parameters that produce it "
-        "before wrapping the model in DDP."),
+        " every output in the loss (`loss = loss + 0.0 * aux.sum()` if one must not count), stop returning the "
+        "ones you do not use (or return them detached), return tensors in a tuple, list or dict, or freeze "
+        "(`requires_grad_(False)`) the parameters that produce an unused output before wrapping the model in DDP."),
     "DDP204.unused-static-graph": (
         "static_graph=True promises that the same parameters get gradients in every iteration: drop it and pass "
         "`find_unused_parameters=True`, or make forward use the same parameters every time."),

@@ -100,7 +100,7 @@ def test_unused_outputs_on_every_rank_make_one_finding_with_the_outputs_fix():
     f204 = [f for f in fs if f.code == "DDP204"]
     assert verdict == "crash" and len(f204) == 1 and f204[0].ranks == [0, 1]
     assert "`aux.weight`, `aux.bias` of module `aux` (Linear)" in f204[0].message
-    assert "an output of forward that the loss never used" in f204[0].message
+    assert "an output that the loss never used" in f204[0].message
     assert "cannot help here" in f204[0].fix
 
 

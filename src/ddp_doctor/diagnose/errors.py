@@ -65,8 +65,10 @@ def diagnose_unused(ranks: dict[int, RankState]) -> Finding | None:
         msg += "The model was built with static_graph=True, and these parameters got a gradient in an earlier iteration."
         fix = runtime_fix("DDP204.unused-static-graph")
     elif first.find_unused:
-        msg += ("find_unused_parameters=True is on, so these parameters were reached from an output of forward "
-                "that the loss never used (DDP looks for unused parameters from the outputs, not from the loss).")
+        msg += ("find_unused_parameters=True is on, and DDP looks for unused parameters from what forward returns, "
+                "not from the loss: these were reachable from forward's outputs yet got no gradient, so an output "
+                "that the loss never used, or outputs DDP could not find in forward's return value (tensors inside "
+                "a custom object rather than a tuple, list or dict).")
         fix = runtime_fix("DDP204.unused-outputs")
     elif len(rs) < len(alive):
         msg += (f"Only rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} left them without a gradient: a "

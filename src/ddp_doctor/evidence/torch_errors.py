@@ -25,8 +25,8 @@ class UnusedParams:
     ``indices``: into DDP's list of parameters that require grad (``module.named_parameters()`` order,
     less ``parameters_to_ignore``), the first MAX_INDICES; ``more``: how many were left out; ``names``:
     what torch printed itself under TORCH_DISTRIBUTED_DEBUG=INFO/DETAIL; ``find_unused``: the rank ran
-    with find_unused_parameters=True (then the parameters were reached from an output the loss never
-    used); ``static_graph``: the graph changed under static_graph=True."""
+    with find_unused_parameters=True (then, torch says, an output the loss never used, or outputs it could
+    not find in forward's return value); ``static_graph``: the graph changed under static_graph=True."""
     rank: int | None
     indices: tuple[int, ...] = ()
     more: int = 0
