@@ -196,6 +196,15 @@ def test_shape_mismatch_of_a_gather_lists_both_tensors():
             "rank 1: list of int64 [49], [49] and int64 [49].") in fs[0].message
 
 
+def test_calls_without_tensors_get_no_tensor_sentence():
+    ev = {"ranks": {r: rank(r, sites_seen=[["barrier", ["train.py", 47, "main"]], ["barrier", ["train.py", 60, "main"]]])
+                    for r in (0, 1)}}
+    _verdict, fs = diagnose(ev, {"reason": "desync", "kind": "site", "group": "world", "seq": 9, "calls": {
+        0: {"group": "world", "seq": 9, "op": "barrier", "site": site(47)},
+        1: {"group": "world", "seq": 9, "op": "barrier", "site": site(60)}}})
+    assert fs and not any("not recorded" in f.message or "They pass" in f.message for f in fs)
+
+
 def test_a_rank_that_died_unposted_is_said_so():
     ev = {"ranks": {
         0: rank(0, in_collective={"group": "world", "seq": 9, "op": "all_reduce", "site": site(47),

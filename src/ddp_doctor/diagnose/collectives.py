@@ -151,6 +151,8 @@ def _differs(calls: dict[int, Collective | None]) -> str:
     if len({c.op for c in known.values()}) > 1 or len(known) < 2:
         return ""
     sigs = {r: (c.shapes, c.dtypes) for r, c in known.items() if c.shapes or c.dtypes}
+    if not sigs:  # no tensors (a barrier), or none recorded: nothing to spell out
+        return ""
     what = []
     if len({d for d in (dt for _sh, dt in sigs.values())}) > 1:
         what.append("dtypes")
