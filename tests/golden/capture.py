@@ -24,7 +24,8 @@ import manifest  # noqa: E402
 SCENARIOS = ["uneven_filter_continue", "seed_001_no_set_epoch", "rank0_barrier", "seed_000_val_rank0_bn",
              "allgather_shape_mismatch", "op_mismatch", "rank_raises", "rank_sigkill", "rank_exits_early",
              "loader_stall", "seed_004_data_bound", "workers_restart", "straggler", "find_unused_all_used",
-             "balanced"]
+             "balanced", "allreduce_dtype_mismatch", "unused_params_branch", "worker_killed", "own_group_per_process",
+             "accelerate_cpu_alone"]
 OUT = Path(__file__).with_name("captures")
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
-from ddp_doctor.evidence.records import (SCHEMA, Activity, Collective, DataWait, DdpModel, ExitStatus, LoaderState,
-                                         RaisedError, Site, SiteCount, ThreadStack, TimelineEvent, Timing,
+from ddp_doctor.evidence.records import (SCHEMA, Activity, Collective, DataWait, DdpModel, ExitStatus, GroupInit,
+                                         LoaderState, RaisedError, Site, SiteCount, ThreadStack, TimelineEvent, Timing,
                                          WorkerStack, _sites, _tuple)
 
 PERF_KEYS = ("loads", "cuda", "gpu", "h2d", "loadavg", "cpu_count")
@@ -23,7 +23,8 @@ class RankState:
     pid: int | None = None
     attempt: int = 0                 # torch's restart count of the rank's worker group
     agent_store: bool = False        # process-group keys live in the agent's (long-lived) store
-    world_size: int | None = None
+    world_size: int | None = None    # the launcher's WORLD_SIZE
+    group: GroupInit | None = None   # the default process group the rank joined (None: none seen yet)
     t: float | None = None
     epoch: int | None = None
     step: int = 0                    # optimizer steps
@@ -125,6 +126,8 @@ class RankState:
         d["sites"] = [[s.path, s.line, s.function] for s in sites]
         d["collectives"] = {"count": self.coll_count, "time_s": self.coll_time_s}
         d["sites_seen"] = [[op, list(k) if k else None] for op, k in sorted(self.sites_seen, key=str)]
+        if self.group is not None:
+            d["group"] = self.group.to_json()
         d.update(self.perf)
         return d
 
@@ -140,7 +143,8 @@ class RankState:
         return cls(
             rank=int(d["rank"]), missing=bool(d.get("missing")), local_rank=d.get("local_rank"), host=d.get("host"),
             pid=d.get("pid"), attempt=int(d.get("attempt") or 0), agent_store=bool(d.get("agent_store")),
-            world_size=d.get("world_size"), t=d.get("t"), epoch=d.get("epoch"), step=d.get("step") or 0,
+            world_size=d.get("world_size"), group=GroupInit.from_json(d.get("group")), t=d.get("t"),
+            epoch=d.get("epoch"), step=d.get("step") or 0,
             step_in_epoch=d.get("step_in_epoch"), forwards=d.get("forwards") or 0, backwards=d.get("backwards") or 0,
             progress=d.get("progress") or 0, steps_by_epoch=_tuple(d.get("steps_by_epoch")),
             train_loader=d.get("train_loader"), step_times=_tuple(d.get("step_times")), cpu_s=d.get("cpu_s") or 0.0,
@@ -177,4 +181,5 @@ def missing_rank(rank: int) -> RankState:
 _OMIT_WHEN_NONE = frozenset({"activity", "pg_timeout_s", "idle_s"})
 # encoded field by field; the others have a compact encoding of their own in to_json
 _PLAIN_FIELDS = tuple(f.name for f in fields(RankState)
-                      if f.name not in ("fingerprints", "site_counts", "perf", "sites_seen", "coll_count", "coll_time_s"))
+                      if f.name not in ("fingerprints", "site_counts", "perf", "sites_seen", "coll_count",
+                                        "coll_time_s", "group"))

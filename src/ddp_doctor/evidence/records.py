@@ -204,6 +204,21 @@ class SamplerState:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerExit:
+    """A DataLoader worker process found dead when its rank failed: killed by ``signal``, or ``exit_code``."""
+    pid: int
+    exit_code: int | None = None
+    signal: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "exit_code": self.exit_code, "signal": self.signal}
+
+    @classmethod
+    def from_json(cls, d) -> "WorkerExit":
+        return d if isinstance(d, WorkerExit) else cls(int(d["pid"]), d.get("exit_code"), d.get("signal"))
+
+
+@dataclass(frozen=True, slots=True)
 class LoaderState:
     """One DataLoader of a rank: where it was built, its settings, what iterating it measured."""
     site: Site | None = None
@@ -224,6 +239,7 @@ class LoaderState:
     sampler: SamplerState | None = None
     worker_pids: tuple[int, ...] = ()
     join_epochs: tuple[int, ...] = ()   # training epochs run under DDP's Join
+    worker_exits: tuple[WorkerExit, ...] = ()  # workers found dead when the rank failed
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {}
@@ -233,6 +249,10 @@ class LoaderState:
                 list(v) if isinstance(v, tuple) else v
         if not self.join_epochs:
             del d["join_epochs"]
+        if self.worker_exits:
+            d["worker_exits"] = [w.to_json() for w in self.worker_exits]
+        else:  # absent when none (captures of older runs stay exact)
+            del d["worker_exits"]
         return d
 
     @classmethod
@@ -243,6 +263,7 @@ class LoaderState:
         for k in ("epoch_start_s", "batch_wait_s", "steps_by_epoch", "batches_by_epoch", "skips_by_epoch", "worker_pids",
                   "join_epochs"):
             kw[k] = _tuple(d.get(k))
+        kw["worker_exits"] = tuple(WorkerExit.from_json(w) for w in d.get("worker_exits") or ())
         for k in ("epochs", "batches"):
             kw[k] = kw.get(k) or 0
         kw["data_wait_s"] = kw.get("data_wait_s") or 0.0
@@ -250,8 +271,32 @@ class LoaderState:
 
 
 @dataclass(frozen=True, slots=True)
+class DdpParam:
+    """A parameter of a DDP model by its index in DDP's list of parameters that get gradients (the index
+    torch's errors print): its name in ``module.named_parameters()`` and the type of the module holding it."""
+    index: int
+    name: str
+    module_type: str | None = None
+
+    @property
+    def module(self) -> str:
+        """The path of the module holding it ("" for the root module)."""
+        return self.name.rpartition(".")[0]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "name": self.name, "module_type": self.module_type}
+
+    @classmethod
+    def from_json(cls, d) -> "DdpParam":
+        return d if isinstance(d, DdpParam) else cls(int(d["index"]), str(d["name"]), d.get("module_type"))
+
+
+@dataclass(frozen=True, slots=True)
 class DdpModel:
-    """One DistributedDataParallel construction of a rank."""
+    """One DistributedDataParallel construction of a rank.
+
+    ``named_params``: only the parameters an error of this rank referred to by index (a model's whole list
+    is kept inside the rank, never published)."""
     site: Site | None = None
     find_unused_parameters: bool = False
     broadcast_buffers: bool = False
@@ -259,19 +304,52 @@ class DdpModel:
     params: int = 0
     unused_seen: bool | None = None
     unused_parameter_size: int | None = None
+    named_params: tuple[DdpParam, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["site"] = _site_json(self.site)
         if self.unused_parameter_size is None:
             del d["unused_parameter_size"]
+        if self.named_params:  # absent when empty (captures of older runs stay exact)
+            d["named_params"] = [p.to_json() for p in self.named_params]
+        else:
+            del d["named_params"]
         return d
 
     @classmethod
     def from_json(cls, d) -> "DdpModel":
         kw = {f.name: d[f.name] for f in fields(cls) if d.get(f.name) is not None}
         kw["site"] = Site.from_json(d.get("site"))
+        kw["named_params"] = tuple(DdpParam.from_json(p) for p in d.get("named_params") or ())
         return cls(**kw)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInit:
+    """The default process group a rank joined: the size and rank it saw (``init_process_group`` or
+    whatever called it), where it was initialised when the probe saw the call, the backend, and how many
+    collectives the group itself had counted when last looked at (all of them: DDP's, functional ones).
+    ``size`` 0: the rank has initialised no process group (so far); a state without a GroupInit comes
+    from a probe that did not look."""
+    size: int
+    rank: int
+    site: Site | None = None
+    backend: str | None = None
+    collectives: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"size": self.size, "rank": self.rank, "site": _site_json(self.site), "backend": self.backend,
+                "collectives": self.collectives}
+
+    @classmethod
+    def from_json(cls, d) -> "GroupInit | None":
+        if not d:
+            return None
+        if isinstance(d, GroupInit):
+            return d
+        return cls(int(d["size"]), int(d["rank"]), Site.from_json(d.get("site")), d.get("backend"),
+                   d.get("collectives"))
 
 
 @dataclass(frozen=True, slots=True)

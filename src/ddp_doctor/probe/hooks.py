@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 
-from ddp_doctor.probe import lifeline
+from ddp_doctor.probe import ddp_params, groups, lifeline, workers
 from ddp_doctor.probe.recorder import EpochRec, LoaderRec, Recorder, user_site
 
 COLLECTIVES = (
@@ -153,6 +153,8 @@ def _wrap_collective(fn, name: str):
                 g = args[gidx]
             shapes, dtypes = _describe(args, kwargs)
             entry = REC.coll_enter(_group_key(g), name, shapes, dtypes, user_site(sys._getframe(1)))
+            if REC.flush is not None and REC.site_counts.get((name, entry[5])) == 1:
+                REC.flush()  # its first call at this line: posted before gloo can abort on a mismatch
             if aidx is not None:
                 asynchronous = bool(kwargs["async_op"] if "async_op" in kwargs
                                     else len(args) > aidx and args[aidx])
@@ -206,6 +208,8 @@ def _patch_ddp() -> None:
         _inside(entry, orig_init, self, *args, **kwargs)
         try:
             nbuf = sum(1 for _ in self.module.buffers())
+            if REC.group is None:
+                groups.note_group(REC)
             REC.ddps.append(({
                 "site": site,
                 "find_unused_parameters": bool(getattr(self, "find_unused_parameters", False)),
@@ -213,6 +217,7 @@ def _patch_ddp() -> None:
                 "buffers": nbuf,
                 "params": sum(1 for _ in self.module.parameters()),
                 "unused_seen": None,
+                "reducer_params": ddp_params.reducer_names(self),  # kept in the rank, see ddp_params
             }, weakref.ref(self)))
             REC.version += 1
         except Exception:
@@ -332,6 +337,8 @@ def _patch_data() -> None:
                 ws = getattr(it, "_workers", None)
                 if ws:
                     rec.worker_pids = [w.pid for w in ws if w.pid]
+                    rec.workers = [weakref.ref(w) for w in ws]
+                    rec.worker_exits = ()
                 rec.iter_t = time.monotonic()
                 rec.first_batch_pending = True
                 it._ddpd_rec = rec
@@ -383,6 +390,7 @@ def _patch_data() -> None:
     DataLoader.__init__ = __init__
     DataLoader.__iter__ = __iter__
     BaseIter.__next__ = __next__
+    workers.patch_shutdown(REC)
 
     DS = dist_mod.DistributedSampler
     orig_set_epoch = DS.set_epoch
@@ -457,8 +465,6 @@ def _patch_perf() -> None:
 
 
 def _patch_groups() -> None:
-    from ddp_doctor.probe import groups
-
     groups.install(REC)
 
 

@@ -14,13 +14,15 @@ import time
 from typing import Any
 
 from ddp_doctor import store as side
-from ddp_doctor.evidence import (Collective, DataWait, DdpModel, LoaderState, RankState, SamplerState, Site, SiteCount,
-                                 ThreadStack, TimelineEvent, Timing, stacks_to_json)
 from ddp_doctor import frames as kinds
+from ddp_doctor.evidence import (Collective, DataWait, DdpModel, GroupInit, LoaderState, RankState, SamplerState, Site,
+                                 SiteCount, ThreadStack, TimelineEvent, Timing, stacks_to_json)
 from ddp_doctor.probe import activity, stackdump
+from ddp_doctor.probe.groups import note_group
 from ddp_doctor.probe.recorder import Recorder
 
 INTERVAL = 0.25
+FLUSH_S = 0.1      # the most a rank's thread waits for a post it asked for (flush)
 DEADLINE_S = 2.0   # the most any store call may keep the rank's thread (or its exit) waiting
 GIVE_UP_S = 60.0   # no connection by then: the side channel is lost, the probe records locally
 # torch's elastic agent restarts the whole worker group after a failure (--max-restarts); the
@@ -66,7 +68,7 @@ def _loader(lr, sites_of) -> LoaderState:
         epoch_start_s=tuple(round(x, 4) for x in lr.epoch_start_s),
         batch_wait_s=tuple(round(x, 5) for x in lr.batch_wait), steps_by_epoch=steps,
         batches_by_epoch=batches, skips_by_epoch=skips, join_epochs=joined,
-        sampler=_sampler_state(lr), worker_pids=tuple(lr.worker_pids))
+        sampler=_sampler_state(lr), worker_pids=tuple(lr.worker_pids), worker_exits=lr.worker_exits)
 
 
 def _site_of(t) -> Site | None:
@@ -121,7 +123,7 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
     n = len(sites)
     st = RankState(
         rank=rec.rank, local_rank=rec.local_rank, host=rec.host, pid=rec.pid, attempt=ATTEMPT,
-        agent_store=AGENT_STORE, world_size=rec.world_size, t=round(rec.now(), 3),
+        agent_store=AGENT_STORE, world_size=rec.world_size, group=_group(rec), t=round(rec.now(), 3),
         epoch=epoch, step=rec.steps, step_in_epoch=step_in_epoch, forwards=rec.forwards, backwards=rec.backwards,
         progress=rec.progress, steps_by_epoch=tuple(e.steps for e in tl.trained) if tl is not None else (),
         train_loader=_position(rec.loaders, tl), step_times=tuple(round(x, 5) for x in rec.step_times),
@@ -173,7 +175,15 @@ def _ddp(d: dict[str, Any], obj) -> DdpModel:
         except Exception:
             pass
     return DdpModel(_site_of(d.get("site")), bool(d.get("find_unused_parameters")), bool(d.get("broadcast_buffers")),
-                    d.get("buffers") or 0, d.get("params") or 0, unused_seen, size)
+                    d.get("buffers") or 0, d.get("params") or 0, unused_seen, size, tuple(d.get("named") or ()))
+
+
+def _group(rec: Recorder) -> GroupInit | None:
+    """The default process group the rank joined (looked for here too: an init the wrapper missed) and the
+    collectives it counted."""
+    note_group(rec)
+    g = rec.group
+    return GroupInit(0, -1) if g is None else GroupInit(g[0], g[1], _site_of(g[2]), g[3], rec.group_colls)
 
 
 def thread_stacks(rec: Recorder) -> list[ThreadStack]:
@@ -216,6 +226,8 @@ class Publisher(threading.Thread):
         self.store = self._channel()
         self.last_req = 0
         self.stopped = threading.Event()
+        self.wake = threading.Event()
+        self._flushes: list[threading.Event] = []
 
     def _channel(self):
         """Signed, never-blocking client of the watcher's store (``ddp_doctor.channel``)."""
@@ -258,13 +270,33 @@ class Publisher(threading.Thread):
                 pass
             os.kill(os.getpid(), signal.SIGTERM)
 
+    def flush(self, timeout: float = FLUSH_S) -> None:
+        """Post the state now; the calling (rank's) thread waits for it at most ``timeout`` s.
+
+        Asked before the first call of a collective at a new line: a mismatch is usually born there and
+        gloo may abort the process (SIGABRT) within a millisecond, before the next regular post, taking
+        that call's shapes and dtypes with it."""
+        if self.stopped.is_set() or self.store.lost or not self.is_alive():
+            return
+        done = threading.Event()
+        self._flushes.append(done)
+        self.wake.set()
+        done.wait(timeout)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.wake.set()
+
     def run(self) -> None:
         from ddp_doctor.channel import ChannelDown
 
         failures = 0
         while not self.stopped.is_set():
+            asked, self._flushes = self._flushes, []
             try:
                 self.publish()
+                for done in asked:
+                    done.set()
                 self._answer_requests()
                 self._check_stop()
                 failures = 0
@@ -272,9 +304,13 @@ class Publisher(threading.Thread):
                 pass  # behind or overdue: this post is dropped (and counted); the next one may go through
             except Exception:
                 failures += 1
+            finally:
+                for done in asked:
+                    done.set()
             if self.store.lost or failures > 40:  # no watcher: record locally, training goes on
                 return
-            self.stopped.wait(INTERVAL)
+            self.wake.wait(INTERVAL)
+            self.wake.clear()
 
     def final(self, wait_ack: float = 0.0) -> None:
         """Post the final state; optionally wait (<= wait_ack s) for the watcher to have taken the others' stacks.

@@ -45,7 +45,7 @@ class LoaderRec:
 
     __slots__ = ("site", "settings", "length", "epochs", "batches", "data_wait_s", "epoch_start_s",
                  "batch_wait", "trained", "cur", "_sampler", "sampler_type", "sampler_last", "sampler_epochs",
-                 "worker_pids", "iter_t", "first_batch_pending", "idx")
+                 "worker_pids", "workers", "worker_exits", "iter_t", "first_batch_pending", "idx")
 
     def __init__(self, idx: int, site, settings: dict[str, Any], sampler) -> None:
         self.idx = idx
@@ -64,6 +64,8 @@ class LoaderRec:
         self.sampler_last: Any = None  # its last published state, kept once the user drops it
         self.sampler_epochs: deque[int | None] = deque(maxlen=100)
         self.worker_pids: list[int] = []
+        self.workers: list[Any] = []  # weak references to the worker processes (probe/workers.py)
+        self.worker_exits: tuple = ()  # (pid, exit code) of workers found dead when the rank failed
         self.iter_t = 0.0
         self.first_batch_pending = False
 
@@ -99,6 +101,8 @@ class Recorder:
         self.rank = int(env.get("RANK", "0"))
         self.local_rank = int(env.get("LOCAL_RANK", "0"))
         self.world_size = int(env.get("WORLD_SIZE", "1"))
+        self.group: tuple | None = None  # the default process group: (size, rank, site, backend), probe/groups.py
+        self.group_colls: int | None = None  # collectives that group counted, as last seen
         self.host = socket.gethostname()
         self.pid = os.getpid()
         try:
@@ -148,6 +152,7 @@ class Recorder:
         self.done = False
         self.exit_code: int | None = None
         self.version = 0  # bumped on notable changes (the publisher posts early)
+        self.flush: Any = None  # the publisher's flush(): post now (before a collective's first call at a line)
         # the publisher's records of sites and fingerprints already built (its thread only)
         self.site_records: list[Any] = []
         self.fp_records: dict[tuple, Any] = {}
