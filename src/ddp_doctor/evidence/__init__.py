@@ -12,19 +12,27 @@ Wire details kept compact (published 4x a second): collective fingerprints and p
 reference a shared ``sites`` table by index.  ``SCHEMA`` is posted with every state; a state of
 another schema is ignored by the watcher rather than misread.
 
+Several nodes: each node's agent reduces its ranks' states to a :class:`NodeSummary` (``summary.py``), posted
+in the compact delta encoding of ``compact.py``; the root pulls :class:`NodeDetail` (full states) only from
+the nodes it suspects, through a :class:`Control` message.
+
 ``RankState.perf`` holds the performance family's records (``loads``, ``cuda``, ``gpu``, ``h2d``,
 ``loadavg``, ``cpu_count``): written by ``probe/perf.py``, read by ``diagnose/perf.py`` only.
 """
-from ddp_doctor.evidence.job import (EVIDENCE_OUT_ENV, Capture, JobEvidence, LintMark, Suspicion, Verdict, exit_from_wire,
-                                     rank_state_from_wire, stacks_from_wire, to_wire)
+from ddp_doctor.evidence.job import (EVIDENCE_OUT_ENV, Capture, JobEvidence, LintMark, NodeLoss, Suspicion, Verdict,
+                                     exit_from_wire, rank_state_from_wire, stacks_from_wire, to_wire)
 from ddp_doctor.evidence.rank import PERF_KEYS, RankState, missing_rank
 from ddp_doctor.evidence.records import (SCHEMA, Activity, Collective, DataWait, DdpModel, DdpParam, ExitStatus,
                                          GroupInit, LoaderState, RaisedError, SamplerState, Site, SiteCount,
                                          ThreadStack, TimelineEvent, Timing, WorkerExit, WorkerStack,
                                          stacks_from_json, stacks_to_json)
+from ddp_doctor.evidence.summary import (Control, Deadline, Digests, Finished, NodeDetail, NodeSummary, Outside, Pull,
+                                         Waiting)
 
 __all__ = ["SCHEMA", "PERF_KEYS", "EVIDENCE_OUT_ENV", "Activity", "Site", "Collective", "ExitStatus", "RaisedError",
            "DataWait", "SamplerState", "LoaderState", "DdpModel", "DdpParam", "GroupInit", "Timing", "TimelineEvent",
            "ThreadStack", "WorkerExit", "WorkerStack",
            "SiteCount", "RankState", "missing_rank", "LintMark", "JobEvidence", "Suspicion", "Verdict", "Capture", "to_wire",
+           "NodeLoss", "NodeSummary", "Waiting", "Outside", "Finished", "Deadline", "Digests", "Control", "Pull",
+           "NodeDetail",
            "rank_state_from_wire", "exit_from_wire", "stacks_from_wire", "stacks_to_json", "stacks_from_json"]

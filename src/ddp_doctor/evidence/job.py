@@ -11,6 +11,22 @@ from ddp_doctor.evidence.records import SCHEMA, Collective, ExitStatus, Site, Th
 
 # -- the job -------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
+class NodeLoss:
+    """A node agent the root stopped hearing from (several nodes): its ranks went unwatched from then on."""
+    node: int
+    host: str | None
+    ranks: tuple[int, ...]
+    silent_s: float                     # how long its summaries had stopped when it was declared lost
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "host": self.host, "ranks": list(self.ranks), "silent_s": self.silent_s}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "NodeLoss":
+        return cls(int(d["node"]), d.get("host"), tuple(d.get("ranks") or ()), float(d.get("silent_s") or 0.0))
+
+
+@dataclass(frozen=True, slots=True)
 class LintMark:
     """A static finding of the user's script, as the runtime uses it: code and line, and ``cause``: the
     line that makes it one when it is elsewhere (the early ``return`` in a helper the loop calls)."""
@@ -40,6 +56,7 @@ class JobEvidence:
     hang_limit_how: str | None = None
     lint: tuple[LintMark, ...] = ()
     suspicion: "Suspicion | None" = None  # the longest live warning of the run (no rank progressed)
+    lost_nodes: tuple[NodeLoss, ...] = ()  # node agents that went silent (several nodes)
 
     def to_json(self) -> dict[str, Any]:
         d = {"schema": SCHEMA, "world_size": self.world_size, "wall_s": self.wall_s,
@@ -47,6 +64,8 @@ class JobEvidence:
              "hang_limit_how": self.hang_limit_how, "lint": [m.to_json() for m in self.lint]}
         if self.suspicion is not None:
             d["suspicion"] = self.suspicion.to_json()
+        if self.lost_nodes:
+            d["lost_nodes"] = [n.to_json() for n in self.lost_nodes]
         return d
 
     @classmethod
@@ -55,7 +74,8 @@ class JobEvidence:
         return cls(d.get("world_size") or len(ranks), ranks, d.get("wall_s"), d.get("hang_limit_s"),
                    d.get("hang_limit_how"),
                    tuple(LintMark.from_json(m) for m in d.get("lint") or ()),
-                   Suspicion.from_json(d.get("suspicion")))
+                   Suspicion.from_json(d.get("suspicion")),
+                   tuple(NodeLoss.from_json(n) for n in d.get("lost_nodes") or ()))
 
     def with_(self, **kw) -> "JobEvidence":
         return replace(self, **kw)

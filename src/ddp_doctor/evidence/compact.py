@@ -1,0 +1,210 @@
+"""The compact delta encoding of node summaries on the side channel (JSON stays for reports and captures).
+
+A :class:`~ddp_doctor.evidence.summary.NodeSummary` is encoded field by field as positional arrays: no key
+names, rank lists as runs (``[[16, 23]]``), source lines as indices into a table the summary carries,
+fingerprint digests as base64 of packed 64-bit codes.  The node posts a *delta*: only the fields that
+differ from its *base*, a full encoding it keeps under a key of its own and replaces once a field has
+settled at a new value (carried unchanged in ``SETTLED`` deltas in a row), or every ``REBASE_S``.  Fields
+that change all the time (positions, ages, digests) stay in the deltas; the rest costs nothing per interval.  The root holds each node's base (it fetches a base
+again only when a delta names a newer one) and decodes only the fields that changed since the previous
+delta, so a summary that did not change costs it a comparison, not a parse.
+
+Wire: base ``[base_id, v0, v1, ...]`` (every field, in ``FIELDS`` order); delta ``[base_id, i, v_i, j, v_j, ...]``.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import struct
+from dataclasses import fields
+from typing import Any
+
+from ddp_doctor.evidence.job import Verdict
+from ddp_doctor.evidence.records import Collective, Site
+from ddp_doctor.evidence.summary import (Deadline, Digests, Finished, NodeSummary, Outside, Waiting, ranges,
+                                         unranges)
+
+FIELDS = tuple(f.name for f in fields(NodeSummary)) + ("sites",)
+_SITES = len(FIELDS) - 1
+REBASE_S = 30.0
+SETTLED = 25
+MAX_SITES = 512
+
+
+def _dumps(v: Any) -> bytes:
+    return json.dumps(v, separators=(",", ":")).encode()
+
+
+def _r(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def pack_codes(codes: tuple[tuple[int, ...], ...]) -> Any:
+    """Per-position code sets: base64 of one unsigned 64-bit code each (0: none) when every position has at
+    most one, else the lists themselves."""
+    if all(len(c) <= 1 for c in codes):
+        raw = struct.pack(f">{len(codes)}Q", *(c[0] if c else 0 for c in codes))
+        return base64.b64encode(raw).decode("ascii")
+    return [list(c) for c in codes]
+
+
+def unpack_codes(v: Any) -> tuple[tuple[int, ...], ...]:
+    if isinstance(v, str):
+        raw = binascii.a2b_base64(v)
+        return tuple((x,) if x else () for x in struct.unpack(f">{len(raw) // 8}Q", raw))
+    return tuple(tuple(int(x) for x in c) for c in v)
+
+
+class Encoder:
+    """A node agent's side: each summary -> (a new base to post first, or None; the delta)."""
+
+    def __init__(self) -> None:
+        self.sites: list[list] = []
+        self._site_idx: dict[tuple, int] = {}
+        self.base_id = 0
+        self.base: list | None = None
+        self.base_len = 0
+        self.base_t = 0.0
+        self.carried: dict[int, tuple[Any, int]] = {}   # field -> (value carried, deltas in a row)
+
+    def _site(self, s: Site | None) -> int:
+        if s is None:
+            return -1
+        k = (s.path, s.line, s.function)
+        i = self._site_idx.get(k)
+        if i is None:
+            i = self._site_idx[k] = len(self.sites)
+            self.sites.append([s.path, s.line, s.function])
+        return i
+
+    def _coll(self, c: Collective) -> list:
+        return [c.group, c.seq, c.op, self._site(c.site), _r(c.waiting_s)]
+
+    def values(self, s: NodeSummary) -> list:
+        """The summary's compact field values, in ``FIELDS`` order."""
+        if len(self.sites) > MAX_SITES:  # a fresh table (and so a fresh base) now and then
+            self.sites, self._site_idx, self.base = [], {}, None
+        v = [s.node, s.version, round(s.t, 3), s.host, s.attempt, s.world_size, ranges(s.ranks), ranges(s.live), ranges(s.failed),
+             [[dict(f.seq), ranges(f.ranks)] for f in s.finished],
+             [self._coll(w.coll) + [ranges(w.ranks)] for w in s.waiting],
+             [[o.rank, self._site(o.where), _r(o.idle_s, 2)] for o in s.outside],
+             ranges(s.busy), _r(s.progress_age_s), _r(s.active_age_s), _r(s.first_t), s.progress,
+             None if s.deadline is None else [s.deadline.rank, *self._coll(s.deadline.coll), s.deadline.timeout_s],
+             _r(s.step_p90_s, 5), s.step_n, None if s.desync is None else s.desync.to_json(),
+             [[d.group, d.first, pack_codes(d.codes)] for d in s.digests], list(s.epoch_steps)]
+        v.append([list(x) for x in self.sites])
+        return v
+
+    def encode(self, s: NodeSummary, now: float) -> tuple[bytes | None, bytes]:
+        vals = self.values(s)
+        if self.base is not None and now - self.base_t < REBASE_S:
+            flat: list = [self.base_id]
+            settled = False
+            carried: dict[int, tuple[Any, int]] = {}
+            for i, (a, b) in enumerate(zip(vals, self.base)):
+                if a != b:
+                    flat += [i, a]
+                    prev = self.carried.get(i)
+                    n = prev[1] + 1 if prev is not None and prev[0] == a else 1
+                    carried[i] = (a, n)
+                    settled = settled or n >= SETTLED
+            self.carried = carried
+            if not settled:
+                return None, _dumps(flat)
+        self.base_id += 1
+        self.base = vals
+        self.base_t = now
+        self.carried = {}
+        base = _dumps([self.base_id, *vals])
+        self.base_len = len(base)
+        return base, _dumps([self.base_id])
+
+
+def _site_of(table: list, i) -> Site | None:
+    return table[i] if isinstance(i, int) and 0 <= i < len(table) else None
+
+
+def _coll_of(v: list, table: list) -> Collective:
+    g, seq, op, si, waited = v[:5]
+    return Collective(g, seq, op, site=_site_of(table, si), waiting_s=waited)
+
+
+_DECODE = {
+    "ranks": lambda v, t: unranges(v), "live": lambda v, t: unranges(v), "failed": lambda v, t: unranges(v),
+    "busy": lambda v, t: unranges(v),
+    "finished": lambda v, t: tuple(Finished(dict(sq), unranges(rs)) for sq, rs in v),
+    "waiting": lambda v, t: tuple(Waiting(_coll_of(w, t), unranges(w[5])) for w in v),
+    "outside": lambda v, t: tuple(Outside(int(r), _site_of(t, si), float(idle)) for r, si, idle in v),
+    "deadline": lambda v, t: None if v is None else Deadline(int(v[0]), _coll_of(v[1:], t), float(v[6])),
+    "desync": lambda v, t: Verdict.from_json(v),
+    "digests": lambda v, t: tuple(Digests(g, int(first), unpack_codes(c)) for g, first, c in v),
+    "epoch_steps": lambda v, t: tuple(v),
+}
+
+
+class Decoder:
+    """The root's side, one per node: deltas -> summaries, against the base it holds."""
+
+    def __init__(self) -> None:
+        self.base_id: int | None = None
+        self.base: list | None = None
+        self.cur: list | None = None       # the raw field values of the last summary
+        self.objs: dict[str, Any] = {}     # their decoded values
+        self.summary: NodeSummary | None = None
+        self.sites: list[Site] | None = None   # the decoded sites table
+        self.table_raw: Any = None
+        self.raw: dict[int, Any] = {}          # field -> the raw value its decoded object is of
+        self.carried: set[int] = set()         # the fields the previous delta carried
+
+    @staticmethod
+    def base_of(delta: bytes) -> tuple[int, list]:
+        """(the base id a delta needs, the parsed delta)."""
+        flat = json.loads(delta)
+        return int(flat[0]), flat
+
+    def set_base(self, raw: bytes) -> int:
+        flat = json.loads(raw)
+        self.base_id, self.base = int(flat[0]), list(flat[1:])
+        self.cur = None
+        self.sites = None
+        self.carried = set()
+        return self.base_id
+
+    def decode(self, flat: list) -> NodeSummary | None:
+        """The summary of a parsed delta (None when it needs a base this decoder does not hold).  Only the
+        fields this delta or the previous one carried can differ from the previous summary."""
+        if self.base is None or int(flat[0]) != self.base_id or len(self.base) != len(FIELDS):
+            return None
+        changed = {int(flat[k]): flat[k + 1] for k in range(1, len(flat) - 1, 2) if 0 <= int(flat[k]) < len(FIELDS)}
+        prev = self.cur
+        if prev is None:  # a new base: every field
+            todo = range(len(FIELDS))
+            vals = list(self.base)
+        else:
+            todo = set(changed) | self.carried
+            vals = prev
+        for i in todo:
+            vals[i] = changed.get(i, self.base[i])
+        self.carried = set(changed)
+        self.cur = vals
+        objs = self.objs
+        if prev is None or _SITES in todo and self.table_raw != vals[_SITES]:
+            self.table_raw = vals[_SITES]
+            self.sites = [Site.from_json(x) for x in vals[_SITES]]
+            todo = range(len(FIELDS) - 1)   # indices into a new table: decode every field again
+            self.raw = {}
+        table = self.sites
+        raw = self.raw
+        for i in todo:
+            if i == _SITES:
+                continue
+            v = vals[i]
+            name = FIELDS[i]
+            if name in objs and i in raw and raw[i] == v:
+                continue
+            raw[i] = v
+            fn = _DECODE.get(name)
+            objs[name] = fn(v, table) if fn is not None else v
+        self.summary = NodeSummary(**objs)
+        return self.summary
