@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 SECRET_ENV = "DDP_DOCTOR_SECRET"
 _MAGIC = b"ddpd1"
+_ABSENT, _NEVER = b"\x00", b"\x01"   # peek: no sealed value is b"\x00", so compare_set never writes
 
 
 class ChannelDown(Exception):
@@ -55,7 +56,7 @@ def job_secret() -> bytes | None:
 
 def _mac(secret: bytes, key: str, seq: int, payload: bytes) -> str:
     msg = key.encode() + b"\n" + str(seq).encode() + b"\n" + payload
-    return hmac.new(secret, msg, hashlib.sha256).hexdigest()
+    return hmac.digest(secret, msg, "sha256").hex()
 
 
 def seal(secret: bytes | None, key: str, seq: int, payload: bytes) -> bytes:
@@ -89,6 +90,9 @@ class ChannelStats:
     timeouts: int = 0     # calls that overran their deadline
     lost: bool = False    # gave up connecting: this side is unwatched
     connected: bool = True  # a client: has it ever reached the store?
+    requests: int = 0     # store calls made (one multi_get is one)
+    bytes_out: int = 0    # value bytes written
+    bytes_in: int = 0     # value bytes read
 
     def to_dict(self) -> dict[str, Any]:
         return {"authenticated": self.authenticated, "rejected": dict(self.rejected),
@@ -191,6 +195,7 @@ class SideChannel:
         return self.stats.connected
 
     def _call(self, fn: Callable[[Any], Any], deadline: float | None = None) -> Any:
+        self.stats.requests += 1
         if self._worker is None:
             return fn(self._store)
         return self._worker.call(fn, self.deadline if deadline is None else deadline)
@@ -204,11 +209,43 @@ class SideChannel:
     def set(self, key: str, value: str | bytes, deadline: float | None = None) -> None:
         payload = value.encode() if isinstance(value, str) else bytes(value)
         sealed = seal(self.secret, key, self._next_seq(), payload)
+        self.stats.bytes_out += len(sealed)
         self._call(lambda s: s.set(key, sealed), deadline)
 
     def get(self, key: str, deadline: float | None = None) -> bytes:
-        raw = self._call(lambda s: s.get(key), deadline)
-        return self.verify(key, bytes(raw))
+        raw = bytes(self._call(lambda s: s.get(key), deadline))
+        self.stats.bytes_in += len(raw)
+        return self.verify(key, raw)
+
+    def peek(self, key: str, deadline: float | None = None) -> bytes | None:
+        """The verified value of ``key``, or None when there is none: one request that never waits for the
+        key (``get`` waits until it exists).  (compare_set with an expected value no sealed value has.)"""
+        raw = bytes(self._call(lambda s: s.compare_set(key, _ABSENT, _NEVER), deadline))
+        if raw == _ABSENT:
+            return None
+        self.stats.bytes_in += len(raw)
+        return self.verify(key, raw)
+
+    def multi_get(self, keys: list[str], deadline: float | None = None) -> list[bytes | None]:
+        """Verified values of keys that all exist, in one request (None for a value that does not verify);
+        a store without ``multi_get`` (torch < 2.6) is asked key by key."""
+        def fetch(s):
+            if hasattr(s, "multi_get"):
+                return s.multi_get(list(keys))
+            return [s.compare_set(k, _ABSENT, _NEVER) for k in keys]
+        raws = self._call(fetch, deadline)
+        out: list[bytes | None] = []
+        for k, raw in zip(keys, raws):
+            raw = bytes(raw)
+            self.stats.bytes_in += len(raw)
+            try:
+                out.append(None if raw == _ABSENT else self.verify(k, raw))
+            except Rejected:
+                out.append(None)
+        return out
+
+    def delete(self, key: str, deadline: float | None = None) -> None:
+        self._call(lambda s: s.delete_key(key), deadline)
 
     def check(self, keys: list[str], deadline: float | None = None) -> bool:
         """True when every key holds a value that verifies (a forged ``ddpd/stop`` does not count)."""

@@ -8,10 +8,17 @@ Keys (all under ``ddpd/``):
 - ``rank_key(r)``               a rank's state (evidence wire format), every ~0.25 s
 - ``REQ``                       counter the watcher bumps to ask every probe for its stacks
 - ``stack_key(r, req)``         ``{"threads": [...]}`` answering request ``req``
-- ``exit_key(attempt, r)``      a local rank's exit status, posted by the launcher that saw it die
 - ``ack_key(attempt, r)``       the watcher's go-ahead for a failing rank to exit
 - ``STOP``                      the watcher is stopping the job
 - ``REPORT`` / ``REPORT_READ``  multi-node: the hosting node's report, and how many nodes took it
+
+Several nodes (hierarchical watching): each node's ``ddp-doctor run`` hosts a store of its own for its
+ranks, which post under ``local_key(local_rank)``; on the root store (node 0's, rendezvous port + 1):
+- ``NODES``                     counter: a node agent takes slot ``add(NODES, 1) - 1``
+- ``node_key(n)``               node n's summary, a delta against ``node_base_key(n)`` (evidence.compact)
+- ``node_base_key(n)``          node n's base summary
+- ``CTL``                       the root's control message to every node (evidence.Control)
+- ``detail_key(n, req)``        node n's full states answering pull ``req`` (0: its last word at the end)
 """
 from __future__ import annotations
 
@@ -24,16 +31,32 @@ REPORT = "ddpd/report"
 REPORT_READ = "ddpd/report_read"
 
 
+NODES = "ddpd/nodes"
+CTL = "ddpd/ctl"
+
+
+def local_key(local_rank: int) -> str:
+    return f"ddpd/local/{local_rank}"
+
+
+def node_key(node: int) -> str:
+    return f"ddpd/node/{node}"
+
+
+def node_base_key(node: int) -> str:
+    return f"ddpd/node/{node}/base"
+
+
+def detail_key(node: int, req: int) -> str:
+    return f"ddpd/detail/{node}/{req}"
+
+
 def rank_key(rank: int) -> str:
     return f"ddpd/rank/{rank}"
 
 
 def stack_key(rank: int, req: int) -> str:
     return f"ddpd/stack/{rank}/{req}"
-
-
-def exit_key(attempt: int, rank: int) -> str:
-    return f"ddpd/exit/{attempt}/{rank}"
 
 
 def ack_key(attempt: int, rank: int) -> str:
@@ -69,6 +92,14 @@ def join_store(host: str, port: int, timeout_s: float = 60.0, deadline_s: float 
 
     return SideChannel(connect=lambda: tcp_client(host, port, timeout_s), secret=job_secret(),
                        deadline=deadline_s, give_up_s=timeout_s)
+
+
+def reader_channel(port: int, timeout_s: float = 1.0):
+    """The root's own client of the root store, for its per-poll reads: a short timeout, so a summary key
+    someone deleted costs a read one second, never a hang (``multi_get`` waits for every key)."""
+    from ddp_doctor.channel import SideChannel, job_secret
+
+    return SideChannel(tcp_client("127.0.0.1", port, timeout_s), secret=job_secret())
 
 
 def split_address(address: str) -> tuple[str, int]:
