@@ -12,12 +12,18 @@ The policy (docs/verdicts.md): a job is stopped only on *proof* -- ranks paired 
 (``exit``) -- or when *no* rank has shown a sign of life for the limit (``hang``: ``--hang-timeout``,
 default ``NO_PROGRESS_S``), or when a collective has waited almost the process group's own timeout
 (which would fail the job anyway).  Anything less is a :class:`Suspicion`: a live warning, never a stop.
+
+The policy reads the job through a :class:`~ddp_doctor.diagnose.jobview.JobView`: node summaries
+(``diagnose.summary``) merged, so the same rules decide a single node (one summary of its own views) and a
+job of thousands of ranks (one summary per node, read by the root).
 """
 from __future__ import annotations
 
 import time
 from typing import Any
 
+from ddp_doctor.diagnose import jobview
+from ddp_doctor.diagnose.jobview import JobView
 from ddp_doctor.evidence import Collective, Suspicion, Verdict
 
 NO_PROGRESS_S = 90.0     # default limit: no rank showed any sign of life for this long -> hang
@@ -26,12 +32,7 @@ WARN_FLOOR_S = 5.0       # a live warning once no rank progressed for max(this, 
 WARN_FIRST_S = 10.0      # ... before the job's step time is known
 K_STEP = 10.0
 FINISH_GRACE_S = 1.0     # a finished rank is needed: the waiting rank has waited at least this long
-PG_MARGIN_S = 5.0        # stop this long before the process group's timeout would fail the job
-
-
-def _p(values: list[float], q: float) -> float:
-    v = sorted(values)
-    return v[min(len(v) - 1, int(q * (len(v) - 1) + 0.5))] if v else 0.0
+PG_MARGIN_S = jobview.PG_MARGIN_S  # stop this long before the process group's timeout would fail the job
 
 
 def group_ranks(group: str | None, world_size: int) -> set[int] | None:
@@ -47,20 +48,21 @@ def group_ranks(group: str | None, world_size: int) -> set[int] | None:
 
 
 class Judge:
-    """Decides for one watched attempt; keeps the little state a decision needs between polls."""
+    """Decides for one watched attempt; keeps the little state a decision needs between polls.
+
+    It decides from a :class:`~ddp_doctor.diagnose.jobview.JobView`: the summaries of the job's nodes merged
+    (``decide_job``; one summary of the watcher's own views on a single node: ``decide``)."""
 
     def __init__(self, hang_timeout: float | None) -> None:
         self.hang_timeout = hang_timeout
         self.suspicion: Suspicion | None = None   # the live warning now (None: nothing to warn about)
         self.longest: Suspicion | None = None     # the longest warning of the run (reported as info)
+        self._waits: tuple = ()                   # the nodes' waits the warning's maps were made of
 
-    def warn_after(self, views: dict[int, Any]) -> float:
+    def warn_after(self, job: JobView) -> float:
         """No progress for this long earns a live warning (learned from the job's own step times)."""
-        times: list[float] = []
-        for v in views.values():
-            times += list(v.state.step_times[-50:]) if v.state else []
-        if len(times) >= 3:
-            return max(WARN_FLOOR_S, K_STEP * _p(times, 0.9))
+        if job.step_n >= 3 and job.step_p90 is not None:
+            return max(WARN_FLOOR_S, K_STEP * job.step_p90)
         return WARN_FIRST_S
 
     def hang_limit(self, views: dict[int, Any] | None = None) -> tuple[float, str]:
@@ -69,100 +71,99 @@ class Judge:
             return self.hang_timeout, "--hang-timeout"
         return NO_PROGRESS_S, f"default: {NO_PROGRESS_S:g}s without any sign of life on any rank"
 
-    @staticmethod
-    def _live(views: dict[int, Any]) -> list[Any]:
-        return [v for v in views.values() if v.state and not v.exit and not v.state.done and not v.state.exc]
-
     def decide(self, views: dict[int, Any], world_size: int, first_state_t: float | None,
                now: float | None = None) -> Verdict | None:
+        """The live verdict of a job whose every rank is in ``views`` (a single node)."""
+        from ddp_doctor.diagnose.summary import Summarizer
+
+        now = time.monotonic() if now is None else now
+        node = Summarizer().summary(views, now, first_state_t=first_state_t)
+        return self.decide_job(JobView(world_size, [(node, 0.0)]), now)
+
+    def decide_job(self, job: JobView, now: float | None = None) -> Verdict | None:
         """The live verdict: proof (a desync, a failed rank, a finished rank someone waits for) or a job
         in which no rank has shown a sign of life for the limit.  Sets ``suspicion`` on the way."""
-        now = time.monotonic() if now is None else now
         # 1. desync (first: a mismatch is the root cause even when gloo then aborts both ranks)
-        d = find_desync(views, world_size)
-        if d:
-            return d
+        if job.desync is not None:
+            return job.desync
         # 2. a rank raised / was killed / exited non-zero
-        for r, v in views.items():
-            if (v.state is not None and v.state.exc) or (v.exit and v.exit.failed):
-                return Verdict("exit", rank=r)
-        seen = [v for v in views.values() if v.state]
-        if not seen:
+        if job.failed:
+            return Verdict("exit", rank=job.failed[0])
+        if not job.seen:
             return None
         # 3. a rank that finished is needed by a collective another rank waits in
-        needed = self._finished_needed(views, world_size, now)
+        needed = self._finished_needed(job) if job.finished_any else None
         if needed:
             return needed
-        live = self._live(views)
-        if not live:
+        if not job.live:
             self.suspicion = None
             return None
-        limit, how = self.hang_limit(views)
-        if len(seen) < world_size and now - (first_state_t or now) < limit:
+        limit, how = self.hang_limit()
+        if job.seen < job.world_size and (job.first_age or 0.0) < limit:
             return None  # a rank has not reported yet (still importing)
-        stalled = now - max(v.progress_t for v in live)
-        idle = now - max(v.active_t for v in live)
-        self._warn(live, stalled, now, limit)
+        stalled, idle = job.progress_age or 0.0, job.active_age or 0.0
+        self._warn(job, stalled, limit)
         # 4. the process group's own timeout is about to fail the job: stop now, with every stack
-        late = self._pg_deadline(live)
-        if late is not None:
-            r, c, t = late
+        d = job.deadline
+        if d is not None and jobview.pg_slack(d.coll.waiting_s or 0.0, d.timeout_s) >= 0:
+            c, t = d.coll, d.timeout_s
             return Verdict("hang", kind="pg-timeout", stalled_s=round(stalled, 2), limit_s=round(t, 2),
-                           limit_how=f"rank {r} has waited {c.waiting_s:.0f}s in {c.op}; the process group's "
-                                     f"timeout ({t:g}s) would fail the job", busy=self._busy(live))
+                           limit_how=f"rank {d.rank} has waited {c.waiting_s:.0f}s in {c.op}; the process group's "
+                                     f"timeout ({t:g}s) would fail the job", busy=job.busy())
         # 5. no rank has shown any sign of life for the limit
-        cur = {(c.group, c.seq, c.op) if c else None for c in (v.state.in_collective for v in live)}
-        if not self.hang_timeout and len(live) == world_size and len(cur) == 1 and live[0].state.in_collective:
+        if min(stalled, idle) <= limit:
+            return None
+        if not self.hang_timeout and job.live == job.world_size and not job.outside_n \
+                and len({k[:3] for k in job.waiting()}) == 1:
             # every rank is inside the very same collective: the program agrees; the transport is slow
             limit, how = max(limit, TRANSPORT_S), "every rank inside the same collective: waiting for the transport"
+        if job.late:
+            return None  # a node not heard from lately may be alive: never stop on a guess
         if min(stalled, idle) > limit:
             return Verdict("hang", stalled_s=round(stalled, 2), limit_s=round(limit, 2), limit_how=how,
-                           busy=self._busy(live))
+                           busy=job.busy())
         return None
 
-    def _finished_needed(self, views: dict[int, Any], world_size: int, now: float) -> Verdict | None:
+    def _finished_needed(self, job: JobView) -> Verdict | None:
         """A rank ended normally and another waits in a collective of a group it belongs to, at a position
         it never issued: it can never be joined (proof).  Ending after one's last collective is fine."""
-        finished = [v for v in views.values() if v.state and (v.state.done or (v.exit and v.exit.exit_code == 0))]
-        if not finished:
-            return None
-        for v in self._live(views):
-            c = v.state.in_collective
-            if c is None or c.seq is None or (c.waiting_s or 0) < FINISH_GRACE_S:
+        finished = job.finished()
+        for c, _ranks in sorted(job.waiting().values(), key=lambda cr: min(cr[1])):
+            if c.seq is None or (c.waiting_s or 0) < FINISH_GRACE_S:
                 continue
-            members = group_ranks(c.group, world_size)
+            members = group_ranks(c.group, job.world_size)
             if members is None:
                 continue
-            for f in finished:
-                if f.rank in members and f.state.seq.get(c.group, 0) <= c.seq:
-                    return Verdict("exit", rank=f.rank, finished=True, stalled_s=round(c.waiting_s or 0, 2))
+            for r, seq in finished:
+                if r in members and seq.get(c.group, 0) <= c.seq:
+                    return Verdict("exit", rank=r, finished=True, stalled_s=round(c.waiting_s or 0, 2))
         return None
 
-    @staticmethod
-    def _pg_deadline(live: list[Any]) -> tuple[int, Collective, float] | None:
-        for v in live:
-            c, t = v.state.in_collective, v.state.pg_timeout_s
-            if c is not None and t and c.waiting_s is not None and c.waiting_s >= t - min(PG_MARGIN_S, 0.05 * t):
-                return v.rank, c, t
-        return None
-
-    @staticmethod
-    def _busy(live: list[Any]) -> tuple[int, ...]:
-        return tuple(v.rank for v in live if v.busy())
-
-    def _warn(self, live: list[Any], stalled: float, now: float, limit: float) -> None:
+    def _warn(self, job: JobView, stalled: float, limit: float) -> None:
         """Keep the live warning current: no rank progressed for the warning threshold and some rank waits
         in a collective (for the others), or no live rank shows any sign of life.  A long phase that keeps
         every rank busy (an export, an evaluation on every rank) is not suspicious."""
-        views = {v.rank: v for v in live}
-        waiting = {v.rank: v.state.in_collective for v in live if v.state.in_collective}
-        outside = {v.rank: v.state.where for v in live if not v.state.in_collective}
-        after = self.warn_after(views)
-        idle = {v.rank: round(v.idle_s(now), 1) for v in live}
-        if stalled < after or (not waiting and min(idle.values()) < after):
+        after = self.warn_after(job)
+        if stalled < after:
             self.suspicion = None
             return
-        s = Suspicion(round(stalled, 1), waiting, outside, idle, limit)
+        waits = job.waits()
+        prev = self.suspicion
+        if prev is not None and len(waits) == len(self._waits) and all(a is b for a, b in zip(waits, self._waits)):
+            # the same waits as at the last poll (a large job's nodes resend them unchanged): only the clock moved
+            if not prev.waiting and (job.active_age or 0.0) < after:
+                self.suspicion = None
+                return
+            s = Suspicion(round(stalled, 1), prev.waiting, prev.outside, prev.idle_s, limit)
+        else:
+            waiting = {r: c for c, ranks in job.waiting().values() for r in ranks}
+            if not waiting and (job.active_age or 0.0) < after:
+                self.suspicion = None
+                return
+            outside = job.outside()
+            s = Suspicion(round(stalled, 1), dict(sorted(waiting.items())), {o.rank: o.where for o in outside},
+                          {o.rank: round(o.idle_s, 1) for o in outside}, limit)
+            self._waits = waits
         self.suspicion = s
         if self.longest is None or s.stalled_s >= self.longest.stalled_s:
             self.longest = s

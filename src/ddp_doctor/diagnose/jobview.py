@@ -1,0 +1,200 @@
+"""The job as the live verdict sees it: node summaries merged (one summary on a single node).
+
+:class:`JobView` answers the questions of ``diagnose.live.Judge`` over every node at once.  What every
+poll needs (newest progress and sign of life, failures, proofs, how many ranks are seen and live) is
+merged eagerly in one pass over the nodes; who waits where and who is outside collectives only when the
+policy asks (a warning is due, or a rank finished): the root's cost per interval stays a few
+microseconds per node.
+
+Ages: a summary's ages are as of when its node made it; the root adds the time since it first read that
+version of the summary (``age``), so a node it has not heard from ages honestly.  A node that is *late*
+(no new summary for a while) must not look stalled: the policy does not stop on "no sign of life" while
+one is late; once it is *lost* its ranks' last known times stand.
+
+:class:`CrossCheck` compares the fingerprint codes nodes send per position (``summary.fp_code``): codes
+that could be a desync make the two nodes *suspects*; the root then pulls their ranks' fingerprints and
+proves (or clears) it with ``live.find_desync``, the one comparison of collectives.
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+from ddp_doctor.evidence import Collective, NodeLoss, NodeSummary, Outside, Verdict
+
+PG_MARGIN_S = 5.0     # a collective is due this long before its process group's timeout (5% of short ones)
+
+
+def pg_slack(waiting_s: float, timeout_s: float) -> float:
+    """Seconds past the point where the process group's own timeout is about to fail the job (>= 0: due)."""
+    return waiting_s - (timeout_s - min(PG_MARGIN_S, 0.05 * timeout_s))
+
+
+def fp_code(c: Collective) -> int:
+    """A collective's fingerprint as one 64-bit code: bits 32-63 the op, shapes and dtypes; 16-31 the line;
+    1-15 the training position (epoch, step; 0 when unknown); bit 0 a DDP call.  0: not compared (Join)."""
+    if c.join:
+        return 0
+    sig = zlib.crc32(f"{c.op}\x1f{c.shapes}\x1f{c.dtypes}".encode())
+    site = (zlib.crc32(repr(c.site.key()).encode()) & 0xFFFF) if c.site is not None else 0
+    pos = 0 if c.epoch is None else ((zlib.crc32(f"{c.epoch},{c.step_in_epoch}".encode()) & 0x7FFF) or 1)
+    return (sig << 32) | (site << 16) | (pos << 1) | (1 if c.op.startswith("ddp.") else 0)
+
+
+def codes_differ(a: int, b: int) -> bool:
+    """Could two ranks' calls at one position be a desync (``live._compare``'s questions, on codes)?  A
+    different op/shape/dtype; the same call at the same line from different training positions; a DDP
+    call at different lines (DDP202 when the other rank never ran that line: the root confirms)."""
+    if not a or not b or a == b:
+        return False
+    if a >> 32 != b >> 32:
+        return True
+    same_site = (a >> 16) & 0xFFFF == (b >> 16) & 0xFFFF
+    if not same_site:
+        return bool(a & 1)
+    pa, pb = (a >> 1) & 0x7FFF, (b >> 1) & 0x7FFF
+    return bool(pa and pb and pa != pb)
+
+
+LATE_S = 3.0          # no new summary from a node for this long: late (no "no sign of life" verdict meanwhile)
+LOST_S = 15.0         # ... for this long: lost (its ranks unwatched; their last known times stand)
+
+
+class JobView:
+    """Merged node summaries (see the module doc).  ``nodes``: [(summary, seconds since it was read)]."""
+
+    def __init__(self, world_size: int, nodes: list[tuple[NodeSummary, float]], *, late: tuple[int, ...] = (),
+                 lost: tuple[NodeLoss, ...] = (), desync: Verdict | None = None) -> None:
+        self.world_size = world_size
+        self.nodes = nodes
+        self.late = late
+        self.lost = lost
+        self.desync = desync
+        seen = live = 0
+        failed: list[int] = []
+        self.progress_age: float | None = None
+        self.active_age: float | None = None
+        self.first_age: float | None = None
+        self.finished_any = False
+        self.outside_n = 0
+        deadline = None
+        p90, n = None, 0
+        for s, age in nodes:
+            seen += len(s.ranks)
+            live += len(s.live)
+            if s.failed:
+                failed += s.failed
+            if self.desync is None and s.desync is not None:
+                self.desync = s.desync
+            if s.finished:
+                self.finished_any = True
+            self.outside_n += len(s.outside)
+            if s.progress_age_s is not None:
+                a = s.progress_age_s + age
+                self.progress_age = a if self.progress_age is None else min(self.progress_age, a)
+            if s.active_age_s is not None:
+                a = s.active_age_s + age
+                self.active_age = a if self.active_age is None else min(self.active_age, a)
+            if s.first_t is not None:
+                a = s.t - s.first_t + age
+                self.first_age = a if self.first_age is None else max(self.first_age, a)
+            if s.deadline is not None and (deadline is None or _later(s.deadline, deadline)):
+                deadline = s.deadline
+            if s.step_n:
+                n += s.step_n
+                p90 = s.step_p90_s if p90 is None else max(p90, s.step_p90_s or 0.0)
+        self.seen = seen
+        self.live = live
+        self.failed = tuple(sorted(failed))
+        self.deadline = deadline
+        self.step_p90 = p90
+        self.step_n = n
+
+    def waiting(self) -> dict[tuple, tuple[Collective, list[int]]]:
+        """(group, seq, op, line) -> (the collective, with the longest wait; its ranks), over every node."""
+        out: dict[tuple, tuple[Collective, list[int]]] = {}
+        for s, _ in self.nodes:
+            for w in s.waiting:
+                c = w.coll
+                k = (c.group, c.seq, c.op, c.site.key() if c.site else None)
+                have = out.get(k)
+                if have is None:
+                    out[k] = (c, list(w.ranks))
+                else:
+                    have[1].extend(w.ranks)
+                    if (c.waiting_s or 0) > (have[0].waiting_s or 0):
+                        out[k] = (c, have[1])
+        return out
+
+    def waits(self) -> tuple:
+        """Every node's waiting and outside records, to tell whether they changed (``is``) since a poll."""
+        return tuple(x for s, _ in self.nodes for x in (s.waiting, s.outside))
+
+    def outside(self) -> list[Outside]:
+        """Every rank outside collectives, by rank; its idle time as of now."""
+        return sorted((Outside(o.rank, o.where, o.idle_s + age) if age else o
+                       for s, age in self.nodes for o in s.outside), key=lambda o: o.rank)
+
+    def finished(self) -> list[tuple[int, dict]]:
+        """(rank, its collectives per group) of every rank that ended normally, by rank."""
+        return sorted(((r, f.seq) for s, _ in self.nodes for f in s.finished for r in f.ranks), key=lambda x: x[0])
+
+    def busy(self) -> tuple[int, ...]:
+        return tuple(sorted(r for s, _ in self.nodes for r in s.busy))
+
+
+def _later(a, b) -> bool:
+    return pg_slack(a.coll.waiting_s or 0, a.timeout_s) > pg_slack(b.coll.waiting_s or 0, b.timeout_s)
+
+
+class CrossCheck:
+    """The root's book of fingerprint codes per (group, position), first come; and steps per epoch."""
+
+    KEEP = 2048       # positions kept per group behind the newest
+
+    def __init__(self) -> None:
+        self.book: dict[str, dict[int, tuple[tuple[int, ...], int]]] = {}   # group -> seq -> (codes, node)
+        self.top: dict[str, int] = {}
+        self.epochs: dict[int, tuple[int, int]] = {}                        # epoch -> (steps, node)
+        self.cleared: set[tuple] = set()
+
+    def feed(self, s: NodeSummary) -> list[tuple[str, Any, frozenset[int]]]:
+        """Compare a node's new codes with the book: [(what, where, the nodes to pull)] to prove or clear."""
+        out: list[tuple[str, Any, frozenset[int]]] = []
+        node = s.node
+        for d in s.digests:
+            book = self.book.setdefault(d.group, {})
+            for i, codes in enumerate(d.codes):
+                if not codes:
+                    continue
+                seq = d.first + i
+                have = book.get(seq)
+                if have is None:
+                    book[seq] = (codes, node)
+                    continue
+                if have[0] == codes:
+                    continue
+                if any(codes_differ(a, b) for a in codes for b in have[0]):
+                    key = (d.group, seq, have[0], codes)
+                    if key not in self.cleared:
+                        out.append(("fingerprint", key, frozenset((have[1], node))))
+            top = d.first + len(d.codes) - 1
+            if top > self.top.get(d.group, -1):
+                self.top[d.group] = top
+                if len(book) > 2 * self.KEEP:
+                    for k in [k for k in book if k < top - self.KEEP]:
+                        del book[k]
+        for e, n in enumerate(s.epoch_steps):
+            if n < 0:
+                continue
+            have_e = self.epochs.get(e)
+            if have_e is None:
+                self.epochs[e] = (n, node)
+            elif have_e[0] != n and ("steps", e) not in self.cleared:
+                out.append(("steps", ("steps", e), frozenset((have_e[1], node))))
+        return out
+
+    def clear(self, key) -> None:
+        """A suspicion the pulled fingerprints did not prove: never pull for it again."""
+        self.cleared.add(key)
+
