@@ -66,6 +66,8 @@ def test_forged_rank_state_does_not_stop_the_job(tmp_path, cleanup):
     assert side["rejected"].get("unsigned", 0) >= 1, side
     assert side["rejected"].get("bad signature", 0) >= 1, side
     assert side["rejected"].get("replayed", 0) >= 1, side
-    assert "ddpd/rank/1" in side["rejected_keys"] and "ddpd/exit/0/1" in side["rejected_keys"], side
+    # (a forged exit status under ddpd/exit/... is not even read: a rank's exit is seen by its own node's
+    # launcher, never taken from the store)
+    assert "ddpd/rank/1" in side["rejected_keys"], side
     assert "dropped a side-channel value under 'ddpd/rank/1'" in out
     assert not [p for p in ranks if alive(p)]

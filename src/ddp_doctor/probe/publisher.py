@@ -30,6 +30,8 @@ GIVE_UP_S = 60.0   # no connection by then: the side channel is lost, the probe 
 ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
 # the ranks' process group keys live in the agent's rendezvous store, which outlives an attempt
 AGENT_STORE = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+# several nodes: the store is this node's agent's own, which reads its ranks by local rank
+NODE_LOCAL_ENV = "DDP_DOCTOR_NODE_LOCAL"
 
 
 def _coll(entry, sites: list[Site | None], *, pending: bool = True) -> Collective | None:
@@ -228,6 +230,8 @@ class Publisher(threading.Thread):
         self.stopped = threading.Event()
         self.wake = threading.Event()
         self._flushes: list[threading.Event] = []
+        local = os.environ.get(NODE_LOCAL_ENV) == "1"
+        self.key = side.local_key(rec.local_rank) if local else side.rank_key(rec.rank)
 
     def _channel(self):
         """Signed, never-blocking client of the watcher's store (``ddp_doctor.channel``)."""
@@ -243,7 +247,7 @@ class Publisher(threading.Thread):
             return json.dumps(state, separators=(",", ":"), default=str)
 
     def publish(self, *, final: bool = False) -> None:
-        self.store.set(side.rank_key(self.rec.rank), self._state_json(with_stack=final))
+        self.store.set(self.key, self._state_json(with_stack=final))
 
     def _answer_requests(self) -> None:
         req = self.store.add(side.REQ, 0)
@@ -251,7 +255,7 @@ class Publisher(threading.Thread):
             self.last_req = req
             with no_gc():
                 stacks = json.dumps(stacks_to_json(thread_stacks(self.rec)))
-            self.store.set(side.rank_key(self.rec.rank), self._state_json(with_stack=True))
+            self.store.set(self.key, self._state_json(with_stack=True))
             self.store.set(side.stack_key(self.rec.rank, req), stacks)
 
     def _check_stop(self) -> None:

@@ -9,26 +9,37 @@ session stops the job and :mod:`ddp_doctor.diagnose` turns :meth:`Watcher.eviden
 A rank failure that torch's agent will answer with a restart (``--max-restarts``) is not the end:
 the watcher keeps that attempt's evidence in ``earlier`` and watches the restarted ranks afresh.
 No verdict and no formatting here.
+
+Every poll the watcher reduces its ranks' views to a node summary (``diagnose.summary``).  On a single
+node it decides from that summary.  On several nodes each node's watcher reads only its own ranks (they
+post to this node's store) and posts the summary to the root store (``uplink.Uplink``); the root node's
+watcher reads every node's summary and decides (``root.Root``), pulling full states and stacks from the
+nodes it suspects through the control message each node reads.
 """
 from __future__ import annotations
 
 import os
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import psutil
 
 from ddp_doctor import store as side
 from ddp_doctor.diagnose import live as judge
-from ddp_doctor.evidence import (JobEvidence, RankState, Verdict, WorkerStack, exit_from_wire,
-                                 rank_state_from_wire, stacks_from_wire, to_wire)
+from ddp_doctor.diagnose.jobview import JobView
+from ddp_doctor.diagnose.summary import Summarizer
+from ddp_doctor.evidence import (JobEvidence, NodeDetail, NodeSummary, RankState, Verdict, WorkerStack,
+                                 rank_state_from_wire, stacks_from_wire)
 from ddp_doctor.watch.stacks import FATAL, fatal_stack, parse_faulthandler, peek_exit, signal_dumps
+from ddp_doctor.watch.root import DETAIL_ALL
 from ddp_doctor.watch.views import RankView
 
 __all__ = ["Watcher", "RankView", "FATAL", "POLL", "parse_faulthandler", "Attempt"]
 
 POLL = 0.2
+PULL_WAIT_S = 3.0    # the root of several nodes: how long it waits for the suspected nodes' stacks
+FINALS_S = 10.0      # ... and at the end of the job for every node's last word
 _HOST = __import__("socket").gethostname()
 
 
@@ -37,7 +48,8 @@ class Watcher(threading.Thread):
 
     def __init__(self, store, *, world_size: int, hang_timeout: float | None, run_dir: str,
                  is_host: bool = True, on_decision: Callable[[Verdict], None] | None = None,
-                 max_restarts: int = 0) -> None:
+                 max_restarts: int = 0, local_world: int | None = None, uplink: Any = None, root: Any = None,
+                 on_stop: Callable[[], None] | None = None) -> None:
         super().__init__(name="ddp-doctor-watch", daemon=True)
         self.store = store
         self.world_size = world_size
@@ -45,7 +57,15 @@ class Watcher(threading.Thread):
         self.run_dir = run_dir
         self.is_host = is_host
         self.on_decision = on_decision
-        self.views: dict[int, RankView] = {r: RankView(r) for r in range(world_size)}
+        # several nodes: this node's ranks post under their local rank; their views appear as they do
+        self.local_world = local_world
+        self.views: dict[int, RankView] = {} if local_world else {r: RankView(r) for r in range(world_size)}
+        self.uplink = uplink          # a node of several: its summaries to the root (watch.uplink)
+        self.root = root              # the root of several nodes: every node's summary (watch.root)
+        self.on_stop = on_stop        # a node of several: the root stopped the job
+        self.summarizer = Summarizer(digests=uplink is not None or root is not None)
+        self.node_summary: NodeSummary | None = None
+        self.job: JobView | None = None
         self.decision: Verdict | None = None
         self.stopping = threading.Event()
         self.started = time.monotonic()
@@ -71,13 +91,18 @@ class Watcher(threading.Thread):
 
     def read_states(self) -> None:
         now = time.monotonic()
-        for r in range(self.world_size):
-            raw = self._get(side.rank_key(r))
+        if self.local_world:
+            keys = [(side.local_key(i), None) for i in range(self.local_world)]
+        else:
+            keys = [(side.rank_key(r), r) for r in range(self.world_size)]
+        for key, r in keys:
+            raw = self._get(key)
             if raw is None:
                 continue
             state = rank_state_from_wire(raw)
             if state is None:
                 continue
+            r = state.rank if r is None else r
             attempt = state.attempt
             if attempt < self.attempt:
                 continue  # the failed attempt's last word; its successor has not posted yet
@@ -88,17 +113,17 @@ class Watcher(threading.Thread):
                 self.first_state_t = now
             ws = state.world_size
             if isinstance(ws, int) and ws > self.world_size:
-                for k in range(self.world_size, ws):
-                    self.views[k] = RankView(k)
+                if not self.local_world:
+                    for k in range(self.world_size, ws):
+                        self.views[k] = RankView(k)
                 self.world_size = ws
+                if self.root is not None:
+                    self.root.world_size = ws
+            if r not in self.views:
+                self.views[r] = RankView(r)
             self.views[r].update(state, now)
             if state.host == _HOST and state.pid:
                 self.local_pids[state.pid] = r
-        for r, v in self.views.items():
-            if v.exit is None:
-                raw = self._get(side.exit_key(self.attempt, r))
-                if raw:
-                    v.exit = exit_from_wire(raw)
 
     def check_local_exits(self) -> None:
         """Notice a local rank's death before the agent reaps it (waitid WNOWAIT keeps the zombie)."""
@@ -120,10 +145,6 @@ class Watcher(threading.Thread):
             if info is None:
                 continue
             self.exit_posted.add(rank)
-            try:
-                self.store.set(side.exit_key(self.attempt, rank), to_wire(info))
-            except Exception:
-                pass
             self.views[rank].exit = info
             if info.signal in FATAL:
                 self.views[rank].stack = fatal_stack(self.run_dir, child.pid)
@@ -133,7 +154,7 @@ class Watcher(threading.Thread):
         self.earlier.append(Attempt(self.attempt, self.evidence(), self.failed_attempt or Verdict("exit")))
         self.attempt = attempt
         self.failed_attempt = None
-        self.views = {r: RankView(r) for r in range(self.world_size)}
+        self.views = {} if self.local_world else {r: RankView(r) for r in range(self.world_size)}
         self.local_pids.clear()
         self.exit_posted.clear()
         self.acked.clear()
@@ -195,9 +216,43 @@ class Watcher(threading.Thread):
         with self.lock:
             self.read_states()
             self.check_local_exits()
+            now = time.monotonic()
+            node = self.summarizer.summary(self.views, now, first_state_t=self.first_state_t, host=_HOST)
+            self.node_summary = node
+            if self.uplink is not None:  # a node of several: tell the root, do what it asks
+                self.uplink.post(node, now)
+                self._obey(self.uplink.control())
+                return None
+            if self.root is not None:    # the root of several: every node's summary
+                node = node.with_(node=self.root.slot)
+                self.root.read(now)
+                self.root.own(node)
+                self.root.confirm(self.views, now)
+                self.job = self.root.job_view(node, now)
+            elif self.is_host:
+                self.job = JobView(self.world_size, [(node, 0.0)])
             if not self.is_host or self.failed_attempt is not None:
                 return None  # (a failed attempt: nothing to decide until torch's agent restarts the ranks)
-            return self.judge.decide(self.views, self.world_size, self.first_state_t)
+            return self.judge.decide_job(self.job, now)
+
+    def _obey(self, ctl) -> None:
+        """A node of several: answer the root's pull (stacks first when asked), stop when it says so."""
+        if ctl is None:
+            return
+        pull = self.uplink.pull_for_me(ctl)
+        if pull is not None:
+            if pull.stacks:
+                self.collect_stacks()
+                self.ack_all()
+            self.uplink.answer(self.node_detail(pull.req))
+        if ctl.stop and self.on_stop is not None and not self.stopping.is_set():
+            self.on_stop()
+
+    def node_detail(self, req: int, final: bool = False) -> NodeDetail:
+        """This node's ranks' full states, for the root (``req`` 0 and ``final``: the last word)."""
+        ev = self.evidence()
+        return NodeDetail(self.uplink.slot if self.uplink is not None else 0, req, _HOST,
+                          tuple(st for st in ev.ranks.values() if not st.missing), final)
 
     def run(self) -> None:
         self._watch()
@@ -212,10 +267,10 @@ class Watcher(threading.Thread):
                 decision = None
                 print(f"ddp-doctor: watcher error: {e!r}")
             if decision is not None and self.decision is None:
-                decision = decision.with_(t_detect=time.monotonic(), failed=judge.any_failed(self.views))
+                failed = judge.any_failed(self.views) or bool(self.job is not None and self.job.failed)
+                decision = decision.with_(t_detect=time.monotonic(), failed=failed)
                 with self.lock:
-                    self.collect_stacks()
-                    self.ack_all()
+                    self.collect_everything(decision)
                 decision = decision.with_(t_stacks=time.monotonic(), attempt=self.attempt)
                 if decision.reason == "exit" and not decision.finished and self.restarts_left > 0:
                     # torch's agent restarts every rank after a failure: keep watching the next attempt
@@ -229,6 +284,41 @@ class Watcher(threading.Thread):
                     self.on_decision(decision)
                 return
             self.stopping.wait(POLL)
+
+    def collect_everything(self, decision: Verdict) -> None:
+        """Once decided: every local rank's stacks; the root of several nodes asks the suspected nodes (every
+        node of a small job) for theirs and their ranks' full states at the same time."""
+        pulled: set[int] = set()
+        if self.root is not None and self.job is not None:
+            pulled = self.root.suspected(decision, self.job)
+            if pulled:
+                self.root.request(pulled, stacks=True)
+        self.collect_stacks()
+        self.ack_all()
+        if pulled:
+            missing = self.root.wait(pulled, PULL_WAIT_S)
+            self.root.mark_silent(missing, time.monotonic())
+            self.take_remote()
+
+    def take_remote(self) -> None:
+        """The full states other nodes sent (the root of several nodes): into the views, local ones first."""
+        if self.root is None:
+            return
+        for r, v in self.root.remote_views(time.monotonic()).items():
+            if r not in self.views or self.views[r].state is None or self.views[r].remote:
+                self.views[r] = v
+
+    def gather_finals(self, timeout_s: float = FINALS_S) -> None:
+        """The end of the job.  The root of several nodes: every node's last word (a small job: the report
+        shows every rank); a node of several: post its own."""
+        try:
+            if self.root is not None and self.world_size <= DETAIL_ALL:
+                self.root.finals(timeout_s)
+                self.take_remote()
+            elif self.uplink is not None:
+                self.uplink.answer(self.node_detail(0, final=True))
+        except Exception as e:  # never let the end of the job fail on the side channel
+            print(f"ddp-doctor: could not exchange the nodes' final states: {e!r}")
 
     def ack_all(self) -> None:
         for r, v in self.views.items():
@@ -249,16 +339,23 @@ class Watcher(threading.Thread):
                                      workers=tuple(v.workers))
                 continue
             fatal = False
-            if not v.stack and v.exit and v.exit.signal in FATAL and v.state.pid:
+            if not v.stack and v.exit and v.exit.signal in FATAL and v.state.pid and not v.remote:
                 v.stack = tuple(fatal_stack(self.run_dir, v.state.pid))
                 fatal = bool(v.stack)
             ranks[r] = v.state.with_(stack=tuple(v.stack), threads=tuple(v.threads), workers=tuple(v.workers),
                                      exit=v.exit, busy=v.busy(), stalled_s=round(now - v.progress_t, 2),
                                      idle_s=round(v.idle_s(now), 2),
                                      sites_seen=frozenset(v.sites_seen), fatal_stack=fatal)
+        lost: tuple = ()
+        if self.root is not None:  # ranks no full state came for: what their node's summary says
+            light = self.root.light_states()
+            for r in range(self.world_size):
+                if r not in ranks or ranks[r].missing:
+                    ranks[r] = light.get(r) or ranks.get(r) or RankState(rank=r, missing=True)
+            lost = tuple(self.root.lost.values())
         limit, how = self.judge.hang_limit(self.views)
-        return JobEvidence(self.world_size, ranks, round(now - self.started, 3), limit, how,
-                           suspicion=self.judge.longest)
+        return JobEvidence(self.world_size, dict(sorted(ranks.items())), round(now - self.started, 3), limit, how,
+                           suspicion=self.judge.longest, lost_nodes=lost)
 
 
 class Attempt:

@@ -28,6 +28,22 @@ class RankView:
         self.stack: tuple[Site, ...] = ()
         self.threads: tuple[ThreadStack, ...] = ()
         self.workers: list[WorkerStack] = []
+        self.remote = False    # fed with another node's full state (``from_detail``), not watched here
+
+    @classmethod
+    def from_detail(cls, state: RankState, now: float) -> "RankView":
+        """A rank of another node, from the state its node's agent sent (``NodeDetail``): what that agent
+        added (stacks, exit, busy, signs of life, every site the rank ran) is kept as it came."""
+        v = cls(state.rank)
+        v.remote = True
+        v.update(state, now)
+        v.sites_seen |= set(state.sites_seen)
+        v.stack, v.threads, v.workers, v.exit = tuple(state.stack), tuple(state.threads), list(state.workers), state.exit
+        if state.stalled_s is not None:
+            v.progress_t = now - state.stalled_s
+        if state.idle_s is not None:
+            v.active_t = now - state.idle_s
+        return v
 
     def update(self, state: RankState, now: float) -> None:
         if state.timeline is None and self.state is not None and self.state.timeline is not None:
@@ -78,7 +94,7 @@ class RankView:
         st = self.state
         return st is not None and bool(st.progress or st.seq or st.in_collective)
 
-    def busy(self) -> bool:
+    def busy(self, now: float | None = None) -> bool:
         """Working: a sign of life in the last seconds (progress, CPU, I/O, a moving stack).
 
         (A rank inside a collective counts too: DDP's construction, forward and backward compute inside
@@ -86,8 +102,10 @@ class RankView:
         st = self.state
         if st is None or st.done or self.exit:
             return False
+        if self.remote:
+            return st.busy
         if st.activity is not None:
-            return time.monotonic() - self.active_t < 2 * ACTIVE_WINDOW_S + 0.5
+            return (time.monotonic() if now is None else now) - self.active_t < 2 * ACTIVE_WINDOW_S + 0.5
         if len(self.samples) < 2:
             return False
         (t0, c0, w0), (t1, c1, _) = self.samples[0], self.samples[-1]
