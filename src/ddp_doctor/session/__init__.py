@@ -73,7 +73,8 @@ class Job:
         self.hang_timeout = float(own["--hang-timeout"]) if own.get("--hang-timeout") else None
         self.grace = float(own.get("--stop-grace", GRACE_S))
         self.watcher = None
-        self.store = None
+        self.store = None       # the side channel the job's verdict travels on (several nodes: the root store)
+        self.local = None       # several nodes: this node's own store, its ranks post there
         self.stop_requested = threading.Event()
         self.stop_lock = threading.Lock()
         self.launching = False
@@ -109,11 +110,15 @@ class Job:
             self.store, port = side.host_store(0)
             self.store_addr = f"127.0.0.1:{port}"
             return True
+        # several nodes: this node's ranks post to a store of this node (no per-rank traffic between nodes);
+        # this agent sends one summary per interval to the root store on node 0 (rendezvous port + 1)
+        self.local, lport = side.host_store(0)
+        self.store_addr = f"127.0.0.1:{lport}"
         endpoint = a.rdzv_endpoint or f"{a.master_addr}:{a.master_port or 29500}"
         host, _, port = endpoint.rpartition(":")
         host = host or "127.0.0.1"
         wport = int(self.own.get("--watch-port") or (int(port or 29400) + 1))
-        self.store_addr = f"{host}:{wport}"
+        self.root_addr = f"{host}:{wport}"
         if a.node_rank == 0 and _is_local(host):
             try:
                 self.store, _ = side.host_store(wport)
@@ -123,6 +128,22 @@ class Job:
         self.store = side.join_store(host, wport)
         return False
 
+    def _hierarchy(self, is_host: bool) -> dict[str, Any]:
+        """Several nodes: the watcher's link to the root (a node) or the root itself (node 0)."""
+        if self.local is None:
+            return {}
+        from torch.distributed import run as torchrun
+
+        from ddp_doctor.watch.root import Root
+        from ddp_doctor.watch.uplink import Uplink
+
+        local_world = max(1, int(torchrun.determine_local_world_size(self.args.nproc_per_node)))
+        if not is_host:
+            return {"local_world": local_world, "uplink": Uplink(self.store), "on_stop": self.stop}
+        slot = int(self.store.add(side.NODES, 1)) - 1
+        reader = side.reader_channel(int(self.root_addr.rpartition(":")[2]))
+        return {"local_world": local_world, "root": Root(self.store, reader, _world_size_hint(self.args), slot)}
+
     # -- stopping --------------------------------------------------------------------
     def on_decision(self, decision: Verdict) -> None:
         """Called from the watcher thread once it has decided and taken the stacks."""
@@ -130,6 +151,9 @@ class Job:
             self.store.set(side.STOP, json.dumps({"reason": decision.reason}))
         except Exception:
             pass
+        root = getattr(self.watcher, "root", None)
+        if root is not None:
+            root.stop(decision.reason)  # every node's agent stops its ranks
         self.stop()
 
     def stop(self) -> None:
@@ -215,15 +239,17 @@ class Job:
         is_host = self.open_store()
         run_dir = tempfile.mkdtemp(prefix="ddp-doctor-")
         os.environ["DDP_DOCTOR_STORE"] = self.store_addr
+        if self.local is not None:
+            os.environ["DDP_DOCTOR_NODE_LOCAL"] = "1"  # the ranks post under their local rank (probe.publisher)
         os.environ["DDP_DOCTOR_DIR"] = run_dir
         os.environ["DDP_DOCTOR_T0"] = repr(self.t0)
         os.environ["DDP_DOCTOR_LAUNCHER_PID"] = str(os.getpid())  # ranks die with this process (probe.lifeline)
         a.monitor_interval = max(float(a.monitor_interval), 1.0)  # let the watcher see an exit first
-        self.watcher = Watcher(self.store, world_size=_world_size_hint(a), hang_timeout=self.hang_timeout,
+        self.watcher = Watcher(self.local or self.store, world_size=_world_size_hint(a), hang_timeout=self.hang_timeout,
                                run_dir=run_dir, is_host=is_host, on_decision=self.on_decision,
-                               max_restarts=int(a.max_restarts or 0))
+                               max_restarts=int(a.max_restarts or 0), **self._hierarchy(is_host))
         self.watcher.start()
-        if not is_host:
+        if not is_host and self.local is None:
             threading.Thread(target=self.follower_loop, daemon=True).start()
         job_error: BaseException | None = None
         live_stop = threading.Event()
@@ -259,6 +285,7 @@ class Job:
             self.watcher.read_states()
         except Exception:
             pass
+        self.watcher.gather_finals()  # several nodes: the nodes' last states meet at the root
         try:
             report = self.build_report(job_error, lint_findings, t_end)
         finally:

@@ -92,7 +92,7 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
     if job.leftovers:
         report["leftover_pids"] = job.leftovers
     report["sources"] = job_sources(evidence, job.args.training_script)
-    side_channel = side_channel_section(job)
+    side_channel = side_channel_section(job, evidence)
     if side_channel is not None:
         report["side_channel"] = side_channel
     return report
@@ -137,7 +137,7 @@ def crash_exit_code(job, evidence: JobEvidence, findings) -> int:
     return (code_of(root) if root is not None else None) or next(iter(sorted(failing)), 1)
 
 
-def side_channel_section(job) -> dict[str, Any] | None:
+def side_channel_section(job, evidence: JobEvidence | None = None) -> dict[str, Any] | None:
     """Was the side channel signed, what did it drop or refuse, and which ranks/nodes went unwatched."""
     channel = job.store if job.store is not None else getattr(job.watcher, "store", None)
     stats = getattr(channel, "stats", None)
@@ -156,10 +156,18 @@ def side_channel_section(job) -> dict[str, Any] | None:
         out["unwatched_ranks"] = []
         out["unwatched_nodes"] = [f"node-rank {int(getattr(job.args, 'node_rank', 0) or 0)} (this node)"]
         return out
-    ranks = [r for r, v in sorted(job.watcher.views.items()) if v.state is None]
+    if evidence is not None:
+        ranks = [r for r, st in sorted(evidence.ranks.items()) if st.missing]
+    else:
+        ranks = [r for r, v in sorted(job.watcher.views.items()) if v.state is None]
     out["unwatched_ranks"] = ranks
     out["unwatched_nodes"] = [f"node {n} (ranks {', '.join(str(r) for r in ranks if r // local_ws == n)})"
                               for n in sorted({r // local_ws for r in ranks})]
+    lost = evidence.lost_nodes if evidence is not None else ()
+    if lost:  # several nodes: an agent the root stopped hearing from; its ranks went unwatched from then on
+        out["lost_nodes"] = [n.to_json() for n in lost]
+        out["unwatched_nodes"] += [f"node {n.node} on {n.host} (ranks {', '.join(map(str, n.ranks))}): its agent "
+                                   f"went silent" for n in lost]
     return out
 
 
