@@ -143,6 +143,10 @@ RUNTIME_FIXES: dict[str, str] = {
     "DDP204.worker-exit": (
         "The worker exited on its own (sys.exit / os._exit in the dataset or its libraries): run with "
         "num_workers=0 to see the error in the rank's own process."),
+    "DDP204.node-lost": (
+        "Find out why that node's launcher ended: the out-of-memory killer (`dmesg` on that host), the "
+        "scheduler (preemption, a time limit, a node failure in its log), a user. Its ranks die with it; the "
+        "job can only go on from a checkpoint (or with torchrun's --max-restarts on the remaining nodes)."),
     "DDP204.unknown": (
         "Look at the ranks' stderr."),
     "DDP205.stall": (

@@ -41,6 +41,7 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
         findings += collectives.diagnose_desync(evidence, decision)
     elif reason == "hang":
         verdict = "hang"
+        findings += exits.diagnose_lost_nodes(evidence)  # several nodes: an agent that went silent first
         findings += hang.diagnose_hang(evidence, decision)
     elif reason == "exit" or failed or exits.finished_case(ranks, decision):
         verdict = "crash"

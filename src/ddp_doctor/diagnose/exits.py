@@ -100,10 +100,42 @@ def diagnose_restart_connect(ev: JobEvidence) -> Finding | None:
                    evidence={"attempt": attempt, "agent_store": True, **({"exception": e} if e else {})})
 
 
+_CONSEQUENCE_WORDS = ("connection reset", "connection closed", "connection refused", "broken pipe",
+                      "socket timeout", "timed out")
+
+
+def diagnose_lost_nodes(ev: JobEvidence) -> list[Finding]:
+    """Several nodes: a node's ``ddp-doctor run`` went silent and never answered (killed, out of memory, the
+    node lost).  Its ranks die with their launcher, so the other ranks' connection errors follow from it."""
+    out = []
+    ranks = ranks_of(ev)
+    for n in ev.lost_nodes:
+        others = sorted(r for r, st in ranks.items() if r not in n.ranks and st.exc is not None)
+        then = "; ".join(f"rank {r} raised {ranks[r].exc.type}: {gist(ranks[r].exc.message, 120)}" for r in others[:4])
+        msg = (f"The ddp-doctor launcher of node {n.node} (host {n.host}, ranks {', '.join(map(str, n.ranks))}) went "
+               f"silent ({n.silent_s:g}s without a summary) and did not answer: it ended (killed, out of memory, the "
+               "node lost) and its ranks ended with it (ranks die with their launcher), unwatched from then on."
+               + (f" The other ranks then failed: {then}." if then else ""))
+        out.append(Finding("DDP204", msg, runtime_fix("DDP204.node-lost"), ranks=list(n.ranks),
+                           evidence={"lost_node": n.to_json(), **step_evidence(ranks)}))
+    return out
+
+
+def _consequence(st: RankState) -> bool:
+    """A rank's exception reads as a lost peer's consequence (a broken connection)."""
+    msg = (st.exc.message or "").lower() if st.exc else ""
+    return any(w in msg for w in _CONSEQUENCE_WORDS)
+
+
 def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
     ranks = ranks_of(ev)
     lint = ev.lint
-    out: list[Finding] = []
+    out: list[Finding] = diagnose_lost_nodes(ev)
+    if out:  # the lost nodes are the story; the others' broken connections follow from them
+        lost = {r for n in ev.lost_nodes for r in n.ranks}
+        ranks = {r: st for r, st in ranks.items() if r not in lost and not _consequence(st)}
+        if not any(st.failed for st in ranks.values()):
+            return out
     if finished_case(ranks, d):
         done = sorted(r for r, st in ranks.items() if st.finished)
         waiting = {r: st for r, st in ranks.items() if r not in done}
@@ -191,7 +223,7 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
             evidence = {"exit": ex_ev}
         out.append(Finding("DDP204", msg, fix, location=loc(site), ranks=[r],
                            evidence={**evidence, **step_evidence(ranks)}))
-    if not out:
+    if not out and not ev.lost_nodes:
         out.append(Finding("DDP204", "A rank exited while the others were running (no detail was captured).",
                            runtime_fix("DDP204.unknown"), ranks=[], evidence=step_evidence(ranks)))
     return out

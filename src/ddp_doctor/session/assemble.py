@@ -49,6 +49,7 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
     marks = tuple(lint_mark(f) for f in lint_findings if f.location)
     evidence = w.evidence().with_(lint=marks)
     save_evidence(evidence, decision, job.failures)
+    lost = {r for n in evidence.lost_nodes for r in n.ranks}
     verdict, findings = diagnose(evidence, decision, job.failures)
     exit_code = 0
     if verdict == "crash":
@@ -69,7 +70,7 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
         "exit_code": exit_code,
         "world_size": w.world_size,
         "findings": runtime,
-        "ranks": [rank_entry(r, st, job.failures) for r, st in sorted(evidence.ranks.items())],
+        "ranks": [rank_entry(r, st, job.failures, lost) for r, st in sorted(evidence.ranks.items())],
         "command": ["ddp-doctor", "run", *job.argv],
         "started_at": job.started_at,
         "duration_s": round(time.time() - job.t0, 3),
@@ -226,10 +227,12 @@ _RANK_EXTRAS = ("host", "pid", "local_rank", "timing", "timeline", "workers", "e
                 "steps_by_epoch", "loaders", "ddp")
 
 
-def rank_state_word(st: RankState, ex: ExitStatus | None) -> str:
-    """The report's one-word state of a rank."""
+def rank_state_word(st: RankState, ex: ExitStatus | None, lost: bool = False) -> str:
+    """The report's one-word state of a rank (``lost``: its node's launcher went silent)."""
     if st.missing:
         return "missing"
+    if lost and not st.exc and not ex:
+        return "lost"
     if st.exc:
         return "crashed"
     if ex and ex.killed:
@@ -245,14 +248,14 @@ def rank_state_word(st: RankState, ex: ExitStatus | None) -> str:
     return "running"
 
 
-def rank_entry(r: int, st: RankState, failures: dict[int, ExitStatus]) -> dict[str, Any]:
+def rank_entry(r: int, st: RankState, failures: dict[int, ExitStatus], lost: set[int] = frozenset()) -> dict[str, Any]:
     """The report/v1 entry of one rank."""
     ex = st.exit or failures.get(r)
     stack = st.stack
     if not stack and st.exc:
         stack = st.exc.traceback
     entry = {
-        "rank": r, "state": rank_state_word(st, ex), "epoch": st.epoch, "step": None if st.missing else st.step,
+        "rank": r, "state": rank_state_word(st, ex, r in lost), "epoch": st.epoch, "step": None if st.missing else st.step,
         "last_collective": plain(st.in_collective or st.last_collective),
         "stack": plain(stack), "exit_code": ex.exit_code if ex else st.exit_code,
         "signal": ex.signal if ex else None,
