@@ -134,15 +134,16 @@ class Job:
             return {}
         from torch.distributed import run as torchrun
 
-        from ddp_doctor.watch.root import Root
+        from ddp_doctor.watch.root import Root, interval_for
         from ddp_doctor.watch.uplink import Uplink
 
         local_world = max(1, int(torchrun.determine_local_world_size(self.args.nproc_per_node)))
+        common = {"local_world": local_world, "poll": interval_for(self.nnodes)}
         if not is_host:
-            return {"local_world": local_world, "uplink": Uplink(self.store), "on_stop": self.stop}
+            return {**common, "uplink": Uplink(self.store), "on_stop": self.stop}
         slot = int(self.store.add(side.NODES, 1)) - 1
         reader = side.reader_channel(int(self.root_addr.rpartition(":")[2]))
-        return {"local_world": local_world, "root": Root(self.store, reader, _world_size_hint(self.args), slot)}
+        return {**common, "root": Root(self.store, reader, _world_size_hint(self.args), slot)}
 
     # -- stopping --------------------------------------------------------------------
     def on_decision(self, decision: Verdict) -> None:

@@ -49,7 +49,7 @@ class Watcher(threading.Thread):
     def __init__(self, store, *, world_size: int, hang_timeout: float | None, run_dir: str,
                  is_host: bool = True, on_decision: Callable[[Verdict], None] | None = None,
                  max_restarts: int = 0, local_world: int | None = None, uplink: Any = None, root: Any = None,
-                 on_stop: Callable[[], None] | None = None) -> None:
+                 on_stop: Callable[[], None] | None = None, poll: float = 0.0) -> None:
         super().__init__(name="ddp-doctor-watch", daemon=True)
         self.store = store
         self.world_size = world_size
@@ -63,6 +63,7 @@ class Watcher(threading.Thread):
         self.uplink = uplink          # a node of several: its summaries to the root (watch.uplink)
         self.root = root              # the root of several nodes: every node's summary (watch.root)
         self.on_stop = on_stop        # a node of several: the root stopped the job
+        self.poll = poll or POLL      # seconds between polls (several nodes: root.interval_for the nodes)
         self.summarizer = Summarizer(digests=uplink is not None or root is not None)
         self.node_summary: NodeSummary | None = None
         self.job: JobView | None = None
@@ -283,7 +284,7 @@ class Watcher(threading.Thread):
                 if self.on_decision is not None:
                     self.on_decision(decision)
                 return
-            self.stopping.wait(POLL)
+            self.stopping.wait(self.poll)
 
     def collect_everything(self, decision: Verdict) -> None:
         """Once decided: every local rank's stacks; the root of several nodes asks the suspected nodes (every
