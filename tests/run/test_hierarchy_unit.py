@@ -1,0 +1,226 @@
+"""Hierarchical watching without processes: the verdict from node summaries is the verdict from every rank's
+view; fingerprint codes tell nodes' collectives apart; a late node is never a stall; a silent one is lost.
+Views are the watcher's real RankView, summaries the real Summarizer, the store a real in-process TCPStore."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from ddp_doctor.channel import SideChannel
+from ddp_doctor.diagnose.jobview import LATE_S, LOST_S, CrossCheck, JobView, codes_differ, fp_code
+from ddp_doctor.diagnose.live import NO_PROGRESS_S, TRANSPORT_S, Judge, find_desync
+from ddp_doctor.diagnose.summary import Summarizer
+from ddp_doctor.evidence import Activity, Collective, ExitStatus, RankState, Site
+from ddp_doctor.watch.root import Root
+from ddp_doctor.watch.uplink import Uplink
+from ddp_doctor.watch.views import RankView
+
+TRAIN = Site("/u/train.py", 40, "main")
+EVAL = Site("/u/train.py", 27, "remote_eval")
+BAR = Site("/u/train.py", 53, "main")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def barrier(seq: int) -> Collective:
+    return Collective("world", seq, "barrier", site=BAR, waiting_s=0.0)
+
+
+class Job:
+    """Ranks on a fake clock, seen two ways: one judge over every view, one over per-node summaries."""
+
+    def __init__(self, n: int = 4, per_node: int = 2, hang_timeout: float | None = None) -> None:
+        self.views = {r: RankView(r) for r in range(n)}
+        self.nodes = [list(range(k, min(n, k + per_node))) for k in range(0, n, per_node)]
+        self.summarizers = [Summarizer(node=i, digests=True) for i in range(len(self.nodes))]
+        self.flat, self.split = Judge(hang_timeout), Judge(hang_timeout)
+        self.t = self.t0 = 100.0
+        self.cpu = {r: 0.0 for r in range(n)}
+
+    def tick(self, dt: float, states: dict[int, dict], *, busy: tuple[int, ...] = ()):
+        end = self.t + dt
+        while self.t < end:
+            self.t += 0.25
+            for r, kw in states.items():
+                if r in busy:
+                    self.cpu[r] += 0.25
+                kw = dict(kw)
+                c = kw.get("in_collective")
+                if c is not None:
+                    kw["in_collective"] = Collective(c.group, c.seq, c.op, site=c.site, waiting_s=self.t - self.t0)
+                st = RankState(rank=r, world_size=len(self.views), progress=kw.pop("progress", 50),
+                               activity=Activity(self.cpu[r], 0, 0.0, 1), **kw)
+                self.views[r].update(st, self.t)
+            flat = self.flat.decide(self.views, len(self.views), 1.0, now=self.t)
+            sums = [s.summary({r: self.views[r] for r in rs}, self.t, first_state_t=1.0)
+                    for s, rs in zip(self.summarizers, self.nodes)]
+            split = self.split.decide_job(JobView(len(self.views), [(s, 0.0) for s in sums]), self.t)
+            assert (flat and flat.reason, flat and flat.rank) == (split and split.reason, split and split.rank), \
+                (self.t - self.t0, flat, split)
+            if flat is not None:
+                return flat
+        return None
+
+
+def test_a_stuck_rank_on_another_node_the_same_verdict_at_the_same_time():
+    job = Job()
+    states = {0: {"in_collective": barrier(12)}, 1: {"in_collective": barrier(12)},
+              2: {"in_collective": barrier(12)}, 3: {"where": EVAL}}
+    assert job.tick(30, states) is None
+    s = job.split.suspicion
+    assert s is not None and set(s.waiting) == {0, 1, 2} and s.outside == {3: EVAL}
+    v = job.tick(NO_PROGRESS_S, states)
+    assert v is not None and v.reason == "hang" and NO_PROGRESS_S < v.stalled_s <= NO_PROGRESS_S + 1
+
+
+def test_a_busy_rank_on_another_node_is_never_stuck():
+    job = Job(hang_timeout=10)
+    states = {0: {"in_collective": barrier(12)}, 1: {"in_collective": barrier(12)},
+              2: {"in_collective": barrier(12)}, 3: {"where": EVAL}}
+    assert job.tick(60, states, busy=(3,)) is None
+    assert job.tick(11.5, states).reason == "hang"  # (its CPU over the last second still counts)
+
+
+def test_a_finished_rank_on_another_node_needed_by_a_collective_is_proof():
+    job = Job()
+    done = {"done": True, "seq": {"world": 20}}
+    v = job.tick(5, {0: {"in_collective": barrier(20), "seq": {"world": 21}}, 1: {"where": TRAIN, "seq": {"world": 20}},
+                     2: done, 3: done}, busy=(1,))
+    assert v is not None and v.reason == "exit" and v.finished and v.rank == 2
+
+
+def test_a_failed_rank_and_the_transport_limit_across_nodes():
+    job = Job()
+    job.views[3].exit = ExitStatus(1, None)
+    v = job.tick(0.5, {r: {"in_collective": barrier(3)} for r in range(4)})
+    assert v.reason == "exit" and v.rank == 3
+    job = Job()
+    same = {r: {"in_collective": barrier(12)} for r in range(4)}
+    assert job.tick(NO_PROGRESS_S + 30, same) is None
+    assert job.tick(TRANSPORT_S, same).reason == "hang"
+
+
+def _node_views(calls: dict[int, Collective], sites_seen: dict[int, set] | None = None) -> dict[int, RankView]:
+    views = {}
+    for r, c in calls.items():
+        v = RankView(r)
+        v.update(RankState(rank=r, world_size=len(calls), seq={c.group: c.seq + 1}, fingerprints=(c,)), 1.0)
+        v.sites_seen |= (sites_seen or {}).get(r, set())
+        views[r] = v
+    return views
+
+
+def _cross(calls: dict[int, Collective], sites_seen=None):
+    """Ranks 0-1 on node 0, 2-3 on node 1: what the root's check suspects, what find_desync proves."""
+    views = _node_views(calls, sites_seen)
+    check = CrossCheck()
+    found = []
+    for node, rs in enumerate(((0, 1), (2, 3))):
+        s = Summarizer(node=node, digests=True).summary({r: views[r] for r in rs}, 2.0)
+        assert s.desync is None   # nothing to prove inside one node
+        found += check.feed(s)
+    return found, find_desync(views, len(views))
+
+
+def test_codes_tell_the_nodes_collectives_apart_and_find_desync_proves_it():
+    ar = Collective("world", 7, "all_reduce", ("4",), ("float32",), TRAIN, epoch=0, step_in_epoch=3)
+    ag = Collective("world", 7, "all_gather", ("4",), ("float32",), TRAIN, epoch=0, step_in_epoch=3)
+    found, proof = _cross({0: ar, 1: ar, 2: ag, 3: ag})
+    assert [(f[0], f[2]) for f in found] == [("fingerprint", frozenset({0, 1}))]
+    assert proof is not None and proof.kind == "op" and proof.seq == 7
+    # the same call at the same line from another step: DDP101's desync
+    later = Collective("world", 7, "all_reduce", ("4",), ("float32",), TRAIN, epoch=0, step_in_epoch=4)
+    found, proof = _cross({0: ar, 1: ar, 2: later, 3: later})
+    assert found and proof is not None and proof.kind == "steps"
+
+
+def test_codes_leave_legal_differences_alone():
+    src = Collective("world", 3, "broadcast", ("4",), ("float32",), Site("/u/t.py", 10, "main"))
+    dst = Collective("world", 3, "broadcast", ("4",), ("float32",), Site("/u/t.py", 12, "main"))
+    found, proof = _cross({0: src, 1: src, 2: dst, 3: dst})
+    assert found == [] and proof is None  # the same collective from two branches
+    # a DDP call at two lines both nodes ran: suspected from the codes, cleared by find_desync
+    a = Collective("world", 5, "ddp.forward(broadcast_buffers)", ("2",), ("float32",), Site("/u/t.py", 30, "main"))
+    b = Collective("world", 5, "ddp.forward(broadcast_buffers)", ("2",), ("float32",), Site("/u/t.py", 31, "main"))
+    seen = {r: {(a.op, a.site.key()), (b.op, b.site.key())} for r in range(4)}
+    found, proof = _cross({0: a, 1: a, 2: b, 3: b}, seen)
+    assert found and proof is None
+    join = Collective("world", 5, "all_reduce", join=True)
+    assert fp_code(join) == 0 and not codes_differ(0, fp_code(a))
+
+
+@pytest.fixture()
+def stores():
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+
+    def client(timeout=10.0):
+        return SideChannel(dist.TCPStore("127.0.0.1", server.port, is_master=False, wait_for_workers=False,
+                                         timeout=timedelta(seconds=timeout)), secret=b"k")
+
+    yield SideChannel(server, secret=b"k"), client
+
+
+def test_a_late_node_is_not_a_stall_a_silent_one_is_lost(stores):
+    """Every rank idle past the limit, but node 2's agent is late: no verdict until it is heard again (it then
+    shows a sign of life) or it has been silent for LOST_S (lost: its ranks unwatched, their times stand)."""
+    channel, client = stores
+    root = Root(channel, client(1.0), 6, slot=int(channel.add("ddpd/nodes", 1)) - 1)
+    judge = Judge(10.0)
+    views = {r: RankView(r) for r in range(6)}
+    ups = {1: Uplink(client()), 2: Uplink(client())}
+    sums = {k: Summarizer(node=k, digests=True) for k in range(3)}
+    members = {0: (0, 1), 1: (2, 3), 2: (4, 5)}
+    t = 0.0
+    sig = {r: 1 for r in range(6)}
+
+    def tick(dt, *, silent=(), moving=()):
+        nonlocal t
+        end, verdict = t + dt, None
+        while t < end and verdict is None:
+            t = round(t + 0.2, 6)
+            job = None
+            for k, rs in members.items():
+                for r in rs:
+                    sig[r] += r in moving
+                    views[r].update(RankState(rank=r, world_size=6, progress=9, in_collective=barrier(4),
+                                              activity=Activity(0.0, 0, 0.0, sig[r])), t)
+                s = sums[k].summary({r: views[r] for r in rs}, t, first_state_t=0.0)
+                if k == 0:
+                    own = s
+                elif k not in silent:
+                    ups[k].post(s, t)
+            root.read(t)
+            job = root.job_view(own, t)
+            verdict = judge.decide_job(job, t)
+        return verdict, job
+
+    v, job = tick(3.0)
+    assert v is None and root.slots.keys() == {1, 2}
+    v, job = tick(10.0 + 2.0, silent=(2,))              # past the limit, but node 2 is late (not lost)
+    assert v is None and job.late == (2,), job.late
+    v, job = tick(0.4, moving=(4,))                      # heard again: it was alive
+    assert v is None and job.late == () and not root.lost
+    v, job = tick(LOST_S + 5, silent=(2,))
+    assert v is not None and v.reason == "hang"
+    loss = root.lost[2]
+    assert loss.ranks == (4, 5) and loss.silent_s > LOST_S and LATE_S < LOST_S
+
+
+def test_the_scale_benchmark_meets_its_targets_at_256_ranks():
+    """benchmarks/scale.py (simulated ranks, the real aggregation, encoding, store and decision): a stuck
+    rank is found within the limit + 2 s, named, at <= 2 root requests per node per interval."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--ranks", "256", "--limit", "4",
+                          "--warmup", "3"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["nodes"] == 32 and r["verdict"] == "hang", r
+    assert r["root_requests_per_node_per_interval"] <= 2.0, r
+    assert r["detect_latency_s"] <= r["limit_s"] + 2.0, r
+    assert r["culprit_ok"], r
+    assert 0 < r["bytes_per_s"] and 0 < r["watcher_cpu_s_per_s"], r
