@@ -63,16 +63,16 @@ def ack_key(attempt: int, rank: int) -> str:
     return f"ddpd/ack/{attempt}/{rank}"
 
 
-def host_store(port: int = 0):
-    """Host the side-channel TCPStore; returns (channel, port): values signed with the job's secret
-    (:mod:`ddp_doctor.channel`)."""
+def host_store(port: int = 0, secret: bytes | None = None):
+    """Host the side-channel TCPStore; returns (channel, port): values signed with ``secret``, by default the
+    job's (:mod:`ddp_doctor.channel`)."""
     import torch.distributed as dist
 
     from ddp_doctor.channel import SideChannel, job_secret
 
     store = dist.TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=30))
-    return SideChannel(store, secret=job_secret()), store.port
+    return SideChannel(store, secret=secret or job_secret()), store.port
 
 
 def tcp_client(host: str, port: int, timeout_s: float = 60.0):

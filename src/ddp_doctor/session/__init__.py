@@ -110,9 +110,14 @@ class Job:
             self.store, port = side.host_store(0)
             self.store_addr = f"127.0.0.1:{port}"
             return True
-        # several nodes: this node's ranks post to a store of this node (no per-rank traffic between nodes);
-        # this agent sends one summary per interval to the root store on node 0 (rendezvous port + 1)
-        self.local, lport = side.host_store(0)
+        # several nodes: this node's ranks post to a store of this node (no per-rank traffic between nodes),
+        # signed with a secret of this node's own (only this launcher and its ranks use it: signed even when
+        # the job has no DDP_DOCTOR_SECRET); this agent sends one summary per interval to the root store on
+        # node 0 (rendezvous port + 1), signed with the job's secret
+        from ddp_doctor.channel import new_secret
+
+        self.node_secret = new_secret()
+        self.local, lport = side.host_store(0, secret=self.node_secret.encode())
         self.store_addr = f"127.0.0.1:{lport}"
         endpoint = a.rdzv_endpoint or f"{a.master_addr}:{a.master_port or 29500}"
         host, _, port = endpoint.rpartition(":")
@@ -250,6 +255,10 @@ class Job:
                                run_dir=run_dir, is_host=is_host, on_decision=self.on_decision,
                                max_restarts=int(a.max_restarts or 0), **self._hierarchy(is_host))
         self.watcher.start()
+        if self.local is not None:  # the ranks sign with their node's secret (the root channels keep the job's)
+            from ddp_doctor.channel import SECRET_ENV
+
+            os.environ[SECRET_ENV] = self.node_secret
         if not is_host and self.local is None:
             threading.Thread(target=self.follower_loop, daemon=True).start()
         job_error: BaseException | None = None

@@ -145,6 +145,12 @@ def side_channel_section(job, evidence: JobEvidence | None = None) -> dict[str, 
     if stats is None:
         return None
     out = stats.to_dict()
+    local = getattr(getattr(job, "local", None), "stats", None)
+    if local is not None:  # several nodes: what this node's own store (its ranks' states) refused too
+        for reason, n in local.rejected.items():
+            out["rejected"][reason] = out["rejected"].get(reason, 0) + n
+        out["rejected_keys"] += [k for k in local.rejected_keys if k not in out["rejected_keys"]]
+        out["dropped"] += local.dropped
     try:
         from torch.distributed import run as torchrun
 

@@ -316,7 +316,7 @@ class Watcher(threading.Thread):
             if self.root is not None and self.world_size <= DETAIL_ALL:
                 self.root.finals(timeout_s)
                 self.take_remote()
-            elif self.uplink is not None:
+            elif self.uplink is not None and self.world_size <= DETAIL_ALL:
                 self.uplink.answer(self.node_detail(0, final=True))
         except Exception as e:  # never let the end of the job fail on the side channel
             print(f"ddp-doctor: could not exchange the nodes' final states: {e!r}")
