@@ -357,12 +357,22 @@ def _job_secret(multi_node: bool) -> None:
 
 
 def _is_local(host: str) -> bool:
+    """Is ``host`` this machine (a name of it, or an address of one of its interfaces: Slurm's short names,
+    a Kubernetes service of this pod)?"""
     import socket
 
-    if host in ("localhost", "127.0.0.1", "::1", "0.0.0.0", socket.gethostname()):
+    if host in ("localhost", "127.0.0.1", "::1", "0.0.0.0", socket.gethostname(), socket.getfqdn()):
         return True
     try:
-        return socket.gethostbyname(host).startswith("127.")
+        addr = socket.gethostbyname(host)
     except OSError:
+        return False
+    if addr.startswith("127."):
+        return True
+    try:
+        import psutil
+
+        return any(a.address == addr for nic in psutil.net_if_addrs().values() for a in nic)
+    except Exception:
         return False
 

@@ -161,6 +161,8 @@ class Watcher(threading.Thread):
         self.acked.clear()
         self.first_state_t = None
         self.judge = judge.Judge(self.judge.hang_timeout)
+        if self.root is not None:
+            self.root.begin_attempt(attempt)
 
     # -- stacks --------------------------------------------------------------------
     def collect_stacks(self, wait_s: float = 1.5) -> None:
@@ -170,7 +172,7 @@ class Watcher(threading.Thread):
         except Exception:
             return
         pending = {r for r, v in self.views.items() if v.state and not v.exit and not v.state.done
-                   and not v.state.exc}
+                   and not v.state.exc and not v.remote}  # (another node's ranks: its agent takes theirs)
         end = time.monotonic() + wait_s
         while pending and time.monotonic() < end:
             for r in list(pending):
@@ -190,7 +192,7 @@ class Watcher(threading.Thread):
             if pid_of.get(r):
                 wanted.append((pid_of[r], "rank", r))
         for r, v in self.views.items():
-            if v.state is None or v.state.host != _HOST:
+            if v.state is None or v.state.host != _HOST or v.remote:
                 continue
             pids = {p for ld in v.state.loaders for p in ld.worker_pids}
             if pid_of.get(r):
@@ -202,8 +204,9 @@ class Watcher(threading.Thread):
                 if os.path.exists(os.path.join(self.run_dir, f"worker-{wp}.stack")):
                     wanted.append((wp, "worker", r))
         dumps = signal_dumps(self.run_dir, [(pid, kind) for pid, kind, _ in wanted])
-        for r in self.views:
-            self.views[r].workers = []
+        for v in self.views.values():
+            if not v.remote:
+                v.workers = []
         for pid, kind, r in wanted:
             frames = tuple(dumps.get(pid) or ())
             if kind == "rank":
@@ -229,7 +232,7 @@ class Watcher(threading.Thread):
                 self.root.read(now)
                 self.root.own(node)
                 self.root.confirm(self.views, now)
-                self.job = self.root.job_view(node, now)
+                self.job = self.root.job_view(node, now)  # (summaries of this attempt only)
             elif self.is_host:
                 self.job = JobView(self.world_size, [(node, 0.0)])
             if not self.is_host or self.failed_attempt is not None:
@@ -323,7 +326,7 @@ class Watcher(threading.Thread):
 
     def ack_all(self) -> None:
         for r, v in self.views.items():
-            if v.state is not None and v.state.exc and r not in self.acked:
+            if v.state is not None and v.state.exc and r not in self.acked and not v.remote:
                 try:
                     self.store.add(side.ack_key(self.attempt, r), 1)
                     self.acked.add(r)

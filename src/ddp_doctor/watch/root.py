@@ -72,6 +72,14 @@ class Root:
         self.wanted: dict[int, int] = {}         # slot -> the pull it owes
         self.details: dict[int, NodeDetail] = {}  # slot -> its latest answer
         self.lost: dict[int, NodeLoss] = {}
+        self.attempt = 0                          # torch's restart count of the ranks being judged
+
+    def begin_attempt(self, attempt: int) -> None:
+        """torch's agents restarted the ranks (``--max-restarts``): what was known of the failed attempt goes."""
+        self.attempt = attempt
+        self.cross = CrossCheck()
+        self.suspects, self.confirming, self.proof = [], None, None
+        self.details, self.wanted = {}, {}
 
     # -- reading ---------------------------------------------------------------------------------
     def read(self, now: float) -> None:
@@ -162,8 +170,8 @@ class Root:
         late: list[int] = []
         for k, sl in self.slots.items():
             s = sl.summary
-            if s is None:
-                continue
+            if s is None or s.attempt < self.attempt:
+                continue  # (a node whose ranks have not restarted yet)
             silent = now - sl.t
             if silent > LOST_S and k not in self.lost:
                 self.lost[k] = NodeLoss(k, s.host, s.ranks, round(silent, 1))
