@@ -224,3 +224,22 @@ def test_the_scale_benchmark_meets_its_targets_at_256_ranks():
     assert r["detect_latency_s"] <= r["limit_s"] + 2.0, r
     assert r["culprit_ok"], r
     assert 0 < r["bytes_per_s"] and 0 < r["watcher_cpu_s_per_s"], r
+
+
+def test_thousands_of_ranks_doing_the_same_are_one_phrase():
+    """A live warning and a finding's 'Meanwhile' name a large job's ranks by runs; small jobs' texts keep
+    one phrase per rank."""
+    from ddp_doctor.diagnose.common import others_text
+    from ddp_doctor.evidence import Suspicion
+    from ddp_doctor.report.terminal import suspicion_text
+
+    c = Collective("world", 12, "all_reduce", site=BAR)
+    big = {r: RankState(rank=r, in_collective=c) for r in range(10000) if r != 5007}
+    big[5007] = RankState(rank=5007, where=EVAL)
+    text = others_text(big, {5007})
+    assert text == "ranks 0-5006, 5008-9999 each waits in all_reduce (#12 on world) at train.py:53 (main)", text
+    small = {0: RankState(rank=0, in_collective=c), 1: RankState(rank=1, in_collective=c)}
+    assert others_text(small, set()).startswith("rank 0 waits in all_reduce") and "; rank 1 waits" in others_text(small, set())
+    warn = suspicion_text(Suspicion(12.0, {r: c for r in big if r != 5007}, {5007: EVAL}, {5007: 12.0}, 90.0))
+    assert "ranks 0-5006, 5008-9999 wait in all_reduce (#12 on world)" in warn and "rank 5007 is outside" in warn
+    assert len(warn) < 400

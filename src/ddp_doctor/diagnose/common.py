@@ -76,9 +76,31 @@ def ranks_of(ev: JobEvidence) -> dict[int, RankState]:
     return dict(ev.ranks)
 
 
+GROUP_OVER = 8   # more ranks than this doing the same: one phrase ("ranks 0-4095, 4097-9999 each waits ...")
+
+
+def rank_runs(ranks) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out: list[list[int]] = []
+    for r in sorted(ranks):
+        if out and r == out[-1][1] + 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
 def others_text(ranks: dict[int, RankState], exclude: set[int]) -> str:
-    parts = [f"rank {r} {doing(st)}" for r, st in sorted(ranks.items()) if r not in exclude]
-    return "; ".join(parts)
+    by: dict[str, list[int]] = {}
+    for r, st in sorted(ranks.items()):
+        if r not in exclude:
+            by.setdefault(doing(st), []).append(r)
+    if all(len(rs) <= GROUP_OVER for rs in by.values()):
+        parts = [f"rank {r} {doing(st)}" for r, st in sorted(ranks.items()) if r not in exclude]
+        return "; ".join(parts)
+    parts = [(rs[0], f"ranks {rank_runs(rs)} each {what}" if len(rs) > GROUP_OVER else
+              "; ".join(f"rank {r} {what}" for r in rs)) for what, rs in by.items()]
+    return "; ".join(p for _, p in sorted(parts))
 
 
 def step_evidence(ranks: dict[int, RankState]) -> dict[str, Any]:
