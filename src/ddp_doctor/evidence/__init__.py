@@ -18,11 +18,12 @@ another schema is ignored by the watcher rather than misread.
 from ddp_doctor.evidence.job import (EVIDENCE_OUT_ENV, Capture, JobEvidence, LintMark, Verdict, exit_from_wire,
                                      rank_state_from_wire, stacks_from_wire, to_wire)
 from ddp_doctor.evidence.rank import PERF_KEYS, RankState, missing_rank
-from ddp_doctor.evidence.records import (SCHEMA, Collective, DataWait, DdpModel, ExitStatus, LoaderState,
-                                         RaisedError, SamplerState, Site, SiteCount, ThreadStack, TimelineEvent,
+from ddp_doctor.evidence.records import (GROUP_CREATION, SCHEMA, Collective, DataWait, DdpModel, ExitStatus,
+                                         LoaderState, RaisedError, SamplerState, Site, SiteCount, ThreadStack, TimelineEvent,
                                          Timing, WorkerStack, stacks_from_json, stacks_to_json)
 
-__all__ = ["SCHEMA", "PERF_KEYS", "EVIDENCE_OUT_ENV", "Site", "Collective", "ExitStatus", "RaisedError", "DataWait",
+__all__ = ["GROUP_CREATION", "SCHEMA", "PERF_KEYS", "EVIDENCE_OUT_ENV", "Site", "Collective", "ExitStatus",
+           "RaisedError", "DataWait",
            "SamplerState", "LoaderState", "DdpModel", "Timing", "TimelineEvent", "ThreadStack", "WorkerStack",
            "SiteCount", "RankState", "missing_rank", "LintMark", "JobEvidence", "Verdict", "Capture", "to_wire",
            "rank_state_from_wire", "exit_from_wire", "stacks_from_wire", "stacks_to_json", "stacks_from_json"]

@@ -48,10 +48,17 @@ def _sites(xs) -> tuple[Site, ...]:
     return tuple(s for s in (Site.from_json(x) for x in xs or ()) if s is not None)
 
 
+# The group key of process-group creation (new_group and the torch APIs that call it): every rank must
+# make these calls in the same order with the same arguments, and torch pairs them by a counter of its
+# own (the group's name), not by a sequence number of the world group, so they get a sequence of their own.
+GROUP_CREATION = "world.new_group"
+
+
 @dataclass(frozen=True, slots=True)
 class Collective:
     """One collective call of a rank: its position (group, seq), what it is, where it was issued.
 
+    ``shapes``: its tensors' shapes, or for a group creation its arguments (``ranks=[0, 1]``);
     ``waiting_s``: seconds since it was issued, for a call not completed yet; ``epoch`` /
     ``step_in_epoch``: the training position it was issued at (fingerprints)."""
     group: str | None
