@@ -17,7 +17,8 @@ import threading
 import time
 import weakref
 
-from ddp_doctor.probe import lifeline
+from ddp_doctor.evidence.records import GROUP_CREATION
+from ddp_doctor.probe import groups, lifeline
 from ddp_doctor.probe.recorder import LoaderRec, Recorder, user_site
 
 COLLECTIVES = (
@@ -33,9 +34,13 @@ _group_keys: dict[int, str] = {}
 _installed = False
 
 
-def _group_key(group) -> str:
+def _group_key(group) -> str | None:
+    """The group's key, "world" or "pg:0,1" (its global ranks); None for a group this rank is not in
+    (torch's NON_GROUP_MEMBER, an int): the call is a no-op there, and all such groups would share a key."""
     if group is None:
         return "world"
+    if isinstance(group, int):
+        return None
     key = _group_keys.get(id(group))
     if key is None:
         try:
@@ -133,7 +138,9 @@ def _issue(entry, call, args, kwargs, *, wait_here: bool):
     return work
 
 
-def _wrap_collective(fn, name: str):
+def _wrap_collective(fn, name: str, describe=None):
+    """``describe``: (args, kwargs) -> the arguments of a group creation (recorded under GROUP_CREATION),
+    or None where this call is not one every rank makes; without it, a collective on its own group."""
     try:
         params = list(inspect.signature(fn).parameters)
         gidx = params.index("group") if "group" in params else None
@@ -151,9 +158,14 @@ def _wrap_collective(fn, name: str):
             g = kwargs.get("group")
             if g is None and gidx is not None and len(args) > gidx:
                 g = args[gidx]
-            shapes, dtypes = _describe(args, kwargs)
-            entry = REC.coll_enter(_group_key(g), name, shapes, dtypes, user_site(sys._getframe(1)))
-            if aidx is not None:
+            if describe is None:
+                key = _group_key(g)
+                shapes, dtypes = _describe(args, kwargs) if key is not None else ((), ())
+            else:
+                key, shapes, dtypes = GROUP_CREATION, describe(args, kwargs), ()
+            if key is not None and shapes is not None:
+                entry = REC.coll_enter(key, name, shapes, dtypes, user_site(sys._getframe(1)))
+            if aidx is not None and entry is not None:
                 asynchronous = bool(kwargs["async_op"] if "async_op" in kwargs
                                     else len(args) > aidx and args[aidx])
                 if not asynchronous and len(args) <= aidx and _completes_on_stream(g, args, kwargs):
@@ -185,6 +197,11 @@ def _patch_collectives() -> None:
         setattr(c10d, name, wrapped)
         if getattr(dist, name, None) is fn:
             setattr(dist, name, wrapped)
+
+
+def _patch_groups() -> None:
+    """Group creation (new_group, init_device_mesh...): a call every rank makes, compared by its arguments."""
+    groups.patch(_wrap_collective)
 
 
 def _patch_ddp() -> None:
@@ -465,7 +482,7 @@ def install(rec: Recorder) -> None:
     except Exception:
         return
     _register_stack_dump("rank")
-    for patch in (_patch_collectives, _patch_ddp, _patch_data, _patch_optimizer, _patch_perf):
+    for patch in (_patch_collectives, _patch_groups, _patch_ddp, _patch_data, _patch_optimizer, _patch_perf):
         try:
             patch()
         except Exception as e:  # pragma: no cover - depends on torch version
