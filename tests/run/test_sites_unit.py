@@ -1,0 +1,182 @@
+"""Blame the rank and line that diverged (issue 12), on synthetic evidence: a collective only some ranks
+make while the others are in a library's own collective (Lightning's per-batch broadcast), subgroups
+judged only against their own members, and process-group creation compared by its arguments."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from ddp_doctor import diagnose as _diagnose
+from ddp_doctor.diagnose.live import find_desync
+from ddp_doctor.evidence import GROUP_CREATION, Collective, JobEvidence, RankState, Site, Verdict
+from ddp_doctor.probe import groups, hooks
+from ddp_doctor.probe.publisher import snapshot
+from ddp_doctor.probe.recorder import Recorder
+
+S = "/u/train.py"
+
+
+def diagnose(ev, decision):
+    return _diagnose.diagnose(JobEvidence.from_json(ev), Verdict.from_json(decision), {})
+
+
+def site(line, fn="main"):
+    return {"path": S, "line": line, "function": fn}
+
+
+def call(op, line, fn="main", group="world", seq=12, **kw):
+    return {"group": group, "seq": seq, "op": op, "site": site(line, fn), **kw}
+
+
+def rank(r, calls_made, **kw):
+    """A rank that made ``calls_made`` [(op, line, function)] (its sites_seen) and is in ``in_collective``."""
+    st = {"rank": r, "progress": 10, "step": 4, "steps_by_epoch": [4], "forwards": 5, "sites": [],
+          "site_counts": [], "loaders": [], "stack": [], "workers": [], "exit": None,
+          "sites_seen": [[op, ["train.py", line, fn]] for op, line, fn in calls_made]}
+    st.update(kw)
+    return st
+
+
+LIGHTNING_LOOP = [("barrier", 54, "main"), ("broadcast", 54, "main"), ("ddp.backward(allreduce_grads)", 54, "main")]
+
+
+def test_object_collective_alone_vs_lightnings_own_broadcast_is_ddp201_at_the_hook():
+    """Rank 0's broadcast_object_list (a LightningModule hook) pairs with rank 1's per-batch broadcast that
+    Lightning issues inside `trainer.fit` (line 54, a line rank 0 issues collectives at too)."""
+    calls = {0: call("broadcast_object_list", 28, "on_train_batch_end"), 1: call("broadcast", 54, shapes=["1"])}
+    ev = {"ranks": {0: rank(0, LIGHTNING_LOOP + [("broadcast_object_list", 28, "on_train_batch_end")],
+                            in_collective=calls[0]),
+                    1: rank(1, LIGHTNING_LOOP, in_collective=call("ddp.backward(allreduce_grads)", 54, seq=13))}}
+    verdict, fs = diagnose(ev, {"reason": "desync", "kind": "op", "group": "world", "seq": 12, "calls": calls})
+    f = fs[0]
+    assert f.code == "DDP201" and f.ranks == [0] and f.location.line == 28
+    assert f.location.function == "on_train_batch_end"
+    assert "rank 1: broadcast(1) at train.py:54 (main)" in f.message  # where the other rank was
+
+
+def test_different_ops_at_lines_neither_rank_ran_before_stay_ddp203_naming_both():
+    calls = {0: call("broadcast", 21, shapes=["1"]), 1: call("barrier", 23)}
+    ev = {"ranks": {0: rank(0, [("broadcast", 21, "main")], in_collective=calls[0]),
+                    1: rank(1, [("barrier", 23, "main")], in_collective=calls[1])}}
+    _, fs = diagnose(ev, {"reason": "desync", "kind": "op", "group": "world", "seq": 12, "calls": calls})
+    assert fs[0].code == "DDP203" and fs[0].ranks == [0, 1]
+    assert "train.py:21" in fs[0].message and "train.py:23" in fs[0].message
+
+
+def test_two_ops_from_one_dispatching_line_are_not_blamed_as_rank_conditional():
+    """One helper line issuing different ops: the line is not rank-specific (the others issue at it too)."""
+    calls = {0: call("all_reduce", 30, "sync"), 1: call("broadcast", 30, "sync")}
+    seen = [("all_reduce", 30, "sync"), ("broadcast", 30, "sync")]
+    ev = {"ranks": {0: rank(0, seen[:1], in_collective=calls[0]), 1: rank(1, seen[1:], in_collective=calls[1])}}
+    _, fs = diagnose(ev, {"reason": "desync", "kind": "op", "group": "world", "seq": 12, "calls": calls})
+    assert fs[0].code == "DDP203"
+
+
+TRAIN = [("ddp.init(broadcast_params)", 36, "main"), ("ddp.backward(allreduce_grads)", 44, "main")]
+HANG = {"reason": "hang", "stalled_s": 5.2, "limit_s": 5.0, "limit_how": "adaptive"}
+
+
+def _node_ranks(leaders):
+    """4 ranks in node groups pg:0,1 and pg:2,3; ``leaders`` wait in their node group's all_reduce (line
+    48), the others in the world group's gradient all-reduce (line 44)."""
+    out = {}
+    for r in range(4):
+        g = "pg:0,1" if r < 2 else "pg:2,3"
+        if r in leaders:
+            out[r] = rank(r, TRAIN + [("all_reduce", 48, "main")],
+                          in_collective=call("all_reduce", 48, group=g, seq=0, shapes=["1"]))
+        else:
+            out[r] = rank(r, TRAIN, in_collective=call("ddp.backward(allreduce_grads)", 44, seq=5))
+    return {"ranks": out}
+
+
+def test_node_group_collective_of_the_leaders_is_ddp201_per_group_not_a_mix_of_groups():
+    verdict, fs = diagnose(_node_ranks({0, 2}), HANG)
+    f = fs[0]
+    assert verdict == "hang"
+    assert f.code == "DDP201" and f.ranks == [0, 2] and f.location.line == 48
+    assert "pg:0,1 (ranks 0, 1) and pg:2,3 (ranks 2, 3)" in f.message
+    assert "ranks disagree" not in f.message
+
+
+def test_a_rank_conditional_collective_inside_one_subgroup_names_that_group():
+    verdict, fs = diagnose(_node_ranks({2}), HANG)
+    f = fs[0]
+    assert f.code == "DDP201" and f.ranks == [2] and f.location.line == 48
+    assert "on pg:2,3 (ranks 2, 3), a line the other ranks of that group never reach" in f.message
+    assert "rank 3 waits in ddp.backward(allreduce_grads)" in f.message
+
+
+def _view(r, fps, sites_seen=()):
+    st = RankState(rank=r, progress=5)
+    return SimpleNamespace(rank=r, state=st, fps={(c.group, c.seq): c for c in fps}, sites_seen=set(sites_seen))
+
+
+def test_fingerprints_are_compared_only_within_their_group():
+    """Same sequence number, different groups, different shapes: nothing to compare."""
+    views = {r: _view(r, [Collective("pg:0,1" if r < 2 else "pg:2,3", 0, "all_reduce", ("3" if r < 2 else "5",),
+                                     ("float32",))]) for r in range(4)}
+    assert find_desync(views, 4) is None
+
+
+def test_new_group_with_rank_dependent_ranks_is_proven_at_once_and_named_per_rank():
+    calls = {0: Collective(GROUP_CREATION, 0, "new_group", ("ranks=[0, 1]",), (), Site(S, 26, "main")),
+             1: Collective(GROUP_CREATION, 0, "new_group", ("ranks=[0]",), (), Site(S, 26, "main"))}
+    views = {r: _view(r, [c], [("new_group", ("train.py", 26, "main"))]) for r, c in calls.items()}
+    d = find_desync(views, 2)
+    assert d is not None and d.reason == "desync" and d.group == GROUP_CREATION and d.seq == 0
+    states = {r: RankState(rank=r, in_collective=c, sites_seen=frozenset(views[r].sites_seen))
+              for r, c in calls.items()}
+    verdict, fs = _diagnose.diagnose(JobEvidence(world_size=2, ranks=states), d.with_(blocked=True), {})
+    f = fs[0]
+    assert f.code == "DDP203" and f.ranks == [0, 1] and f.location.line == 26
+    assert "process-group creation #0" in f.message
+    assert "rank 0: new_group(ranks=[0, 1]) at train.py:26 (main); rank 1: new_group(ranks=[0]) at" in f.message
+    assert "use_local_synchronization=True" in f.fix
+
+
+# -- the probe: what it records of group creation and of calls on a group the rank is not in ---------------
+@pytest.fixture
+def rec(monkeypatch):
+    r = Recorder()
+    monkeypatch.setattr(hooks, "REC", r)
+    return r
+
+
+def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local_synchronization=False,
+              group_desc=None, device_id=None, sort_ranks=True):
+    return "pg"
+
+
+def test_probe_records_new_group_with_its_ranks_under_the_creation_sequence(rec, monkeypatch):
+    monkeypatch.setattr(groups, "_world", lambda: 2)
+    wrapped = hooks._wrap_collective(new_group, "new_group", groups.describer(new_group, groups._new_group))
+    assert wrapped([1, 0]) == "pg" and wrapped() == "pg" and wrapped(ranks=[1], backend="gloo") == "pg"
+    fps = snapshot(rec).fingerprints
+    assert [(c.group, c.seq, c.op, c.shapes) for c in fps] == [
+        (GROUP_CREATION, 0, "new_group", ("ranks=[0, 1]",)),
+        (GROUP_CREATION, 1, "new_group", ("ranks=[0, 1]",)),   # ranks=None: every rank, the same group
+        (GROUP_CREATION, 2, "new_group", ("ranks=[1]", "backend=gloo"))]
+    assert fps[0].site is not None and fps[0].site.path == __file__
+    assert rec.seq.get("world") is None  # the world group's own sequence is untouched
+
+
+def test_probe_leaves_members_only_groups_and_non_member_calls_unrecorded(rec):
+    wrapped = hooks._wrap_collective(new_group, "new_group", groups.describer(new_group, groups._new_group))
+    wrapped([0, 1], use_local_synchronization=True)
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        return None
+
+    hooks._wrap_collective(all_reduce, "all_reduce")(object(), group=-100)  # torch's NON_GROUP_MEMBER
+    assert rec.seq == {} and not snapshot(rec).fingerprints
+
+
+def test_device_mesh_and_subgroups_are_described_by_their_arguments():
+    assert groups._device_mesh({"device_type": "cpu", "mesh_shape": (2, 2), "mesh_dim_names": ("dp", "tp")}) == \
+        ("cpu", "mesh_shape=(2, 2)", "mesh_dim_names=('dp', 'tp')")
+    assert groups._new_subgroups({"group_size": 2}) == ("group_size=2",)
+    assert groups._by_enumeration({"ranks_per_subgroup_list": [[0, 1], [2, 3]]}) == ("ranks=[[0, 1], [2, 3]]",)
+    assert {name for _m, name, _d in groups.CREATORS} == {"new_group", "new_subgroups",
+                                                          "new_subgroups_by_enumeration", "init_device_mesh"}
