@@ -180,3 +180,25 @@ def test_device_mesh_and_subgroups_are_described_by_their_arguments():
     assert groups._by_enumeration({"ranks_per_subgroup_list": [[0, 1], [2, 3]]}) == ("ranks=[[0, 1], [2, 3]]",)
     assert {name for _m, name, _d in groups.CREATORS} == {"new_group", "new_subgroups",
                                                           "new_subgroups_by_enumeration", "init_device_mesh"}
+
+
+def test_group_key_of_a_non_member_group_is_none_and_a_recycled_id_is_asked_anew(monkeypatch):
+    """torch's get_process_group_ranks(NON_GROUP_MEMBER) answers with the last non-member group's ranks: such
+    a call (a no-op on this rank) was recorded as that group's and paired with its members' real calls."""
+    import weakref
+
+    from torch.distributed import distributed_c10d as c10d
+
+    class Group:
+        pass
+
+    members = {}
+    monkeypatch.setattr(c10d, "get_process_group_ranks", lambda g: members[g])
+    monkeypatch.setattr(c10d, "_get_default_group", lambda: None)
+    monkeypatch.setattr(groups, "_group_keys", {})
+    a, b = Group(), Group()
+    members[a], members[b], members[-100] = [0, 1], [2, 3], [0, 1]
+    assert groups.group_key(a) == "pg:0,1"
+    assert groups.group_key(-100) is None
+    groups._group_keys[id(b)] = (weakref.ref(a), "pg:0,1")  # as if b were created where a destroyed group lived
+    assert groups.group_key(b) == "pg:2,3"

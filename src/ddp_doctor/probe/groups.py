@@ -1,5 +1,6 @@
-"""Process-group creation, described for the probe's record: which torch APIs create groups on every rank
-and which of their arguments every rank must agree on.
+"""Process groups as the probe records them: the key of a group a collective runs on (:func:`group_key`),
+and group creation — which torch APIs create groups on every rank and which of their arguments every rank
+must agree on.
 
 ``new_group`` (and ``new_subgroups``, ``new_subgroups_by_enumeration``, ``init_device_mesh``, which call
 it) must be entered by every rank of the job, in the same order, with the same arguments: torch names
@@ -16,7 +17,38 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+import weakref
 from typing import Any, Callable
+
+_group_keys: dict[int, tuple] = {}  # id(group) -> (weak reference, key)
+
+
+def group_key(group) -> str | None:
+    """The group's key, "world" or "pg:0,1" (its global ranks); None for a group this rank is not in
+    (torch's NON_GROUP_MEMBER, an int, whose get_process_group_ranks() answers with the last such group's
+    ranks): the call is a no-op there, and recording it would pair it with the members' real calls.
+    Cached by id() with a weak reference, so a group created where a destroyed one lived is asked anew."""
+    if group is None:
+        return "world"
+    if isinstance(group, int):
+        return None
+    cached = _group_keys.get(id(group))
+    if cached is not None and cached[0]() is group:
+        return cached[1]
+    try:
+        from torch.distributed import distributed_c10d as c10d
+
+        if group is c10d.GroupMember.WORLD or group is c10d._get_default_group():
+            key = "world"
+        else:
+            key = "pg:" + ",".join(str(r) for r in c10d.get_process_group_ranks(group))
+    except Exception:
+        key = "pg?"
+    try:
+        _group_keys[id(group)] = (weakref.ref(group), key)
+    except TypeError:  # not weakly referenceable: ask every time
+        pass
+    return key
 
 
 def _ranks_text(ranks) -> str:

@@ -30,30 +30,8 @@ COLLECTIVES = (
 
 REC: Recorder | None = None
 _tls = threading.local()
-_group_keys: dict[int, str] = {}
+_group_key = groups.group_key
 _installed = False
-
-
-def _group_key(group) -> str | None:
-    """The group's key, "world" or "pg:0,1" (its global ranks); None for a group this rank is not in
-    (torch's NON_GROUP_MEMBER, an int): the call is a no-op there, and all such groups would share a key."""
-    if group is None:
-        return "world"
-    if isinstance(group, int):
-        return None
-    key = _group_keys.get(id(group))
-    if key is None:
-        try:
-            from torch.distributed import distributed_c10d as c10d
-
-            if group is c10d.GroupMember.WORLD or group is c10d._get_default_group():
-                key = "world"
-            else:
-                key = "pg:" + ",".join(str(r) for r in c10d.get_process_group_ranks(group))
-        except Exception:
-            key = "pg?"
-        _group_keys[id(group)] = key
-    return key
 
 
 def _describe(args, kwargs) -> tuple[tuple[str, ...], tuple[str, ...]]:
