@@ -82,21 +82,23 @@ def classify_calls(calls: dict[int, Collective | None],
     subset, site = ddp_subset_forwards(dict(ranks))
     if subset and any(c and c.op.startswith("ddp.") for c in calls.values()):
         return "DDP202", subset, site
-    subset = [r for r, c in calls.items() if c and c.op.startswith("ddp.") and c.op != "ddp.init(broadcast_params)"
-              and unseen_by_others(r, c) and others_ran_ddp(r)]
-    if subset and len(subset) < len(calls):
-        return "DDP202", subset, calls[subset[0]].site
     # DDP201: some ranks issue a collective at a line where the others never issued one, while the others
     # are on the common path: in DDP's own collectives, or at a line the culprits issue collectives at too
-    # (Lightning's per-batch broadcast at `trainer.fit`, a metric all_reduce every rank makes each step)
+    # (Lightning's per-batch broadcast at `trainer.fit`, a metric all_reduce every rank makes each step).
+    # Before the DDP-op check below: a DDP backward the culprit has not reached yet is not a subset's.
     lines = {r: {k for _op, k in seen[r]} for r in calls}
-    subset = [r for r, c in calls.items() if c and not c.op.startswith("ddp.") and _line_unseen(r, c, calls, lines, reliable)]
+    subset = [r for r, c in calls.items()
+              if c and not c.op.startswith("ddp.") and _line_unseen(r, c, calls, lines, reliable)]
 
     def common_path(c):
         return c.op.startswith("ddp.") or (c.site is not None and all(c.site.key() in lines[r] for r in subset))
 
     if subset and len(subset) < len(calls) and all(not c or r in subset or common_path(c) for r, c in calls.items()):
         return "DDP201", subset, calls[subset[0]].site
+    subset = [r for r, c in calls.items() if c and c.op.startswith("ddp.") and c.op != "ddp.init(broadcast_params)"
+              and unseen_by_others(r, c) and others_ran_ddp(r)]
+    if subset and len(subset) < len(calls):
+        return "DDP202", subset, calls[subset[0]].site
     # same op/site, disagreeing shapes or dtypes; or different ops both sides know
     groups: dict[tuple, list[int]] = {}
     for r, c in calls.items():

@@ -7,7 +7,7 @@ from typing import Any
 
 from ddp_doctor.evidence import ExitStatus, JobEvidence, RankState, Site
 from ddp_doctor.findings import Location, runtime_fix
-from ddp_doctor.frames import innermost_user
+from ddp_doctor.frames import LIBRARY, innermost_user, kind
 
 # -- helpers ------------------------------------------------------------------------
 def loc(site: Site | None) -> Location | None:
@@ -58,10 +58,25 @@ def doing(st: RankState) -> str:
         return f"exited with code {ex.exit_code}"
     c = st.in_collective
     if c:
-        return f"waits in {c.op} (#{c.seq} on {c.group}) at {where(c.site)}"
+        return f"waits in {c.op} (#{c.seq} on {c.group}) at {where(c.site)}{inside_library(st, c.site)}"
     if st.in_data_wait:
         return f"waits for a batch from its DataLoader at {where(rank_site(st))}"
     return f"is at {where(rank_site(st))}"
+
+
+def inside_library(st: RankState, site: Site | None) -> str:
+    """Where in an installed library a rank waits when its user line is only the call into it (Lightning's
+    loop under `trainer.fit`, accelerate's loader): " (inside lightning: training_epoch_loop.py:265 (...))"."""
+    user = innermost_user(st.stack)
+    if site is None or user is None or user.key() != site.key():
+        return ""
+    deeper = st.stack[len(st.stack) - 1 - st.stack[::-1].index(user) + 1:]
+    libs = [f for f in deeper if kind(f.path) == LIBRARY and ("site-packages" in f.path or "dist-packages" in f.path)]
+    if not libs:
+        return ""
+    f = libs[-1]
+    package = f.path.replace("\\", "/").split("-packages/", 1)[-1].split("/", 1)[0]
+    return f" (inside {package}: {where(f)})"
 
 
 def gist(message: str, limit: int = 160) -> str:
