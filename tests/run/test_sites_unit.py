@@ -202,3 +202,21 @@ def test_group_key_of_a_non_member_group_is_none_and_a_recycled_id_is_asked_anew
     assert groups.group_key(-100) is None
     groups._group_keys[id(b)] = (weakref.ref(a), "pg:0,1")  # as if b were created where a destroyed group lived
     assert groups.group_key(b) == "pg:2,3"
+
+
+def test_where_a_rank_waits_inside_a_library_is_named_only_for_the_frame_that_called_torch():
+    from ddp_doctor.diagnose.common import doing
+
+    sp = "/v/lib/python3.11/site-packages/"
+    fit = Site(S, 56, "main")
+    coll = Collective("world", 27, "broadcast", ("1",), ("int64",), fit)
+    lightning = (fit, Site(sp + "lightning/pytorch/trainer/trainer.py", 630, "_fit_impl"),
+                 Site(sp + "lightning/pytorch/loops/training_epoch_loop.py", 265, "_broadcast_sigterm_tensor"),
+                 Site(sp + "torch/distributed/distributed_c10d.py", 3151, "broadcast"))
+    assert doing(RankState(rank=1, in_collective=coll, stack=lightning)).endswith(
+        "at train.py:56 (main) (inside lightning: training_epoch_loop.py:265 (_broadcast_sigterm_tensor))")
+    # DDP's first construction importing dynamo (and sympy): the stack says nothing about a collective
+    importing = (fit, Site(sp + "torch/nn/parallel/distributed.py", 842, "__init__"),
+                 Site(sp + "torch/_dynamo/__init__.py", 13, "<module>"),
+                 Site(sp + "sympy/utilities/lambdify.py", 17, "<module>"))
+    assert doing(RankState(rank=1, in_collective=coll, stack=importing)).endswith("at train.py:56 (main)")

@@ -66,15 +66,23 @@ def doing(st: RankState) -> str:
 
 def inside_library(st: RankState, site: Site | None) -> str:
     """Where in an installed library a rank waits when its user line is only the call into it (Lightning's
-    loop under `trainer.fit`, accelerate's loader): " (inside lightning: training_epoch_loop.py:265 (...))"."""
-    user = innermost_user(st.stack)
+    loop under `trainer.fit`, accelerate's loader): " (inside lightning: training_epoch_loop.py:265 (...))".
+
+    Only for a library frame that called straight into torch, in a stack that is not importing a module
+    (DDP's first construction imports dynamo: that stack says nothing about the collective)."""
+    stack = list(st.stack)
+    user = innermost_user(stack)
     if site is None or user is None or user.key() != site.key():
         return ""
-    deeper = st.stack[len(st.stack) - 1 - st.stack[::-1].index(user) + 1:]
-    libs = [f for f in deeper if kind(f.path) == LIBRARY and ("site-packages" in f.path or "dist-packages" in f.path)]
-    if not libs:
+    deeper = stack[len(stack) - stack[::-1].index(user):]
+    if any(f.function == "<module>" for f in deeper):
         return ""
-    f = libs[-1]
+    libs = [i for i, f in enumerate(deeper) if kind(f.path) == LIBRARY and "-packages" in f.path.replace("\\", "/")]
+    if not libs or libs[-1] + 1 >= len(deeper):
+        return ""
+    f, nxt = deeper[libs[-1]], deeper[libs[-1] + 1]
+    if "/torch/" not in nxt.path.replace("\\", "/"):
+        return ""
     package = f.path.replace("\\", "/").split("-packages/", 1)[-1].split("/", 1)[0]
     return f" (inside {package}: {where(f)})"
 
