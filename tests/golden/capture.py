@@ -24,7 +24,9 @@ import manifest  # noqa: E402
 SCENARIOS = ["uneven_filter_continue", "seed_001_no_set_epoch", "rank0_barrier", "seed_000_val_rank0_bn",
              "allgather_shape_mismatch", "op_mismatch", "rank_raises", "rank_sigkill", "rank_exits_early",
              "loader_stall", "seed_004_data_bound", "workers_restart", "straggler", "find_unused_all_used",
-             "balanced"]
+             "balanced",
+             # issue 12: the line that diverged (a library's collective on the common path, subgroups, new_group)
+             "bad_batch_gather_object", "lightning_rank_zero_barrier", "node_leader_allreduce", "new_group_rank_args"]
 OUT = Path(__file__).with_name("captures")
 
 
