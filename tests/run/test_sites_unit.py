@@ -175,7 +175,7 @@ def test_probe_leaves_members_only_groups_and_non_member_calls_unrecorded(rec):
 
 def test_device_mesh_and_subgroups_are_described_by_their_arguments():
     assert groups._device_mesh({"device_type": "cpu", "mesh_shape": (2, 2), "mesh_dim_names": ("dp", "tp")}) == \
-        ("cpu", "mesh_shape=(2, 2)", "mesh_dim_names=('dp', 'tp')")
+        ("cpu", "mesh_shape=(2, 2)")
     assert groups._new_subgroups({"group_size": 2}) == ("group_size=2",)
     assert groups._by_enumeration({"ranks_per_subgroup_list": [[0, 1], [2, 3]]}) == ("ranks=[[0, 1], [2, 3]]",)
     assert {name for _m, name, _d in groups.CREATORS} == {"new_group", "new_subgroups",

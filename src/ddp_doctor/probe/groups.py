@@ -93,10 +93,8 @@ def _by_enumeration(a: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _device_mesh(a: dict[str, Any]) -> tuple[str, ...]:
-    out = [str(a.get("device_type")), f"mesh_shape={tuple(a.get('mesh_shape') or ())}"]
-    if a.get("mesh_dim_names") is not None:
-        out.append(f"mesh_dim_names={tuple(a['mesh_dim_names'])}")
-    return tuple(out)
+    # (mesh_dim_names are this rank's own labels: different names make the same groups)
+    return str(a.get("device_type")), f"mesh_shape={tuple(a.get('mesh_shape') or ())}"
 
 
 # (module, function, description of its arguments)
