@@ -10,7 +10,7 @@ import pytest
 from ddp_doctor import diagnose as _diagnose
 from ddp_doctor.diagnose.live import find_desync
 from ddp_doctor.evidence import GROUP_CREATION, Collective, JobEvidence, RankState, Site, Verdict
-from ddp_doctor.probe import groups, hooks
+from ddp_doctor.probe import group_calls as groups, hooks
 from ddp_doctor.probe.publisher import snapshot
 from ddp_doctor.probe.recorder import Recorder
 

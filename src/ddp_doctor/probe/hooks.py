@@ -18,7 +18,7 @@ import time
 import weakref
 
 from ddp_doctor.evidence.records import GROUP_CREATION
-from ddp_doctor.probe import groups, lifeline
+from ddp_doctor.probe import group_calls, lifeline
 from ddp_doctor.probe.recorder import LoaderRec, Recorder, user_site
 
 COLLECTIVES = (
@@ -30,7 +30,7 @@ COLLECTIVES = (
 
 REC: Recorder | None = None
 _tls = threading.local()
-_group_key = groups.group_key
+_group_key = group_calls.group_key
 _installed = False
 
 
@@ -179,7 +179,7 @@ def _patch_collectives() -> None:
 
 def _patch_groups() -> None:
     """Group creation (new_group, init_device_mesh...): a call every rank makes, compared by its arguments."""
-    groups.patch(_wrap_collective)
+    group_calls.patch(_wrap_collective)
 
 
 def _patch_ddp() -> None:
