@@ -13,8 +13,12 @@ from ddp_doctor.diagnose.steps import uneven_steps
 
 
 def ddp_forward_sites(st: RankState) -> dict[tuple, tuple[Site, int]]:
-    """{(file name, line, function): (site, calls)} of the DDP model's forward calls on one rank."""
-    return {sc.site.key(): (sc.site, sc.calls) for sc in st.site_counts if sc.op == "ddp.forward" and sc.site}
+    """{(file name, line, function): (site, calls)} of the DDP model's forward calls on one rank that took part
+    in a collective (DDP broadcast the buffers).  A forward that issued none -- under no_grad, of a model
+    without buffers (nanoGPT's rank-0 evaluation) -- pairs with nothing: harmless on a subset of ranks."""
+    synced = {sc.site.key() for sc in st.site_counts if sc.op == "ddp.forward(broadcast_buffers)" and sc.site}
+    return {sc.site.key(): (sc.site, sc.calls) for sc in st.site_counts
+            if sc.op == "ddp.forward" and sc.site and sc.site.key() in synced}
 
 
 def _st(ranks: dict[int, RankState], r: int) -> RankState:
