@@ -36,7 +36,7 @@ def _full_state() -> RankState:
         timing=Timing(5, 1.0, 1.0, 0.2, 0.1, 0.7), coll_count=9, coll_time_s=0.1,
         loaders=(LoaderState(S, 8, 2, True, False, 2, 32, 1, 5, 0.2, (0.05,), (0.01,), (5,), (5,), (0,),
                              SamplerState("DistributedSampler", 0, True, False, 8, 0, (0, 0)), (77, 78),
-                             join_epochs=(0,), worker_exits=(WorkerExit(78, -9, "SIGKILL"),)),),
+                             join_epochs=(0,), skipped_batches=((0, 3),), worker_exits=(WorkerExit(78, -9, "SIGKILL"),)),),
         ddp=(DdpModel(S, True, True, 2, 4, False, 0, (DdpParam(2, "head.weight", "Linear"), DdpParam(3, "bias"))),),
         exc=RaisedError("RuntimeError", "boom", "builtins", S, (Site("/u/train.py", 30, "<module>"), S), True, c, 2.0),
         done=False, exit_code=1, exit_site=None, timeline=(TimelineEvent(0.1, "step", 0.2, "step 2"),),

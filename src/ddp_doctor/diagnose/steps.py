@@ -31,8 +31,12 @@ def uneven_steps(ranks, epoch, steps: dict[int, int], how: str, *, lint=None, fa
         location = lint_line(lint, "DDP101", near or (site and Site(site.path, 0)),
                              site.path if site else None) or near or site
     txt = ", ".join(f"rank {r}: {n}" for r, n in sorted(steps.items()))
+    where_skipped = "; ".join(
+        f"rank {r}: " + ", ".join(f"batch {b} of epoch {e}" for e, b in tls[r].skipped_batches[:4])
+        for r in culprits if tls[r].skipped_batches)
     why = {"skip": f"rank {', '.join(map(str, culprits))} skipped batches without an optimizer step "
-                   f"(skipped per rank: {dict(sorted(skips.items()))})",
+                   f"(skipped per rank: {dict(sorted(skips.items()))}"
+                   + (f"; {where_skipped}" if where_skipped else "") + ")",
            "data": f"the ranks' loaders yield different numbers of batches (len(loader) per rank: "
                    f"{dict(sorted(lens.items()))})",
            "steps": f"rank {', '.join(map(str, culprits))} left the epoch early"}[cause]

@@ -239,6 +239,7 @@ class LoaderState:
     sampler: SamplerState | None = None
     worker_pids: tuple[int, ...] = ()
     join_epochs: tuple[int, ...] = ()   # training epochs run under DDP's Join
+    skipped_batches: tuple[tuple[int, int], ...] = ()  # (epoch, batch number) led to no step, the first few
     worker_exits: tuple[WorkerExit, ...] = ()  # workers found dead when the rank failed
 
     def to_json(self) -> dict[str, Any]:
@@ -247,8 +248,11 @@ class LoaderState:
             v = getattr(self, f.name)
             d[f.name] = _site_json(v) if f.name == "site" else v.to_json() if f.name == "sampler" and v else \
                 list(v) if isinstance(v, tuple) else v
-        if not self.join_epochs:
-            del d["join_epochs"]
+        for k in ("join_epochs", "skipped_batches"):  # absent when empty: older captures stay exact
+            if not d[k]:
+                del d[k]
+        if self.skipped_batches:
+            d["skipped_batches"] = [list(x) for x in self.skipped_batches]
         if self.worker_exits:
             d["worker_exits"] = [w.to_json() for w in self.worker_exits]
         else:  # absent when none (captures of older runs stay exact)
@@ -263,6 +267,7 @@ class LoaderState:
         for k in ("epoch_start_s", "batch_wait_s", "steps_by_epoch", "batches_by_epoch", "skips_by_epoch", "worker_pids",
                   "join_epochs"):
             kw[k] = _tuple(d.get(k))
+        kw["skipped_batches"] = tuple((int(e), int(b)) for e, b in d.get("skipped_batches") or ())
         kw["worker_exits"] = tuple(WorkerExit.from_json(w) for w in d.get("worker_exits") or ())
         for k in ("epochs", "batches"):
             kw[k] = kw.get(k) or 0

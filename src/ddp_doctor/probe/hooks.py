@@ -371,6 +371,8 @@ def _patch_data() -> None:
                 e.joined = e.joined or REC.join_depth > 0
                 if rec is REC.train_loader and e.steps_at_batch == REC.steps:
                     e.skips += 1  # the previous batch of this pass led to no optimizer step
+                    if len(e.skipped) < 8:
+                        e.skipped.append(e.batches - 1)
                 e.steps_at_batch = REC.steps
             rec.data_wait_s += dt
             rec.batch_wait.append(dt)

@@ -60,14 +60,14 @@ def _sampler_state(rec_l) -> SamplerState | None:
 
 def _loader(lr, sites_of) -> LoaderState:
     st = lr.settings
-    steps, batches, skips, joined = lr.epoch_counts()
+    steps, batches, skips, joined, skipped = lr.epoch_counts()
     return LoaderState(
         site=sites_of(lr.site), len=lr.length, num_workers=st.get("num_workers"), pin_memory=st.get("pin_memory"),
         persistent_workers=st.get("persistent_workers"), prefetch_factor=st.get("prefetch_factor"),
         batch_size=st.get("batch_size"), epochs=lr.epochs, batches=lr.batches, data_wait_s=round(lr.data_wait_s, 4),
         epoch_start_s=tuple(round(x, 4) for x in lr.epoch_start_s),
         batch_wait_s=tuple(round(x, 5) for x in lr.batch_wait), steps_by_epoch=steps,
-        batches_by_epoch=batches, skips_by_epoch=skips, join_epochs=joined,
+        batches_by_epoch=batches, skips_by_epoch=skips, join_epochs=joined, skipped_batches=skipped,
         sampler=_sampler_state(lr), worker_pids=tuple(lr.worker_pids), worker_exits=lr.worker_exits)
 
 

@@ -29,13 +29,14 @@ class EpochRec:
     counted in ``steps_by_epoch`` -- only when an optimizer step follows one of its batches: rank 0
     drawing a batch to log its shape, or a few for sample predictions, is not an epoch."""
 
-    __slots__ = ("index", "steps", "batches", "skips", "steps_at_batch", "joined")
+    __slots__ = ("index", "steps", "batches", "skips", "skipped", "steps_at_batch", "joined")
 
     def __init__(self) -> None:
         self.index: int | None = None  # position among the loader's training epochs, once one
         self.steps = 0
         self.batches = 0
         self.skips = 0          # batches followed by no optimizer step before the next batch
+        self.skipped: list[int] = []  # which ones (1-based batch numbers, the first few)
         self.steps_at_batch = -1
         self.joined = False     # ran (partly) inside DDP's Join: ranks may differ in steps
 
@@ -70,12 +71,13 @@ class LoaderRec:
         self.first_batch_pending = False
 
     def epoch_counts(self, limit: int = 100) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...],
-                                                      tuple[int, ...]]:
-        """(steps, batches, skipped batches) per training epoch, the last ``limit``, and the indices of
-        the training epochs run under DDP's Join."""
+                                                      tuple[int, ...], tuple[tuple[int, int], ...]]:
+        """(steps, batches, skipped batches) per training epoch, the last ``limit``, the indices of the
+        training epochs run under DDP's Join, and (epoch, batch) of the first skipped batches."""
         eps = self.trained[-limit:]
         return (tuple(e.steps for e in eps), tuple(e.batches for e in eps), tuple(e.skips for e in eps),
-                tuple(e.index for e in eps if e.joined))
+                tuple(e.index for e in eps if e.joined),
+                tuple((e.index, b) for e in eps for b in e.skipped)[:16])
 
     @property
     def sampler(self):
