@@ -122,12 +122,12 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
             for e in range(n):
                 vals = {r: c[e] for r, c in counts.items()}
                 if len(set(vals.values())) > 1:
-                    out.append(uneven_steps(ranks, e, vals, "the rank that ran out of steps finished and the "
-                                                              "others wait for it forever", lint=lint))
+                    out.append(uneven_steps(ranks, e, vals, "a rank finished and the others wait for it "
+                                                              "forever", lint=lint))
                     break
             else:
-                out.append(uneven_steps(ranks, "(all)", steps, "the rank with fewer steps finished and the others "
-                                                              "wait for it forever", lint=lint))
+                out.append(uneven_steps(ranks, "(all)", steps, "a rank finished and the others wait for it "
+                                                              "forever", lint=lint))
         site = None
         for st in waiting.values():
             site = rank_site(st)

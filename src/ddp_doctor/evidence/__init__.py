@@ -19,12 +19,12 @@ from ddp_doctor.evidence.job import (EVIDENCE_OUT_ENV, Capture, JobEvidence, Lin
                                      rank_state_from_wire, stacks_from_wire, to_wire)
 from ddp_doctor.evidence.rank import PERF_KEYS, RankState, missing_rank
 from ddp_doctor.evidence.records import (SCHEMA, Activity, Collective, DataWait, DdpModel, DdpParam, ExitStatus,
-                                         GroupInit, LoaderState, RaisedError, SamplerState, Site, SiteCount,
+                                         GroupInit, LoaderState, RaisedError, SamplerState, Site, SiteCount, SkippedSync,
                                          ThreadStack, TimelineEvent, Timing, WorkerExit, WorkerStack,
                                          stacks_from_json, stacks_to_json)
 
 __all__ = ["SCHEMA", "PERF_KEYS", "EVIDENCE_OUT_ENV", "Activity", "Site", "Collective", "ExitStatus", "RaisedError",
            "DataWait", "SamplerState", "LoaderState", "DdpModel", "DdpParam", "GroupInit", "Timing", "TimelineEvent",
-           "ThreadStack", "WorkerExit", "WorkerStack",
+           "ThreadStack", "WorkerExit", "WorkerStack", "SkippedSync",
            "SiteCount", "RankState", "missing_rank", "LintMark", "JobEvidence", "Suspicion", "Verdict", "Capture", "to_wire",
            "rank_state_from_wire", "exit_from_wire", "stacks_from_wire", "stacks_to_json", "stacks_from_json"]

@@ -167,6 +167,22 @@ class Activity:
 
 
 @dataclass(frozen=True, slots=True)
+class SkippedSync:
+    """A DDP forward that prepared a gradient sync followed by no backward before the next one: that
+    iteration's all-reduce never ran on this rank (``iteration``: the forward's number, 1-based)."""
+    iteration: int
+    site: Site | None = None
+    epoch: int | None = None
+
+    def to_json(self) -> list:
+        return [self.iteration, _site_json(self.site), self.epoch]
+
+    @classmethod
+    def from_json(cls, d) -> "SkippedSync":
+        return d if isinstance(d, SkippedSync) else cls(int(d[0]), Site.from_json(d[1]), d[2])
+
+
+@dataclass(frozen=True, slots=True)
 class DataWait:
     """A rank blocked in ``next()`` of a DataLoader (index into ``RankState.loaders``)."""
     loader: int | None

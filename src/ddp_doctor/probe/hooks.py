@@ -243,7 +243,7 @@ def _patch_ddp() -> None:
         finally:
             try:
                 if torch.is_grad_enabled() and self.require_backward_grad_sync:
-                    REC.pending_grad_sync = _group_key(self.process_group)
+                    REC.sync_forward(_group_key(self.process_group), key[1])
             except Exception:
                 pass
 
@@ -366,14 +366,7 @@ def _patch_data() -> None:
             rec.batches += 1
             e = getattr(self, "_ddpd_epoch", None)
             if e is not None:
-                rec.cur = e
-                e.batches += 1
-                e.joined = e.joined or REC.join_depth > 0
-                if rec is REC.train_loader and e.steps_at_batch == REC.steps:
-                    e.skips += 1  # the previous batch of this pass led to no optimizer step
-                    if len(e.skipped) < 8:
-                        e.skipped.append(e.batches - 1)
-                e.steps_at_batch = REC.steps
+                REC.batch_drawn(rec, e)
             rec.data_wait_s += dt
             rec.batch_wait.append(dt)
             if REC.first_step_t is not None:

@@ -16,7 +16,7 @@ from typing import Any
 from ddp_doctor import store as side
 from ddp_doctor import frames as kinds
 from ddp_doctor.evidence import (Collective, DataWait, DdpModel, GroupInit, LoaderState, RankState, SamplerState, Site,
-                                 SiteCount, ThreadStack, TimelineEvent, Timing, stacks_to_json)
+                                 SiteCount, SkippedSync, ThreadStack, TimelineEvent, Timing, stacks_to_json)
 from ddp_doctor.probe import activity, stackdump
 from ddp_doctor.probe.groups import note_group
 from ddp_doctor.probe.recorder import Recorder
@@ -125,6 +125,9 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
         rank=rec.rank, local_rank=rec.local_rank, host=rec.host, pid=rec.pid, attempt=ATTEMPT,
         agent_store=AGENT_STORE, world_size=rec.world_size, group=_group(rec), t=round(rec.now(), 3),
         epoch=epoch, step=rec.steps, step_in_epoch=step_in_epoch, forwards=rec.forwards, backwards=rec.backwards,
+        sync_forwards=rec.sync_forwards, syncs_skipped=rec.syncs_skipped,
+        skipped_syncs=tuple(SkippedSync(i, sites[si] if 0 <= si < len(sites) else None, ep)
+                            for i, si, ep in list(rec.skipped_syncs)),
         progress=rec.progress, steps_by_epoch=tuple(e.steps for e in tl.trained) if tl is not None else (),
         train_loader=_position(rec.loaders, tl), step_times=tuple(round(x, 5) for x in rec.step_times),
         cpu_s=round(time.process_time(), 3), activity=activity.sample(rec, stacks), pg_timeout_s=rec.pg_timeout_s,
