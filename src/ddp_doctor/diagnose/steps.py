@@ -16,7 +16,9 @@ def uneven_steps(ranks, epoch, steps: dict[int, int], how: str, *, lint=None, fa
     fewer = sorted(r for r, n in steps.items() if n != hi)
     tls = {r: st.train_loader_state() or _NO_LOADER for r, st in ranks.items()}
     site = next((t.site for t in tls.values() if t.site), None)
-    skips = {r: sum(t.skips_by_epoch) for r, t in tls.items()}
+    # skipped batches in the epoch that differs (every epoch when the count is over the whole run)
+    skips = {r: (t.skips_by_epoch[epoch] if isinstance(epoch, int) and epoch < len(t.skips_by_epoch)
+                 else sum(t.skips_by_epoch)) for r, t in tls.items()}
     lens = {r: t.len for r, t in tls.items()}
     known = {n for n in lens.values() if isinstance(n, int) and n >= 0}
     first_batches = {r: t.batches_by_epoch[0] for r, t in tls.items() if len(t.batches_by_epoch) > 1}
@@ -38,16 +40,18 @@ def uneven_steps(ranks, epoch, steps: dict[int, int], how: str, *, lint=None, fa
                              site.path if site else None) or near or site
     txt = ", ".join(f"rank {r}: {n}" for r, n in sorted(steps.items()))
     where_skipped = "; ".join(
-        f"rank {r}: " + ", ".join(f"batch {b} of epoch {e}" for e, b in tls[r].skipped_batches[:4])
-        for r in culprits if tls[r].skipped_batches)
+        f"rank {r}: " + ", ".join([f"batch {b} of epoch {e}" for e, b in tls[r].skipped_batches
+                                   if not isinstance(epoch, int) or e == epoch][:4])
+        for r in culprits if any(not isinstance(epoch, int) or e == epoch for e, _ in tls[r].skipped_batches))
     sync_txt = "; ".join(
         f"rank {r}: " + ", ".join(f"iteration {x.iteration}" + (f" of epoch {x.epoch}" if x.epoch is not None else "")
                                   + f" (DDP forward at {where(x.site)})" for x in ranks[r].skipped_syncs[:3])
         for r in culprits if cause == "sync" and ranks[r].skipped_syncs)
+    skipped_in = f"in epoch {epoch}" if isinstance(epoch, int) else "in all"
     why = {"sync": f"rank {', '.join(map(str, culprits))} ran a DDP forward that prepared a gradient sync and then "
                    f"no backward, so its gradient all-reduce never ran ({sync_txt or 'skipped per rank: ' + str(synced)})",
            "skip": f"rank {', '.join(map(str, culprits))} skipped batches without an optimizer step "
-                   f"(skipped per rank: {dict(sorted(skips.items()))}"
+                   f"(skipped {skipped_in}, per rank: {dict(sorted(skips.items()))}"
                    + (f"; {where_skipped}" if where_skipped else "") + ")",
            "data": f"the ranks' loaders yield different numbers of batches (len(loader) per rank: "
                    f"{dict(sorted(lens.items()))})",
