@@ -49,7 +49,8 @@ CATALOGUE: dict[str, CodeInfo] = _entries(
     ("DDP202", "ddp-forward-on-subset-of-ranks", "error", "DDP model called on only some ranks"),
     ("DDP203", "collective-mismatch", "error", "Ranks call different collectives at the same point"),
     ("DDP204", "rank-exited", "error", "A rank exited while the others wait"),
-    ("DDP205", "stalled-outside-collectives", "error", "No rank progresses and none is in a collective"),
+    ("DDP205", "stalled-outside-collectives", "error",
+     "A rank is stuck outside collectives (the others wait for it, or no rank progresses)"),
     ("DDP206", "launch-not-at-entry", "warning", "Distributed launch/init outside the program entry"),
     ("DDP301", "load-without-map-location", "warning", "torch.load without map_location"),
     ("DDP302", "cuda-before-set-device", "warning", "CUDA used before torch.cuda.set_device(local_rank)"),
@@ -71,6 +72,8 @@ CATALOGUE: dict[str, CodeInfo] = _entries(
     ("DDP507", "stale-distributed-env", "warning", "Deprecated, contradictory or slow-path NCCL/torch environment variables"),
     ("DDP508", "version-mismatch", "error", "torch / CUDA / NCCL / Python versions differ across ranks"),
     ("DDP509", "device-assignment", "error", "Ranks on a node share a GPU or have none"),
+    # found by `ddp-doctor run`: the launch configuration, seen from inside the ranks
+    ("DDP510", "ranks-not-one-group", "warning", "The launched processes never formed one process group"),
 )
 
 
@@ -117,14 +120,56 @@ RUNTIME_FIXES: dict[str, str] = {
         "Find who sent the signal (scheduler preemption, a timeout, a user) or handle it."),
     "DDP204.exit": (
         "Find why the rank called exit (sys.exit / os._exit) and make every rank stop together."),
+    "DDP204.unused-parameters": (
+        "If those parameters are legitimately left out on some iterations or ranks, pass "
+        "`find_unused_parameters=True` to DDP(...) (one extra graph traversal per step); if the same ones are "
+        "unused in every iteration, `static_graph=True` also works. Otherwise make them contribute to the loss on "
+        "every rank (run the branch everywhere, or add `0.0 * out.sum()` of the unused output to the loss), or "
+        "freeze (`requires_grad_(False)`) or remove the parameters never used, before wrapping the model in DDP."),
+    "DDP204.unused-outputs": (
+        "find_unused_parameters=True cannot help here: DDP searches from forward's outputs, not from the loss. Use"
+        " every output in the loss (`loss = loss + 0.0 * aux.sum()` if one must not count), stop returning the "
+        "ones you do not use (or return them detached), return tensors in a tuple, list or dict, or freeze "
+        "(`requires_grad_(False)`) the parameters that produce an unused output before wrapping the model in DDP."),
+    "DDP204.unused-static-graph": (
+        "static_graph=True promises that the same parameters get gradients in every iteration: drop it and pass "
+        "`find_unused_parameters=True`, or make forward use the same parameters every time."),
+    "DDP204.worker-oom": (
+        "Give the DataLoader workers less to hold: fewer workers or a smaller prefetch_factor, smaller batches, "
+        "smaller or lazily decoded samples; check `dmesg` (or the container's memory limit) for the OOM kill. "
+        "num_workers=0 makes the failing sample fail in the rank's own process, at the dataset's line."),
+    "DDP204.worker-shm": (
+        "The workers pass batches through /dev/shm: make it larger (Docker: `--shm-size`; `ddp-doctor check` "
+        "measures it, DDP504), or use fewer workers / a smaller prefetch_factor."),
+    "DDP204.worker-signal": (
+        "Find who sent the signal to the worker (a crash in native code of the dataset or its libraries, a "
+        "scheduler, a user); num_workers=0 runs the same code in the rank's own process, with a traceback."),
+    "DDP204.worker-exit": (
+        "The worker exited on its own (sys.exit / os._exit in the dataset or its libraries): run with "
+        "num_workers=0 to see the error in the rank's own process."),
     "DDP204.unknown": (
         "Look at the ranks' stderr."),
     "DDP205.stall": (
         "Look at the line shown: a DataLoader worker blocked on I/O or a lock, a dataset __getitem__ that"
         " never returns, or a rank waiting on a file/queue another rank never fills. Set "
         "DataLoader(timeout=...) so a stuck worker raises instead of hanging."),
+    "DDP205.pg-timeout": (
+        "The rank shown keeps the others waiting in a collective longer than the process group's timeout"
+        " allows: move the slow work out of the window between collectives, run it on every rank, or"
+        " raise init_process_group(timeout=...) for this job."),
+    "DDP205.slow": (
+        "Nothing to fix if the wait is expected (a remote call, an evaluation on one rank). Otherwise do the"
+        " slow work on every rank or outside the window between collectives, so the others do not idle."),
     "DDP205.transport": (
         "Check the interconnect and the other nodes' logs; run `ddp-doctor check`."),
+    "DDP510": (
+        "Let every process join the launcher's group: call `init_process_group(backend)` without `world_size=`/"
+        "`rank=` (torchrun and `ddp-doctor run` set WORLD_SIZE, RANK, MASTER_ADDR and MASTER_PORT). If the "
+        "processes are meant to be independent, launch them separately instead."),
+    "DDP510.unused": (
+        "With accelerate on CPU set ACCELERATE_USE_CPU=1 (or `accelerate launch --cpu`, `Accelerator(cpu=True)`);"
+        " in a plain script call `init_process_group(backend)`, wrap the model in DDP and give the DataLoader a "
+        "DistributedSampler. If the processes are meant to be independent, launch them separately instead."),
     "DDP501.stale-store": (
         "Launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in the environment (for `ddp-doctor run` and "
         "for torchrun alike): each attempt then gets a fresh store and the restart connects."),

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ddp_doctor.evidence import (SCHEMA, Capture, Collective, DataWait, DdpModel, ExitStatus, JobEvidence,
-                                 LintMark, LoaderState, RaisedError, RankState, SamplerState, Site, SiteCount,
-                                 ThreadStack, TimelineEvent, Timing, Verdict, WorkerStack, rank_state_from_wire,
-                                 to_wire)
+from ddp_doctor.evidence import (SCHEMA, Activity, Capture, Collective, DataWait, DdpModel, DdpParam, ExitStatus,
+                                 GroupInit, JobEvidence, LintMark, LoaderState, RaisedError, RankState, SamplerState,
+                                 Site, SiteCount, Suspicion, ThreadStack, TimelineEvent, Timing, Verdict, WorkerExit,
+                                 WorkerStack, rank_state_from_wire, to_wire)
 from ddp_doctor.report._view import collective_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,22 +23,26 @@ S = Site("/u/train.py", 20, "main")
 def _full_state() -> RankState:
     c = Collective("world", 7, "all_gather", ("10x3", "10x3"), ("float32",), S, "user", 1.5)
     return RankState(
-        rank=1, local_rank=1, host="h", pid=42, attempt=1, agent_store=True, world_size=2, t=3.0, epoch=0, step=5,
+        rank=1, local_rank=1, host="h", pid=42, attempt=1, agent_store=True, world_size=2,
+        group=GroupInit(1, 0, S, "gloo", 40), t=3.0, epoch=0, step=5,
         step_in_epoch=5, forwards=6, backwards=5, progress=17, steps_by_epoch=(5,), train_loader=0,
-        step_times=(0.1, 0.2), cpu_s=1.0, where=S, in_collective=c, last_collective=c.__class__("world", 6, "barrier"),
+        step_times=(0.1, 0.2), cpu_s=1.0, activity=Activity(0.5, 4096, 1.25, 12345), pg_timeout_s=90.0, where=S,
+        in_collective=c, last_collective=c.__class__("world", 6, "barrier"),
         in_data_wait=DataWait(0, 0.5), seq={"world": 8},
         fingerprints=(Collective("world", 6, "barrier", site=Site("/u/train.py", 19, "main"), epoch=0, step_in_epoch=4),
-                      Collective("world", 7, "all_gather", ("10x3",), ("float32",), S, epoch=0, step_in_epoch=5)),
+                      Collective("world", 7, "all_gather", ("10x3",), ("float32",), S, epoch=0, step_in_epoch=5,
+                                 join=True)),
         site_counts=(SiteCount("all_gather", S, 3), SiteCount("barrier", None, 1)),
         timing=Timing(5, 1.0, 1.0, 0.2, 0.1, 0.7), coll_count=9, coll_time_s=0.1,
         loaders=(LoaderState(S, 8, 2, True, False, 2, 32, 1, 5, 0.2, (0.05,), (0.01,), (5,), (5,), (0,),
-                             SamplerState("DistributedSampler", 0, True, False, 8, 0, (0, 0)), (77, 78)),),
-        ddp=(DdpModel(S, True, True, 2, 4, False, 0),),
+                             SamplerState("DistributedSampler", 0, True, False, 8, 0, (0, 0)), (77, 78),
+                             join_epochs=(0,), skipped_batches=((0, 3),), worker_exits=(WorkerExit(78, -9, "SIGKILL"),)),),
+        ddp=(DdpModel(S, True, True, 2, 4, False, 0, (DdpParam(2, "head.weight", "Linear"), DdpParam(3, "bias"))),),
         exc=RaisedError("RuntimeError", "boom", "builtins", S, (Site("/u/train.py", 30, "<module>"), S), True, c, 2.0),
         done=False, exit_code=1, exit_site=None, timeline=(TimelineEvent(0.1, "step", 0.2, "step 2"),),
         perf={"loadavg": [1.0, 1.0, 1.0], "cpu_count": 8},
         stack=(S,), threads=(ThreadStack("MainThread", True, (S,)),), workers=(WorkerStack(77, (S,)),),
-        exit=ExitStatus(-9, "SIGKILL"), busy=True, stalled_s=3.5,
+        exit=ExitStatus(-9, "SIGKILL"), busy=True, stalled_s=3.5, idle_s=3.0,
         sites_seen=frozenset({("all_gather", S.key()), ("barrier", None)}), fatal_stack=True)
 
 
@@ -46,7 +50,9 @@ def test_every_field_round_trips_through_the_wire_text():
     st = _full_state()
     back = rank_state_from_wire(to_wire(st))
     assert back == st
-    ev = JobEvidence(2, {1: st, 0: RankState(rank=0, missing=True)}, 1.0, 5.0, "adaptive", (LintMark("DDP201", "/u/train.py", 20),))
+    warn = Suspicion(12.5, {1: st.in_collective}, {0: S}, {0: 12.0, 1: 0.5}, 90.0)
+    ev = JobEvidence(2, {1: st, 0: RankState(rank=0, missing=True)}, 1.0, 5.0, "adaptive",
+                     (LintMark("DDP201", "/u/train.py", 20),), warn)
     assert JobEvidence.from_json(json.loads(json.dumps(ev.to_json()))) == ev
     v = Verdict("desync", kind="shape", group="world", seq=7, calls={0: st.in_collective, 1: st.in_collective},
                 busy=(1,), failed=False, blocked=True, t_detect=1.0, t_stacks=2.0)

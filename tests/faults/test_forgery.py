@@ -27,7 +27,7 @@ def test_forged_rank_state_does_not_stop_the_job(tmp_path, cleanup):
 
     report = tmp_path / "r.json"
     run = start_run(["--quiet", "--no-lint", "--report", str(report), "--nproc-per-node", "2",
-                     str(SCRIPTS / "short_train.py")], env=env(STEPS="100"))
+                     str(SCRIPTS / "short_train.py")], env=env(STEPS="200"))
     cleanup.append(psutil.Process(run.pid))
     ranks = poll(lambda: len(ranks_of(run.pid)) == 2 and ranks_of(run.pid), 90)
     assert ranks, run.poll()
@@ -44,18 +44,18 @@ def test_forged_rank_state_does_not_stop_the_job(tmp_path, cleanup):
                               "location": {"path": "/etc/passwd", "line": 1, "function": "x"}, "traceback": [],
                               "in_collective": False, "collective": None, "t": 1.0})
     forged_json = json.dumps(forged).encode()
-    end = time.monotonic() + 3.0
-    while time.monotonic() < end and run.poll() is None:
-        evil.set("ddpd/rank/1", forged_json)                                   # unsigned
-        evil.set("ddpd/exit/0/1", json.dumps({"exit_code": 1, "signal": "SIGKILL"}))
-        time.sleep(0.05)
-        evil.set("ddpd/rank/1", b"ddpd1|99999999999999999999999|" + b"0" * 64 + b"|" + forged_json)  # bad signature
-        evil.set("ddpd/stop", json.dumps({"reason": "hang"}))
-        time.sleep(0.05)
-    end = time.monotonic() + 2.0
-    while time.monotonic() < end and run.poll() is None:
-        evil.set("ddpd/rank/1", old)                                           # replay of a genuine value
-        time.sleep(0.04)
+    # each kind of forgery in a phase of its own, re-posted faster than the rank's own posts, so the
+    # watcher (5 reads a second) must read every kind
+    for phase, forge in ((2.0, lambda: (evil.set("ddpd/rank/1", forged_json),                    # unsigned
+                                        evil.set("ddpd/exit/0/1", json.dumps({"exit_code": 1, "signal": "SIGKILL"})))),
+                         (2.0, lambda: (evil.set("ddpd/rank/1", b"ddpd1|99999999999999999999999|" + b"0" * 64 + b"|"
+                                                 + forged_json),                                  # bad signature
+                                        evil.set("ddpd/stop", json.dumps({"reason": "hang"})))),
+                         (3.0, lambda: evil.set("ddpd/rank/1", old))):                           # a genuine replay
+        end = time.monotonic() + phase
+        while time.monotonic() < end and run.poll() is None:
+            forge()
+            time.sleep(0.02)
     out = run.communicate(timeout=120)[0]
     assert run.returncode == 0, out[-3000:]
     assert "TRAINING DONE" in out

@@ -24,7 +24,8 @@ import manifest  # noqa: E402
 SCENARIOS = ["uneven_filter_continue", "seed_001_no_set_epoch", "rank0_barrier", "seed_000_val_rank0_bn",
              "allgather_shape_mismatch", "op_mismatch", "rank_raises", "rank_sigkill", "rank_exits_early",
              "loader_stall", "seed_004_data_bound", "workers_restart", "straggler", "find_unused_all_used",
-             "balanced",
+             "balanced", "allreduce_dtype_mismatch", "unused_params_branch", "worker_killed", "own_group_per_process",
+             "accelerate_cpu_alone",
              # issue 12: the line that diverged (a library's collective on the common path, subgroups, new_group)
              "bad_batch_gather_object", "lightning_rank_zero_barrier", "node_leader_allreduce", "new_group_rank_args"]
 OUT = Path(__file__).with_name("captures")
@@ -35,7 +36,8 @@ def capture(name: str) -> None:
         path = Path(tmp) / "capture.json"
         env = manifest.scenario_env(name, dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1",
                                                DDP_DOCTOR_EVIDENCE_OUT=str(path)))
-        cmd = [sys.executable, "-m", "ddp_doctor", "run", "--quiet", *manifest.torchrun_argv(name)]
+        cmd = [sys.executable, "-m", "ddp_doctor", "run", "--quiet", *manifest.doctor_options(name),
+               *manifest.torchrun_argv(name)]
         subprocess.run(cmd, env=env, timeout=300, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         text = path.read_text(encoding="utf-8").replace(str(ROOT), "/checkout")
     OUT.mkdir(exist_ok=True)

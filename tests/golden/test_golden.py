@@ -24,7 +24,7 @@ CASES = sorted((HERE / "captures").glob("*.json")) + sorted((HERE / "synthetic")
 UPDATE = os.environ.get("DDP_DOCTOR_UPDATE_GOLDEN") == "1"
 # runtime codes of the catalogue whose text must be pinned by at least one case
 RUNTIME_CODES = {"DDP101", "DDP102", "DDP201", "DDP202", "DDP203", "DDP204", "DDP205", "DDP301", "DDP302",
-                 "DDP401", "DDP403", "DDP404", "DDP405", "DDP501"}
+                 "DDP401", "DDP403", "DDP404", "DDP405", "DDP501", "DDP510"}
 
 
 def render(path: Path) -> str:

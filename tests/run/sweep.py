@@ -17,7 +17,8 @@ def one(name):
         out.unlink()
     env = manifest.scenario_env(name, dict(os.environ, PYTHONPATH=str(ROOT / "src")))
     t = time.monotonic()
-    res = manifest.run_command([sys.executable, "-m", "ddp_doctor", "run", "--report", str(out), *manifest.torchrun_argv(name)],
+    res = manifest.run_command([sys.executable, "-m", "ddp_doctor", "run", "--report", str(out),
+                                *manifest.doctor_options(name), *manifest.torchrun_argv(name)],
                                timeout=200, env=env)
     rep = json.loads(out.read_text()) if out.exists() else {}
     probs = manifest.report_problems(name, rep) if rep else ["no report"]

@@ -29,7 +29,7 @@ def _one(name: str, tmp: Path) -> dict:
     out = tmp / f"{name}.json"
     env = manifest.scenario_env(name, dict(os.environ, PYTHONPATH=str(ROOT / "src")))
     res = manifest.run_command([sys.executable, "-m", "ddp_doctor", "run", "--report", str(out),
-                                *manifest.torchrun_argv(name)], timeout=240, env=env)
+                                *manifest.doctor_options(name), *manifest.torchrun_argv(name)], timeout=240, env=env)
     return {"res": res, "report": json.loads(out.read_text()) if out.exists() else None}
 
 

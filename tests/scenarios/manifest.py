@@ -117,6 +117,12 @@ def torchrun_argv(name: str, endpoint: str = "127.0.0.1:0", nnodes: int = 1, nod
     return ["--nproc-per-node", str(nproc), *opts, str(script_path(name)), *[str(a) for a in e.get("args", [])]]
 
 
+def doctor_options(name: str) -> list[str]:
+    """``ddp-doctor run`` options the entry asks for ("doctor"), e.g. ``--hang-timeout 10`` for a scenario
+    whose hang is caught by the no-progress limit (a user waiting for a verdict sooner than the default)."""
+    return [str(a) for a in entry(name).get("doctor", [])]
+
+
 def scenario_env(name: str, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment to run ``name`` with: ``base`` (default os.environ) plus the entry's "env"."""
     env = dict(os.environ if base is None else base)
@@ -414,8 +420,8 @@ def markdown_table() -> str:
 def doctor_run(name: str, report_path: str | os.PathLike, timeout: float = 240.0,
                extra_options: Iterable[str] = (), env: dict[str, str] | None = None) -> CommandResult:
     """Run ``name`` under ``python -m ddp_doctor run --report REPORT_PATH [extra_options] <torchrun argv>``."""
-    return run_command([sys.executable, "-m", "ddp_doctor", "run", "--report", str(report_path), *extra_options,
-                        *torchrun_argv(name)], timeout=timeout, env=scenario_env(name, env))
+    return run_command([sys.executable, "-m", "ddp_doctor", "run", "--report", str(report_path), *doctor_options(name),
+                        *extra_options, *torchrun_argv(name)], timeout=timeout, env=scenario_env(name, env))
 
 
 def _doctor(todo: list[str], timeout: float, report_dir: str | None) -> int:

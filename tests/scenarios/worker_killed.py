@@ -4,8 +4,10 @@ Rank 1's worker dies by SIGKILL on one sample; the DataLoader's SIGCHLD handler
 in rank 1's main process raises "DataLoader worker (pid N) is killed by signal:
 Killed." wherever the main thread happens to be (observed: inside backward),
 so rank 1 exits with an error while rank 0 waits in the gradient all-reduce.
-The cause to report: rank 1, its loader worker killed by a signal (likely OOM).
-The line where the error surfaces is timing-dependent, so there is no marker.
+The cause to report: rank 1, its loader worker killed by SIGKILL (likely OOM),
+at the DataLoader(...) line that made the worker, with the worker's pid; the
+line where the error surfaces in the main process is timing-dependent and not
+the cause.
 """
 import datetime
 import os
@@ -40,7 +42,7 @@ def main():
 
     ds = Images()
     sampler = DistributedSampler(ds, shuffle=False)
-    loader = DataLoader(ds, batch_size=8, sampler=sampler, num_workers=2)
+    loader = DataLoader(ds, batch_size=8, sampler=sampler, num_workers=2)  # expect: DDP204
 
     model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -4,12 +4,13 @@ The only place a verdict is decided.  :mod:`~ddp_doctor.diagnose.live` decides *
 (the watcher asks it every poll: ``reason`` hang | desync | exit); ``diagnose(evidence, decision)``
 then returns ``(verdict, findings)`` from the watcher's plain-data view of every rank, ``decision``
 being the live one (``None`` for a job that ended by itself).  One module per code family:
-``steps`` (DDP101/102), ``collectives`` (DDP201/202/203), ``exits`` (DDP204/501), ``hang``
-(DDP205 and the hang dispatch), ``perf`` (DDP3xx/4xx); ``common`` holds what they share.
+``steps`` (DDP101/102), ``collectives`` (DDP201/202/203), ``exits`` (DDP204/501, with ``errors``: torch's
+errors in the user's words), ``hang`` (DDP205 and the hang dispatch), ``groups`` (DDP510), ``perf``
+(DDP3xx/4xx); ``common`` holds what they share.
 """
 from __future__ import annotations
 
-from ddp_doctor.diagnose import collectives, exits, hang, steps
+from ddp_doctor.diagnose import collectives, exits, groups, hang, steps
 from ddp_doctor.evidence import ExitStatus, JobEvidence, Verdict, missing_rank
 from ddp_doctor.findings import Finding
 
@@ -58,7 +59,9 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
     if verdict != "ok" and not any(f.code == "DDP202" for f in findings):
         findings = collectives.diagnose_ddp_subset(evidence) + findings
     findings += steps.diagnose_sampler(evidence)
+    findings += groups.diagnose_groups(evidence)  # a warning whatever the verdict: it never stops a job
     if verdict == "ok":
+        findings += hang.slow_not_stuck(evidence)
         findings += _perf(evidence)
     return verdict, _dedupe(findings)
 

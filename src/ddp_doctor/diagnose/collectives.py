@@ -9,14 +9,19 @@ from ddp_doctor.findings import Finding, runtime_fix
 
 from ddp_doctor.diagnose.common import (FIX_101, FIX_201, FIX_202, FIX_203, lint_flagged, lint_line, loc, others_text, ranks_of,
                                         step_evidence, user_frame, where)
+from ddp_doctor.diagnose.live import group_ranks
 from ddp_doctor.diagnose.steps import uneven_steps
 
 FIX_203_GROUP = runtime_fix("DDP203.group")
 
 
 def ddp_forward_sites(st: RankState) -> dict[tuple, tuple[Site, int]]:
-    """{(file name, line, function): (site, calls)} of the DDP model's forward calls on one rank."""
-    return {sc.site.key(): (sc.site, sc.calls) for sc in st.site_counts if sc.op == "ddp.forward" and sc.site}
+    """{(file name, line, function): (site, calls)} of the DDP model's forward calls on one rank that took part
+    in a collective (DDP broadcast the buffers).  A forward that issued none -- under no_grad, of a model
+    without buffers (nanoGPT's rank-0 evaluation) -- pairs with nothing: harmless on a subset of ranks."""
+    synced = {sc.site.key() for sc in st.site_counts if sc.op == "ddp.forward(broadcast_buffers)" and sc.site}
+    return {sc.site.key(): (sc.site, sc.calls) for sc in st.site_counts
+            if sc.op == "ddp.forward" and sc.site and sc.site.key() in synced}
 
 
 def _st(ranks: dict[int, RankState], r: int) -> RankState:
@@ -124,12 +129,8 @@ def group_members(group: str | None, world: list[int]) -> list[int] | None:
     """Global ranks of a group key as the probe writes it ("world", "pg:0,1"); None when unknown ("pg?")."""
     if group in (None, "world", GROUP_CREATION):
         return list(world)
-    if not group.startswith("pg:"):
-        return None
-    try:
-        return [int(x) for x in group[3:].split(",") if x]
-    except ValueError:
-        return None
+    members = group_ranks(group, len(world))
+    return None if members is None else sorted(members)
 
 
 def on_group(group: str | None) -> str:
@@ -179,9 +180,10 @@ def blame_positions(in_coll: dict[int, Collective], ranks: dict[int, RankState])
     return mismatch
 
 
-def _call_text(c: Collective, group, seq) -> str:
+def _call_text(c: Collective, group, seq, tensors: bool = True) -> str:
     pos = "" if c.group == group else f" ({'' if c.seq is None else f'#{c.seq} '}on {c.group})"
-    return f"{c.op}{'(' + ', '.join(c.shapes) + ')' if c.shapes else ''}{pos} at {where(c.site)}"
+    args = "(" + ", ".join(c.shapes) + ")" if c.shapes and tensors else ""
+    return f"{c.op}{args}{pos} at {where(c.site)}"
 
 
 def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group, seq, detected_how: str) -> Finding:
@@ -212,11 +214,53 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
                f"later collectives pair across the wrong groups. {detected_how}.")
         fix = FIX_203_GROUP
     else:
-        msg = (f"At collective #{seq} on {on_group(group)} the ranks disagree: {calls_txt}. gloo/NCCL pair calls "
-               f"by position only, so this hangs, crashes or silently mixes data. {detected_how}.")
+        differs = _differs(calls)
+        if differs:  # the tensors are spelled out there, rank by rank
+            calls_txt = "; ".join(f"rank {r}: {_call_text(c, group, seq, tensors=False)}"
+                                  for r, c in sorted(calls.items()) if c)
+        msg = (f"At collective #{seq} on {on_group(group)} the ranks disagree: {calls_txt}.{differs} gloo/NCCL pair "
+               f"calls by position only, so this hangs, crashes or silently mixes data. {detected_how}.")
         fix = FIX_203
     ev = {"group": group, "seq": seq, "calls": {str(r): c for r, c in calls.items() if c}, **step_evidence(ranks)}
     return Finding(code, msg, fix, location=loc(site), ranks=sorted(fault), evidence=ev)
+
+
+def _shape(s: str) -> str:
+    """The probe's "10x3" as "[10, 3]"; a list of tensors "[4,4]" as "[4], [4]"."""
+    if s.startswith("["):
+        return ", ".join(_shape(x) if x != "..." else "..." for x in s[1:-1].replace("...", ",...").split(",") if x)
+    return "[]" if s == "scalar" else "[" + ", ".join(s.split("x")) + "]"
+
+
+def tensors_text(c: Collective) -> str:
+    """A call's tensors in the user's words: "float32 [4]", a list as "list of float32 [50], [50]"."""
+    parts = []
+    for i, s in enumerate(c.shapes):
+        dt = c.dtypes[i] if i < len(c.dtypes) else "?"
+        parts.append(f"list of {dt} {_shape(s)}" if s.startswith("[") else f"{dt} {_shape(s)}")
+    return " and ".join(parts)
+
+
+def _differs(calls: dict[int, Collective | None]) -> str:
+    """" They pass different dtypes: rank 0: float32 [4], rank 1: float64 [4]." — each rank's tensors."""
+    known = {r: c for r, c in calls.items() if c}
+    if len({c.op for c in known.values()}) > 1 or len(known) < 2:
+        return ""
+    sigs = {r: (c.shapes, c.dtypes) for r, c in known.items() if c.shapes or c.dtypes}
+    if not sigs:  # no tensors (a barrier), or none recorded: nothing to spell out
+        return ""
+    what = []
+    if len({d for d in (dt for _sh, dt in sigs.values())}) > 1:
+        what.append("dtypes")
+    if len({sh for sh, _dt in sigs.values()}) > 1:
+        what.append("shapes")
+    texts = {r: tensors_text(c) if r in sigs else "not recorded (the process died before its probe could post it)"
+             for r, c in known.items()}
+    sep = "; " if any("," in t for t in texts.values()) else ", "
+    each = sep.join(f"rank {r}: {t}" for r, t in sorted(texts.items()))
+    if what:
+        return f" They pass different {' and '.join(what)}: {each}."
+    return f" Their tensors: {each}." if len(sigs) < len(known) else ""
 
 
 def _left_loop_early(ranks, calls, fault, site, lint, group, seq) -> Finding | None:
@@ -295,7 +339,11 @@ def _fatal_call(st: RankState) -> Collective | None:
     c10d = [f for f in st.stack if f.path.endswith(C10D_MARKERS[0])]
     if not c10d:
         return None
-    return Collective("world", None, c10d[-1].function or "?", site=user_frame(st.stack))
+    op, site = c10d[-1].function or "?", user_frame(st.stack)
+    known = st.in_collective  # posted before the call when it was the first at its line (shapes, dtypes)
+    if known and known.op == op and (not known.site or not site or known.site.key() == site.key()):
+        return known
+    return Collective("world", None, op, site=site)
 
 
 def diagnose_fatal_collective(ev: JobEvidence) -> list[Finding]:
@@ -312,7 +360,9 @@ def diagnose_fatal_collective(ev: JobEvidence) -> list[Finding]:
     if not fatal_ops or len(calls) < 2:
         return []
     code, fault, site = classify_calls(calls, ranks)
-    f = finding_for_calls(code, fault, site, calls, ranks, "world", "?",
+    seqs = {(c.group, c.seq) for c in calls.values() if c.seq is not None}
+    group, seq = seqs.pop() if len(seqs) == 1 else ("world", "?")
+    f = finding_for_calls(code, fault, site, calls, ranks, group, seq,
                            "gloo aborted the process (SIGABRT) on the mismatch")
     return [f]
 

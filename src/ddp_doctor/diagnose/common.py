@@ -118,14 +118,20 @@ FIX_101 = runtime_fix("DDP101")
 
 
 def lint_line(lint, code: str, near: Site | None, path_hint: str | None) -> Site | None:
-    """The lint finding of ``code`` in the user's script nearest to ``near`` (the statically located cause)."""
+    """The lint finding of ``code`` in the user's script nearest to ``near`` (the statically located cause):
+    its cause line when lint named one elsewhere (a helper's early ``return``), else its own line."""
     base = os.path.basename((near.path if near else None) or path_hint or "")
-    cands = [m for m in lint or () if m.code == code and (not base or os.path.basename(m.path) == base)]
+
+    def lines(m):
+        return [x for x in ((m.path, m.line), (m.cause.path, m.cause.line) if m.cause else None) if x]
+
+    cands = [m for m in lint or () if m.code == code and
+             (not base or any(os.path.basename(p) == base for p, _ in lines(m)))]
     if not cands:
         return None
     line = (near.line if near else 0) or 0
-    best = min(cands, key=lambda m: abs(m.line - line))
-    return Site(best.path, best.line, None)
+    best = min(cands, key=lambda m: min(abs(ln - line) for _p, ln in lines(m)))
+    return best.cause or Site(best.path, best.line, None)
 
 
 def lint_flagged(lint, code: str, site: Site) -> bool:

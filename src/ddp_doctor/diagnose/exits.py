@@ -5,6 +5,7 @@ from __future__ import annotations
 from ddp_doctor.evidence import ExitStatus, JobEvidence, RankState, Verdict
 from ddp_doctor.findings import Finding, runtime_fix
 
+from ddp_doctor.diagnose import errors
 from ddp_doctor.diagnose.common import (FIX_101, doing, gist, lint_line, loc, others_text, rank_site, ranks_of,
                                         step_evidence, user_frame, where)
 from ddp_doctor.diagnose.steps import uneven_steps
@@ -121,12 +122,12 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
             for e in range(n):
                 vals = {r: c[e] for r, c in counts.items()}
                 if len(set(vals.values())) > 1:
-                    out.append(uneven_steps(ranks, e, vals, "the rank that ran out of steps finished and the "
-                                                              "others wait for it forever", lint=lint))
+                    out.append(uneven_steps(ranks, e, vals, "a rank finished and the others wait for it "
+                                                              "forever", lint=lint))
                     break
             else:
-                out.append(uneven_steps(ranks, "(all)", steps, "the rank with fewer steps finished and the others "
-                                                              "wait for it forever", lint=lint))
+                out.append(uneven_steps(ranks, "(all)", steps, "a rank finished and the others wait for it "
+                                                              "forever", lint=lint))
         site = None
         for st in waiting.values():
             site = rank_site(st)
@@ -144,6 +145,10 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
                                      **step_evidence(ranks)}))
         return out
     roots = _root_ranks(ranks)
+    unused = errors.diagnose_unused(ranks)  # DDP's unused-parameter error, on one rank or several
+    if unused is not None:
+        out.append(unused)
+        roots = [r for r in roots if r not in unused.ranks]
     same_exc = [r for r in roots if ranks[r].exc]
     if len(same_exc) > 1:  # every such rank raised the same exception at the same line: one finding
         e = ranks[same_exc[0]].exc
@@ -159,6 +164,10 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
         ex = st.exit or ExitStatus()
         ex_ev = st.exit if st.exit else {}
         others = others_text(ranks, {r})
+        worker = errors.diagnose_worker_died(ranks, r) if st.exc else None
+        if worker is not None:  # a DataLoader worker died: its loader, not the line where the error surfaced
+            out.append(worker)
+            continue
         if st.exc:
             e = st.exc
             site = e.location

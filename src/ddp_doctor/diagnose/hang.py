@@ -28,6 +28,10 @@ def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Finding]:
     if in_coll and out_coll:
         if all(st.in_data_wait for st in out_coll.values()):
             return [stall_finding(ranks, out_coll, stall, partial=in_coll)]
+        stuck = _stuck_outside(in_coll, out_coll, ranks)
+        if stuck:
+            fix = runtime_fix("DDP205.pg-timeout") if d.kind == "pg-timeout" else None
+            return [stall_finding(ranks, stuck, stall, partial=in_coll, fix=fix)]
         # a subset waits in a collective the others never entered
         calls = dict(in_coll)
         for r, st in out_coll.items():
@@ -71,8 +75,19 @@ def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Finding]:
     return [stall_finding(ranks, live, stall)]
 
 
+def _stuck_outside(in_coll: dict[int, Collective], out_coll: dict[int, RankState],
+                   ranks: dict[int, RankState]) -> dict[int, RankState]:
+    """The ranks outside collectives that the waiting ones wait for: they ran the collective the others
+    wait in before (it is not a rank-conditional one), so it is they who did not come back to it."""
+    out = {}
+    for r, st in out_coll.items():
+        if any((c.op, c.site.key() if c.site else None) in st.sites_seen for c in in_coll.values()):
+            out[r] = st
+    return out
+
+
 def stall_finding(ranks: dict[int, RankState], stuck: dict[int, RankState], stall: dict,
-                  partial: dict[int, Collective] | None = None) -> Finding:
+                  partial: dict[int, Collective] | None = None, fix: str | None = None) -> Finding:
     """DDP205: ranks stuck outside collectives (loader, I/O, a lock); show where, and the workers."""
     parts = []
     workers_ev = {}
@@ -94,13 +109,37 @@ def stall_finding(ranks: dict[int, RankState], stuck: dict[int, RankState], stal
         if site:
             break
     site = site or rank_site(stuck[first])
-    extra = ""
+    idle = {r: st.idle_s for r, st in stuck.items() if st.idle_s is not None}
+    life = ""
+    if idle and min(idle.values()) >= 1:
+        life = (f" Rank {', '.join(map(str, sorted(idle)))} showed no sign of life (CPU, I/O, Python stack) "
+                f"for {min(idle.values()):.0f}s.")
     if partial:
-        extra = " Meanwhile " + "; ".join(f"rank {r} waits in {c.op} at {where(c.site)}" for r, c in sorted(partial.items())) + "."
-    msg = (f"No rank progresses and the stuck ones are not in a collective: {'; '.join(parts)}.{extra} "
-           f"Nothing moved for {stall['stalled_s']}s.")
-    fix = runtime_fix("DDP205.stall")
+        waits = "; ".join(f"rank {r} waits in {c.op} (#{c.seq} on {c.group}) at {where(c.site)}"
+                          for r, c in sorted(partial.items()))
+        msg = (f"Rank {', '.join(map(str, sorted(stuck)))} is stuck outside collectives: {'; '.join(parts)}, "
+               f"while {waits} for it.{life} No step progressed for {stall['stalled_s']}s.")
+    else:
+        msg = (f"No rank progresses and the stuck ones are not in a collective: {'; '.join(parts)}.{life} "
+               f"Nothing moved for {stall['stalled_s']}s.")
+    fix = fix or runtime_fix("DDP205.stall")
     return Finding("DDP205", msg, fix, location=loc(site), ranks=sorted(stuck),
                    evidence={**stall, "where": {str(r): rank_site(st) for r, st in stuck.items()},
                              "workers": workers_ev, **step_evidence(ranks)})
 
+
+
+def slow_not_stuck(ev: JobEvidence) -> list[Finding]:
+    """Info for a job that ended well: the longest live warning (no rank progressed for a while, some rank
+    waited for another) -- it was slow, not stuck, so it never stopped the job."""
+    s = ev.suspicion
+    if s is None or not s.outside or not s.waiting:
+        return []
+    waits = "; ".join(f"rank {r} waited in {c.op} at {where(c.site)}" for r, c in sorted(s.waiting.items()))
+    outs = "; ".join(f"rank {r} was at {where(site)}" for r, site in sorted(s.outside.items()))
+    msg = (f"For {s.stalled_s:.0f}s no rank progressed: {outs}" + (f", while {waits}" if waits else "") +
+           ". It then carried on: slow, not stuck (ddp-doctor stops a job only when no rank shows any sign of "
+           f"life -- CPU, I/O, a moving stack -- for {s.limit_s or 0:g}s, or on proof of a desync).")
+    site = next((site for site in s.outside.values() if site), None)
+    return [Finding("DDP205", msg, runtime_fix("DDP205.slow"), location=loc(site), severity="info",
+                    ranks=sorted(s.outside), evidence={"suspicion": s})]

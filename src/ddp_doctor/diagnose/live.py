@@ -2,24 +2,31 @@
 
 The watcher collects (``watch/``); this module decides, so that every verdict of ddp-doctor is made in
 ``diagnose/``.  ``views`` maps rank -> the watcher's per-rank view: ``.rank``, ``.state`` (the rank's
-latest published state), ``.exit``, ``.progress_t``, ``.fps`` ({(group, seq): fingerprint}),
-``.sites_seen`` ({(op, site key)}), ``.started()`` and ``.busy()``.
+latest published state), ``.exit``, ``.progress_t`` (last program progress: a step, a batch, a
+completed collective), ``.active_t`` (last sign of life: progress, or its training thread's CPU, I/O
+or stack moving), ``.fps`` ({(group, seq): fingerprint}), ``.sites_seen`` ({(op, site key)}),
+``.started()`` and ``.busy()``.
 
-Reasons: ``exit`` (a rank raised, was killed, or finished while others wait), ``desync`` (fingerprints
-disagree at one sequence number, or per-epoch step counts differ), ``hang`` (no progress for the limit).
+The policy (docs/verdicts.md): a job is stopped only on *proof* -- ranks paired different collectives
+(``desync``), a rank failed, or a rank that finished is needed by a collective another rank waits in
+(``exit``) -- or when *no* rank has shown a sign of life for the limit (``hang``: ``--hang-timeout``,
+default ``NO_PROGRESS_S``), or when a collective has waited almost the process group's own timeout
+(which would fail the job anyway).  Anything less is a :class:`Suspicion`: a live warning, never a stop.
 """
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from ddp_doctor.evidence import Collective, Verdict
+from ddp_doctor.evidence import GROUP_CREATION, Collective, Suspicion, Verdict
 
-FLOOR_S = 5.0            # adaptive hang limit never below this
-FIRST_STEP_S = 10.0      # idle limit before the job's step time is known
-BUSY_S = 300.0           # allowance while a rank is busy outside collectives (checkpoint, eval)
-K_STEP = 10.0            # adaptive limit = K_STEP x p90 of recent step times
-EXIT_GRACE_S = 3.0       # a rank finished; the others stall this long -> exit verdict
+NO_PROGRESS_S = 90.0     # default limit: no rank showed any sign of life for this long -> hang
+TRANSPORT_S = 300.0      # every rank waits inside the very same collective: the transport is slow
+WARN_FLOOR_S = 5.0       # a live warning once no rank progressed for max(this, K_STEP x p90 step time)
+WARN_FIRST_S = 10.0      # ... before the job's step time is known
+K_STEP = 10.0
+FINISH_GRACE_S = 1.0     # a finished rank is needed: the waiting rank has waited at least this long
+PG_MARGIN_S = 5.0        # stop this long before the process group's timeout would fail the job
 
 
 def _p(values: list[float], q: float) -> float:
@@ -27,23 +34,41 @@ def _p(values: list[float], q: float) -> float:
     return v[min(len(v) - 1, int(q * (len(v) - 1) + 0.5))] if v else 0.0
 
 
+def group_ranks(group: str | None, world_size: int) -> set[int] | None:
+    """The global ranks of a probe group key ("world", "pg:0,1"; group creation is the world's); None when
+    unknown."""
+    if group in ("world", GROUP_CREATION):
+        return set(range(world_size))
+    if group and group.startswith("pg:"):
+        try:
+            return {int(x) for x in group[3:].split(",") if x}
+        except ValueError:
+            return None
+    return None
+
+
 class Judge:
     """Decides for one watched attempt; keeps the little state a decision needs between polls."""
 
     def __init__(self, hang_timeout: float | None) -> None:
         self.hang_timeout = hang_timeout
-        self.not_started_since: float | None = None
+        self.suspicion: Suspicion | None = None   # the live warning now (None: nothing to warn about)
+        self.longest: Suspicion | None = None     # the longest warning of the run (reported as info)
 
-    def hang_limit(self, views: dict[int, Any]) -> tuple[float, str]:
-        """(seconds, how it was chosen): explicit, or learned from the job's own step times."""
-        if self.hang_timeout:
-            return self.hang_timeout, "--hang-timeout"
+    def warn_after(self, views: dict[int, Any]) -> float:
+        """No progress for this long earns a live warning (learned from the job's own step times)."""
         times: list[float] = []
         for v in views.values():
             times += list(v.state.step_times[-50:]) if v.state else []
         if len(times) >= 3:
-            return max(FLOOR_S, K_STEP * _p(times, 0.9)), f"adaptive: {K_STEP:g} x p90 step time, floor {FLOOR_S:g}s"
-        return FIRST_STEP_S, "adaptive: before the step time is known"
+            return max(WARN_FLOOR_S, K_STEP * _p(times, 0.9))
+        return WARN_FIRST_S
+
+    def hang_limit(self, views: dict[int, Any] | None = None) -> tuple[float, str]:
+        """(seconds, how it was chosen): how long no rank may show any sign of life before a stop."""
+        if self.hang_timeout:
+            return self.hang_timeout, "--hang-timeout"
+        return NO_PROGRESS_S, f"default: {NO_PROGRESS_S:g}s without any sign of life on any rank"
 
     @staticmethod
     def _live(views: dict[int, Any]) -> list[Any]:
@@ -51,7 +76,8 @@ class Judge:
 
     def decide(self, views: dict[int, Any], world_size: int, first_state_t: float | None,
                now: float | None = None) -> Verdict | None:
-        """The live verdict: a desync, a failed rank, a rank that finished while others stall, or a hang."""
+        """The live verdict: proof (a desync, a failed rank, a finished rank someone waits for) or a job
+        in which no rank has shown a sign of life for the limit.  Sets ``suspicion`` on the way."""
         now = time.monotonic() if now is None else now
         # 1. desync (first: a mismatch is the root cause even when gloo then aborts both ranks)
         d = find_desync(views, world_size)
@@ -64,43 +90,83 @@ class Judge:
         seen = [v for v in views.values() if v.state]
         if not seen:
             return None
+        # 3. a rank that finished is needed by a collective another rank waits in
+        needed = self._finished_needed(views, world_size, now)
+        if needed:
+            return needed
         live = self._live(views)
-        finished = [v for v in seen if (v.state.done or (v.exit and v.exit.exit_code == 0))]
-        last_progress = max(v.progress_t for v in seen)
-        stalled = now - last_progress
-        if not all(v.started() for v in seen):
-            # a rank still importing / before its first collective: the clock starts when all have started
-            self.not_started_since = self.not_started_since or now
-            last_progress = max(last_progress, now if now - self.not_started_since < BUSY_S else 0)
-            stalled = now - last_progress
-        else:
-            self.not_started_since = None
-        limit, how = self.hang_limit(views)
-        # 3. a rank finished while the others stall
-        if finished and live and stalled > max(EXIT_GRACE_S, min(limit, 3 * EXIT_GRACE_S)):
-            return Verdict("exit", rank=finished[0].rank, finished=True, stalled_s=stalled, limit_s=limit,
-                           limit_how=how)
-        # 4. hang
         if not live:
+            self.suspicion = None
             return None
+        limit, how = self.hang_limit(views)
         if len(seen) < world_size and now - (first_state_t or now) < limit:
-            return None
-        busy = [v.rank for v in live if v.busy()]
-        eff = limit if (self.hang_timeout or not busy) else max(limit, BUSY_S)
-        if busy and not any(v.state.step for v in seen):
-            # start-up (imports, DDP construction importing dynamo, first compile): even an explicit
-            # --hang-timeout does not count while a rank visibly works before the first step
-            eff = max(eff, BUSY_S)
+            return None  # a rank has not reported yet (still importing)
+        stalled = now - max(v.progress_t for v in live)
+        idle = now - max(v.active_t for v in live)
+        self._warn(live, stalled, now, limit)
+        # 4. the process group's own timeout is about to fail the job: stop now, with every stack
+        late = self._pg_deadline(live)
+        if late is not None:
+            r, c, t = late
+            return Verdict("hang", kind="pg-timeout", stalled_s=round(stalled, 2), limit_s=round(t, 2),
+                           limit_how=f"rank {r} has waited {c.waiting_s:.0f}s in {c.op}; the process group's "
+                                     f"timeout ({t:g}s) would fail the job", busy=self._busy(live))
+        # 5. no rank has shown any sign of life for the limit
         cur = {(c.group, c.seq, c.op) if c else None for c in (v.state.in_collective for v in live)}
         if not self.hang_timeout and len(live) == world_size and len(cur) == 1 and live[0].state.in_collective:
             # every rank is inside the very same collective: the program agrees; the transport is slow
-            eff, how = max(eff, BUSY_S), "every rank inside the same collective: waiting for the transport"
-        if busy and eff > limit and "transport" not in how:
-            how = f"busy ranks {busy} (CPU or Python line moving): extended to {eff:g}s"
-        if stalled > eff:
-            return Verdict("hang", stalled_s=round(stalled, 2), limit_s=round(eff, 2), limit_how=how,
-                           busy=tuple(busy))
+            limit, how = max(limit, TRANSPORT_S), "every rank inside the same collective: waiting for the transport"
+        if min(stalled, idle) > limit:
+            return Verdict("hang", stalled_s=round(stalled, 2), limit_s=round(limit, 2), limit_how=how,
+                           busy=self._busy(live))
         return None
+
+    def _finished_needed(self, views: dict[int, Any], world_size: int, now: float) -> Verdict | None:
+        """A rank ended normally and another waits in a collective of a group it belongs to, at a position
+        it never issued: it can never be joined (proof).  Ending after one's last collective is fine."""
+        finished = [v for v in views.values() if v.state and (v.state.done or (v.exit and v.exit.exit_code == 0))]
+        if not finished:
+            return None
+        for v in self._live(views):
+            c = v.state.in_collective
+            if c is None or c.seq is None or (c.waiting_s or 0) < FINISH_GRACE_S:
+                continue
+            members = group_ranks(c.group, world_size)
+            if members is None:
+                continue
+            for f in finished:
+                if f.rank in members and f.state.seq.get(c.group, 0) <= c.seq:
+                    return Verdict("exit", rank=f.rank, finished=True, stalled_s=round(c.waiting_s or 0, 2))
+        return None
+
+    @staticmethod
+    def _pg_deadline(live: list[Any]) -> tuple[int, Collective, float] | None:
+        for v in live:
+            c, t = v.state.in_collective, v.state.pg_timeout_s
+            if c is not None and t and c.waiting_s is not None and c.waiting_s >= t - min(PG_MARGIN_S, 0.05 * t):
+                return v.rank, c, t
+        return None
+
+    @staticmethod
+    def _busy(live: list[Any]) -> tuple[int, ...]:
+        return tuple(v.rank for v in live if v.busy())
+
+    def _warn(self, live: list[Any], stalled: float, now: float, limit: float) -> None:
+        """Keep the live warning current: no rank progressed for the warning threshold and some rank waits
+        in a collective (for the others), or no live rank shows any sign of life.  A long phase that keeps
+        every rank busy (an export, an evaluation on every rank) is not suspicious."""
+        views = {v.rank: v for v in live}
+        waiting = {v.rank: v.state.in_collective for v in live if v.state.in_collective}
+        outside = {v.rank: v.state.where for v in live if not v.state.in_collective}
+        after = self.warn_after(views)
+        idle = {v.rank: round(v.idle_s(now), 1) for v in live}
+        if stalled < after or (not waiting and min(idle.values()) < after):
+            self.suspicion = None
+            return
+        s = Suspicion(round(stalled, 1), waiting, outside, idle, limit)
+        self.suspicion = s
+        if self.longest is None or s.stalled_s >= self.longest.stalled_s:
+            self.longest = s
 
 
 def find_desync(views: dict[int, Any], world_size: int) -> Verdict | None:
@@ -117,14 +183,19 @@ def find_desync(views: dict[int, Any], world_size: int) -> Verdict | None:
         if len(ranks) < 2:
             continue
         fps = {r: views[r].fps[k] for r in ranks}
+        if any(c.join for c in fps.values()):
+            continue  # inside DDP's Join the joined ranks shadow the others' calls: no pairing to check
         kind = _compare(fps, views)
         if kind:
             return Verdict("desync", kind=kind, group=k[0], seq=k[1], calls=fps)
     # per-epoch step counts of the train loader, for epochs every rank has finished
     counts = {v.rank: v.state.steps_by_epoch for v in seen}
+    joined = frozenset().union(*(v.state.join_epochs() for v in seen))
     if len(counts) == world_size:
         done_epochs = min(len(c) for c in counts.values()) - 1
         for e in range(max(0, done_epochs)):
+            if e in joined:
+                continue  # uneven inputs under DDP's Join: different step counts are the point
             vals = {r: c[e] for r, c in counts.items()}
             if len(set(vals.values())) > 1:
                 return Verdict("desync", kind="steps", epoch=e, steps=vals)

@@ -15,15 +15,16 @@ another schema is ignored by the watcher rather than misread.
 ``RankState.perf`` holds the performance family's records (``loads``, ``cuda``, ``gpu``, ``h2d``,
 ``loadavg``, ``cpu_count``): written by ``probe/perf.py``, read by ``diagnose/perf.py`` only.
 """
-from ddp_doctor.evidence.job import (EVIDENCE_OUT_ENV, Capture, JobEvidence, LintMark, Verdict, exit_from_wire,
+from ddp_doctor.evidence.job import (EVIDENCE_OUT_ENV, Capture, JobEvidence, LintMark, Suspicion, Verdict, exit_from_wire,
                                      rank_state_from_wire, stacks_from_wire, to_wire)
 from ddp_doctor.evidence.rank import PERF_KEYS, RankState, missing_rank
-from ddp_doctor.evidence.records import (GROUP_CREATION, SCHEMA, Collective, DataWait, DdpModel, ExitStatus,
-                                         LoaderState, RaisedError, SamplerState, Site, SiteCount, ThreadStack, TimelineEvent,
-                                         Timing, WorkerStack, stacks_from_json, stacks_to_json)
+from ddp_doctor.evidence.records import (GROUP_CREATION, SCHEMA, Activity, Collective, DataWait, DdpModel, DdpParam,
+                                         ExitStatus, GroupInit, LoaderState, RaisedError, SamplerState, Site, SiteCount,
+                                         SkippedSync, ThreadStack, TimelineEvent, Timing, WorkerExit, WorkerStack,
+                                         stacks_from_json, stacks_to_json)
 
-__all__ = ["GROUP_CREATION", "SCHEMA", "PERF_KEYS", "EVIDENCE_OUT_ENV", "Site", "Collective", "ExitStatus",
-           "RaisedError", "DataWait",
-           "SamplerState", "LoaderState", "DdpModel", "Timing", "TimelineEvent", "ThreadStack", "WorkerStack",
-           "SiteCount", "RankState", "missing_rank", "LintMark", "JobEvidence", "Verdict", "Capture", "to_wire",
+__all__ = ["GROUP_CREATION", "SCHEMA", "PERF_KEYS", "EVIDENCE_OUT_ENV", "Activity", "Site", "Collective", "ExitStatus",
+           "RaisedError", "DataWait", "SamplerState", "LoaderState", "DdpModel", "DdpParam", "GroupInit", "Timing",
+           "TimelineEvent", "ThreadStack", "WorkerExit", "WorkerStack", "SkippedSync",
+           "SiteCount", "RankState", "missing_rank", "LintMark", "JobEvidence", "Suspicion", "Verdict", "Capture", "to_wire",
            "rank_state_from_wire", "exit_from_wire", "stacks_from_wire", "stacks_to_json", "stacks_from_json"]

@@ -6,19 +6,28 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
 from ddp_doctor.evidence.rank import RankState
-from ddp_doctor.evidence.records import SCHEMA, Collective, ExitStatus, ThreadStack, _tuple, stacks_from_json
+from ddp_doctor.evidence.records import SCHEMA, Collective, ExitStatus, Site, ThreadStack, _tuple, stacks_from_json
 
 
 # -- the job -------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class LintMark:
-    """A static finding of the user's script, as the runtime uses it: code and line."""
+    """A static finding of the user's script, as the runtime uses it: code and line, and ``cause``: the
+    line that makes it one when it is elsewhere (the early ``return`` in a helper the loop calls)."""
     code: str
     path: str
     line: int
+    cause: Site | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"code": self.code, "path": self.path, "line": self.line}
+        d: dict[str, Any] = {"code": self.code, "path": self.path, "line": self.line}
+        if self.cause is not None:
+            d["cause"] = self.cause.to_json()
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "LintMark":
+        return cls(d["code"], d["path"], int(d["line"]), Site.from_json(d.get("cause")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,18 +39,23 @@ class JobEvidence:
     hang_limit_s: float | None = None
     hang_limit_how: str | None = None
     lint: tuple[LintMark, ...] = ()
+    suspicion: "Suspicion | None" = None  # the longest live warning of the run (no rank progressed)
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "world_size": self.world_size, "wall_s": self.wall_s,
-                "ranks": {r: st.to_json() for r, st in self.ranks.items()}, "hang_limit_s": self.hang_limit_s,
-                "hang_limit_how": self.hang_limit_how, "lint": [m.to_json() for m in self.lint]}
+        d = {"schema": SCHEMA, "world_size": self.world_size, "wall_s": self.wall_s,
+             "ranks": {r: st.to_json() for r, st in self.ranks.items()}, "hang_limit_s": self.hang_limit_s,
+             "hang_limit_how": self.hang_limit_how, "lint": [m.to_json() for m in self.lint]}
+        if self.suspicion is not None:
+            d["suspicion"] = self.suspicion.to_json()
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "JobEvidence":
         ranks = {int(r): RankState.from_json({"rank": r, **st}) for r, st in (d.get("ranks") or {}).items()}
         return cls(d.get("world_size") or len(ranks), ranks, d.get("wall_s"), d.get("hang_limit_s"),
                    d.get("hang_limit_how"),
-                   tuple(LintMark(m["code"], m["path"], int(m["line"])) for m in d.get("lint") or ()))
+                   tuple(LintMark.from_json(m) for m in d.get("lint") or ()),
+                   Suspicion.from_json(d.get("suspicion")))
 
     def with_(self, **kw) -> "JobEvidence":
         return replace(self, **kw)
@@ -53,7 +67,8 @@ class Verdict:
 
     desync: ``kind`` op | shape | site | steps, at (``group``, ``seq``) with each rank's ``calls``, or
     per-epoch ``steps`` that differ in ``epoch``; exit: ``rank`` (``finished`` when it ended normally
-    while the others wait); hang: ``stalled_s`` against ``limit_s`` (``limit_how``), ``busy`` ranks.
+    while the others wait); hang: ``stalled_s`` against ``limit_s`` (``limit_how``), ``busy`` ranks,
+    ``kind`` "pg-timeout" when a collective had waited almost the process group's own timeout.
     Fixed at the decision: ``failed`` (a rank had failed), ``blocked`` (the ranks still wait at the
     mismatch), ``attempt``; ``t_detect`` / ``t_stacks`` time the detection (monotonic clock)."""
     reason: str
@@ -100,6 +115,37 @@ class Verdict:
         kw["steps"] = {int(r): n for r, n in (d.get("steps") or {}).items()}
         kw["busy"] = _tuple(d.get("busy"))
         return cls(**kw)
+
+
+@dataclass(frozen=True, slots=True)
+class Suspicion:
+    """The live warning while no rank progresses but nothing is proven: who waits in which collective,
+    who is outside collectives (where, and for how long without any sign of life), since when.
+    It never stops the job by itself; it stops one only once no rank has shown a sign of life for the
+    limit (``Verdict`` hang)."""
+    stalled_s: float
+    waiting: Mapping[int, Collective] = field(default_factory=dict)
+    outside: Mapping[int, "Site | None"] = field(default_factory=dict)
+    idle_s: Mapping[int, float] = field(default_factory=dict)
+    limit_s: float | None = None
+
+    def key(self) -> tuple:
+        """What the warning says, without the clock: a changed key is a new warning."""
+        return (tuple(sorted((r, c.group, c.seq, c.op) for r, c in self.waiting.items())),
+                tuple(sorted((r, s.key() if s else None) for r, s in self.outside.items())))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stalled_s": self.stalled_s, "waiting": {str(r): c.to_json() for r, c in self.waiting.items()},
+                "outside": {str(r): None if s is None else s.to_json() for r, s in self.outside.items()},
+                "idle_s": {str(r): v for r, v in self.idle_s.items()}, "limit_s": self.limit_s}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "Suspicion | None":
+        if not d:
+            return None
+        return cls(d.get("stalled_s") or 0.0, {int(r): Collective.from_json(c) for r, c in (d.get("waiting") or {}).items()},
+                   {int(r): Site.from_json(s) for r, s in (d.get("outside") or {}).items()},
+                   {int(r): v for r, v in (d.get("idle_s") or {}).items()}, d.get("limit_s"))
 
 
 # -- the side channel's text ---------------------------------------------------------------------

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
-from ddp_doctor.evidence.records import (SCHEMA, Collective, DataWait, DdpModel, ExitStatus, LoaderState,
-                                         RaisedError, Site, SiteCount, ThreadStack, TimelineEvent, Timing,
+from ddp_doctor.evidence.records import (SCHEMA, Activity, Collective, DataWait, DdpModel, ExitStatus, GroupInit,
+                                         LoaderState, RaisedError, SkippedSync, Site, SiteCount, ThreadStack, TimelineEvent, Timing,
                                          WorkerStack, _sites, _tuple)
 
 PERF_KEYS = ("loads", "cuda", "gpu", "h2d", "loadavg", "cpu_count")
@@ -23,18 +23,24 @@ class RankState:
     pid: int | None = None
     attempt: int = 0                 # torch's restart count of the rank's worker group
     agent_store: bool = False        # process-group keys live in the agent's (long-lived) store
-    world_size: int | None = None
+    world_size: int | None = None    # the launcher's WORLD_SIZE
+    group: GroupInit | None = None   # the default process group the rank joined (None: none seen yet)
     t: float | None = None
     epoch: int | None = None
     step: int = 0                    # optimizer steps
     step_in_epoch: int | None = None
     forwards: int = 0                # DDP forward calls
     backwards: int = 0
+    sync_forwards: int = 0           # DDP forwards that prepared a gradient sync
+    syncs_skipped: int = 0           # ... and were followed by no backward (skipped_syncs: the first few)
+    skipped_syncs: tuple[SkippedSync, ...] = ()
     progress: int = 0                # bumped by every step and completed collective
     steps_by_epoch: tuple[int, ...] = ()
     train_loader: int | None = None  # index into loaders
     step_times: tuple[float, ...] = ()
     cpu_s: float = 0.0
+    activity: Activity | None = None  # signs of life of the training thread and the loader workers
+    pg_timeout_s: float | None = None  # the default process group's timeout (a collective waits that long)
     where: Site | None = None        # the main thread's innermost user line at publish time
     in_collective: Collective | None = None
     last_collective: Collective | None = None
@@ -60,6 +66,7 @@ class RankState:
     exit: ExitStatus | None = None
     busy: bool = False
     stalled_s: float | None = None
+    idle_s: float | None = None      # seconds since any sign of life (progress, CPU, I/O, stack)
     sites_seen: frozenset = frozenset()  # {(op, site key)} of every call the rank ever made
     fatal_stack: bool = False
 
@@ -82,6 +89,11 @@ class RankState:
         tl = self.train_loader
         return self.loaders[tl] if tl is not None and 0 <= tl < len(self.loaders) else None
 
+    def join_epochs(self) -> frozenset[int]:
+        """Training epochs this rank ran (partly) inside DDP's Join, where step counts may differ."""
+        tl = self.train_loader_state()
+        return frozenset(tl.join_epochs) if tl is not None else frozenset()
+
     # -- wire ---------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         # the sites table, keyed by object identity: the probe shares one Site object per call site, so
@@ -101,6 +113,8 @@ class RankState:
         d: dict[str, Any] = {"schema": SCHEMA}
         for k in _PLAIN_FIELDS:
             v = getattr(self, k)
+            if not v and k in _OMIT_WHEN_NONE:
+                continue
             if v is None or isinstance(v, (str, int, float, bool)):
                 d[k] = v
             elif isinstance(v, tuple):  # of records, or of numbers (step times: no per-item test)
@@ -110,11 +124,13 @@ class RankState:
             else:
                 d[k] = v.to_json()
         d["fingerprints"] = [[c.group, c.seq, c.op, list(c.shapes), list(c.dtypes), idx(c.site), c.epoch,
-                              c.step_in_epoch] for c in self.fingerprints]
+                              c.step_in_epoch, *((1,) if c.join else ())] for c in self.fingerprints]
         d["site_counts"] = [[sc.op, idx(sc.site), sc.calls] for sc in self.site_counts]
         d["sites"] = [[s.path, s.line, s.function] for s in sites]
         d["collectives"] = {"count": self.coll_count, "time_s": self.coll_time_s}
         d["sites_seen"] = [[op, list(k) if k else None] for op, k in sorted(self.sites_seen, key=str)]
+        if self.group is not None:
+            d["group"] = self.group.to_json()
         d.update(self.perf)
         return d
 
@@ -130,15 +146,19 @@ class RankState:
         return cls(
             rank=int(d["rank"]), missing=bool(d.get("missing")), local_rank=d.get("local_rank"), host=d.get("host"),
             pid=d.get("pid"), attempt=int(d.get("attempt") or 0), agent_store=bool(d.get("agent_store")),
-            world_size=d.get("world_size"), t=d.get("t"), epoch=d.get("epoch"), step=d.get("step") or 0,
+            world_size=d.get("world_size"), group=GroupInit.from_json(d.get("group")), t=d.get("t"),
+            epoch=d.get("epoch"), step=d.get("step") or 0,
             step_in_epoch=d.get("step_in_epoch"), forwards=d.get("forwards") or 0, backwards=d.get("backwards") or 0,
             progress=d.get("progress") or 0, steps_by_epoch=_tuple(d.get("steps_by_epoch")),
             train_loader=d.get("train_loader"), step_times=_tuple(d.get("step_times")), cpu_s=d.get("cpu_s") or 0.0,
+            activity=Activity.from_json(d.get("activity")), pg_timeout_s=d.get("pg_timeout_s"),
+            sync_forwards=d.get("sync_forwards") or 0, syncs_skipped=d.get("syncs_skipped") or 0,
+            skipped_syncs=tuple(SkippedSync.from_json(x) for x in d.get("skipped_syncs") or ()),
             where=Site.from_json(d.get("where")), in_collective=Collective.from_json(d.get("in_collective")),
             last_collective=Collective.from_json(d.get("last_collective")),
             in_data_wait=DataWait.from_json(d.get("in_data_wait")), seq=dict(d.get("seq") or {}),
-            fingerprints=tuple(Collective(g, s, op, tuple(sh), tuple(dt), at(si), None, None, ep, st)
-                               for g, s, op, sh, dt, si, ep, st in d.get("fingerprints") or ()),
+            fingerprints=tuple(Collective(g, s, op, tuple(sh), tuple(dt), at(si), None, None, ep, st, bool(j and j[0]))
+                               for g, s, op, sh, dt, si, ep, st, *j in d.get("fingerprints") or ()),
             site_counts=tuple(SiteCount(op, at(si), n) for op, si, n in d.get("site_counts") or ()),
             timing=Timing.from_json(d.get("timing")), coll_count=colls.get("count") or 0,
             coll_time_s=colls.get("time_s") or 0.0,
@@ -150,6 +170,7 @@ class RankState:
             stack=_sites(d.get("stack")), threads=tuple(ThreadStack.from_json(t) for t in d.get("threads") or ()),
             workers=tuple(WorkerStack.from_json(w) for w in d.get("workers") or ()),
             exit=ExitStatus.from_json(d.get("exit")), busy=bool(d.get("busy")), stalled_s=d.get("stalled_s"),
+            idle_s=d.get("idle_s"),
             sites_seen=frozenset((op, tuple(k) if k else None) for op, k in d.get("sites_seen") or ()),
             fatal_stack=bool(d.get("fatal_stack")))
 
@@ -161,6 +182,9 @@ def missing_rank(rank: int) -> RankState:
     return RankState(rank=rank, missing=True)
 
 
+# newer fields, left out when unknown (older captures and states round-trip unchanged)
+_OMIT_WHEN_NONE = frozenset({"activity", "pg_timeout_s", "idle_s", "sync_forwards", "syncs_skipped", "skipped_syncs"})
 # encoded field by field; the others have a compact encoding of their own in to_json
 _PLAIN_FIELDS = tuple(f.name for f in fields(RankState)
-                      if f.name not in ("fingerprints", "site_counts", "perf", "sites_seen", "coll_count", "coll_time_s"))
+                      if f.name not in ("fingerprints", "site_counts", "perf", "sites_seen", "coll_count",
+                                        "coll_time_s", "group"))

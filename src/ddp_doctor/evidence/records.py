@@ -71,6 +71,7 @@ class Collective:
     waiting_s: float | None = None
     epoch: int | None = None
     step_in_epoch: int | None = None
+    join: bool = False   # issued inside DDP's Join: ranks' calls legitimately differ there
 
     def signature(self) -> tuple:
         return (self.op, self.shapes, self.dtypes)
@@ -82,6 +83,8 @@ class Collective:
             v = getattr(self, k)
             if v is not None:
                 d[k] = v
+        if self.join:
+            d["join"] = True
         return d
 
     @classmethod
@@ -92,7 +95,7 @@ class Collective:
             return d
         return cls(d.get("group"), d.get("seq"), d["op"], tuple(d.get("shapes") or ()), tuple(d.get("dtypes") or ()),
                    Site.from_json(d.get("site")), d.get("origin"), d.get("waiting_s"), d.get("epoch"),
-                   d.get("step_in_epoch"))
+                   d.get("step_in_epoch"), bool(d.get("join")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +153,43 @@ class RaisedError:
 
 
 @dataclass(frozen=True, slots=True)
+class Activity:
+    """Signs of life of a rank, sampled at each publish: CPU seconds and bytes read + written
+    (``/proc``'s rchar + wchar) of its training thread (the one that runs the model, the loader and the
+    collectives; the probe's own threads never count), its DataLoader workers' CPU seconds, and a
+    signature of the training thread's Python stack.  A rank none of these moved for is stuck, not slow."""
+    cpu_s: float = 0.0
+    io_bytes: int = 0
+    workers_cpu_s: float = 0.0
+    stack_sig: int = 0
+
+    def to_json(self) -> list:
+        return [self.cpu_s, self.io_bytes, self.workers_cpu_s, self.stack_sig]
+
+    @classmethod
+    def from_json(cls, d) -> "Activity | None":
+        if not d:
+            return None
+        return d if isinstance(d, Activity) else cls(float(d[0]), int(d[1]), float(d[2]), int(d[3]))
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedSync:
+    """A DDP forward that prepared a gradient sync followed by no backward before the next one: that
+    iteration's all-reduce never ran on this rank (``iteration``: the forward's number, 1-based)."""
+    iteration: int
+    site: Site | None = None
+    epoch: int | None = None
+
+    def to_json(self) -> list:
+        return [self.iteration, _site_json(self.site), self.epoch]
+
+    @classmethod
+    def from_json(cls, d) -> "SkippedSync":
+        return d if isinstance(d, SkippedSync) else cls(int(d[0]), Site.from_json(d[1]), d[2])
+
+
+@dataclass(frozen=True, slots=True)
 class DataWait:
     """A rank blocked in ``next()`` of a DataLoader (index into ``RankState.loaders``)."""
     loader: int | None
@@ -187,6 +227,21 @@ class SamplerState:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerExit:
+    """A DataLoader worker process found dead when its rank failed: killed by ``signal``, or ``exit_code``."""
+    pid: int
+    exit_code: int | None = None
+    signal: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "exit_code": self.exit_code, "signal": self.signal}
+
+    @classmethod
+    def from_json(cls, d) -> "WorkerExit":
+        return d if isinstance(d, WorkerExit) else cls(int(d["pid"]), d.get("exit_code"), d.get("signal"))
+
+
+@dataclass(frozen=True, slots=True)
 class LoaderState:
     """One DataLoader of a rank: where it was built, its settings, what iterating it measured."""
     site: Site | None = None
@@ -206,6 +261,9 @@ class LoaderState:
     skips_by_epoch: tuple[int, ...] = ()
     sampler: SamplerState | None = None
     worker_pids: tuple[int, ...] = ()
+    join_epochs: tuple[int, ...] = ()   # training epochs run under DDP's Join
+    skipped_batches: tuple[tuple[int, int], ...] = ()  # (epoch, batch number) led to no step, the first few
+    worker_exits: tuple[WorkerExit, ...] = ()  # workers found dead when the rank failed
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {}
@@ -213,6 +271,15 @@ class LoaderState:
             v = getattr(self, f.name)
             d[f.name] = _site_json(v) if f.name == "site" else v.to_json() if f.name == "sampler" and v else \
                 list(v) if isinstance(v, tuple) else v
+        for k in ("join_epochs", "skipped_batches"):  # absent when empty: older captures stay exact
+            if not d[k]:
+                del d[k]
+        if self.skipped_batches:
+            d["skipped_batches"] = [list(x) for x in self.skipped_batches]
+        if self.worker_exits:
+            d["worker_exits"] = [w.to_json() for w in self.worker_exits]
+        else:  # absent when none (captures of older runs stay exact)
+            del d["worker_exits"]
         return d
 
     @classmethod
@@ -220,8 +287,11 @@ class LoaderState:
         kw = {f.name: d.get(f.name) for f in fields(cls) if f.name in d}
         kw["site"] = Site.from_json(d.get("site"))
         kw["sampler"] = SamplerState.from_json(d.get("sampler"))
-        for k in ("epoch_start_s", "batch_wait_s", "steps_by_epoch", "batches_by_epoch", "skips_by_epoch", "worker_pids"):
+        for k in ("epoch_start_s", "batch_wait_s", "steps_by_epoch", "batches_by_epoch", "skips_by_epoch", "worker_pids",
+                  "join_epochs"):
             kw[k] = _tuple(d.get(k))
+        kw["skipped_batches"] = tuple((int(e), int(b)) for e, b in d.get("skipped_batches") or ())
+        kw["worker_exits"] = tuple(WorkerExit.from_json(w) for w in d.get("worker_exits") or ())
         for k in ("epochs", "batches"):
             kw[k] = kw.get(k) or 0
         kw["data_wait_s"] = kw.get("data_wait_s") or 0.0
@@ -229,8 +299,32 @@ class LoaderState:
 
 
 @dataclass(frozen=True, slots=True)
+class DdpParam:
+    """A parameter of a DDP model by its index in DDP's list of parameters that get gradients (the index
+    torch's errors print): its name in ``module.named_parameters()`` and the type of the module holding it."""
+    index: int
+    name: str
+    module_type: str | None = None
+
+    @property
+    def module(self) -> str:
+        """The path of the module holding it ("" for the root module)."""
+        return self.name.rpartition(".")[0]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "name": self.name, "module_type": self.module_type}
+
+    @classmethod
+    def from_json(cls, d) -> "DdpParam":
+        return d if isinstance(d, DdpParam) else cls(int(d["index"]), str(d["name"]), d.get("module_type"))
+
+
+@dataclass(frozen=True, slots=True)
 class DdpModel:
-    """One DistributedDataParallel construction of a rank."""
+    """One DistributedDataParallel construction of a rank.
+
+    ``named_params``: only the parameters an error of this rank referred to by index (a model's whole list
+    is kept inside the rank, never published)."""
     site: Site | None = None
     find_unused_parameters: bool = False
     broadcast_buffers: bool = False
@@ -238,19 +332,52 @@ class DdpModel:
     params: int = 0
     unused_seen: bool | None = None
     unused_parameter_size: int | None = None
+    named_params: tuple[DdpParam, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["site"] = _site_json(self.site)
         if self.unused_parameter_size is None:
             del d["unused_parameter_size"]
+        if self.named_params:  # absent when empty (captures of older runs stay exact)
+            d["named_params"] = [p.to_json() for p in self.named_params]
+        else:
+            del d["named_params"]
         return d
 
     @classmethod
     def from_json(cls, d) -> "DdpModel":
         kw = {f.name: d[f.name] for f in fields(cls) if d.get(f.name) is not None}
         kw["site"] = Site.from_json(d.get("site"))
+        kw["named_params"] = tuple(DdpParam.from_json(p) for p in d.get("named_params") or ())
         return cls(**kw)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInit:
+    """The default process group a rank joined: the size and rank it saw (``init_process_group`` or
+    whatever called it), where it was initialised when the probe saw the call, the backend, and how many
+    collectives the group itself had counted when last looked at (all of them: DDP's, functional ones).
+    ``size`` 0: the rank has initialised no process group (so far); a state without a GroupInit comes
+    from a probe that did not look."""
+    size: int
+    rank: int
+    site: Site | None = None
+    backend: str | None = None
+    collectives: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"size": self.size, "rank": self.rank, "site": _site_json(self.site), "backend": self.backend,
+                "collectives": self.collectives}
+
+    @classmethod
+    def from_json(cls, d) -> "GroupInit | None":
+        if not d:
+            return None
+        if isinstance(d, GroupInit):
+            return d
+        return cls(int(d["size"]), int(d["rank"]), Site.from_json(d.get("site")), d.get("backend"),
+                   d.get("collectives"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,16 @@ def _no_buffers(m: "ModuleModel", expr: ast.expr, scope: "Scope", depth: int, se
             target = expr.args[0] if name == "compile" and expr.args else \
                 expr.func.value if isinstance(expr.func, ast.Attribute) else None
             return target is not None and _no_buffers(m, target, scope, depth + 1, seen)
+        if (m.qual(expr.func) or "").startswith("torch."):  # nn.Sequential(nn.Linear(...), nn.LayerNorm(...))
+            if any(b in (name or "") for b in _BUFFERED):
+                return False
+            if name in ("Sequential", "ModuleList", "ModuleDict"):
+                parts = [a for a in expr.args if not isinstance(a, ast.Starred)]
+                if len(parts) != len(expr.args):
+                    return False
+                items = [e for a in parts for e in (a.elts if isinstance(a, (ast.List, ast.Tuple)) else [a])]
+                return all(_no_buffers(m, e, scope, depth + 1, seen) for e in items)
+            return True  # torch layers other than the norm layers above hold parameters only
         cls = _class_of(m, expr.func, scope)
         if cls is None:
             return False

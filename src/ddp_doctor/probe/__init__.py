@@ -41,6 +41,7 @@ class Probe:
 
             self.publisher = Publisher(self.rec, addr)
             self.publisher.start()
+            self.rec.flush = self.publisher.flush
 
     def _embedded(self, host_watcher: Callable[[str], None] | None) -> str | None:
         """No ddp-doctor launcher around us: rank 0 hosts the side channel and the watcher (``host_watcher``)."""
@@ -79,6 +80,18 @@ class Probe:
                 t=round(self.rec.now(), 3))
         except Exception:
             pass
+        try:  # an error that numbers the DDP model's parameters: name them while the model is there
+            from ddp_doctor.probe.ddp_params import name_unused
+
+            name_unused(self.rec, exc)
+        except Exception:
+            pass
+        try:  # a DataLoader worker that died under the rank: which one, by which signal
+            from ddp_doctor.probe.workers import note_dead_workers
+
+            note_dead_workers(self.rec, exc)
+        except Exception:
+            pass
 
     def finish(self, exit_code: int, exc: BaseException | None = None, exit_exc: BaseException | None = None) -> None:
         """Publish the end of the rank; a failing rank waits (<= 3 s) for the watcher to snapshot the others."""
@@ -92,7 +105,8 @@ class Probe:
             self.rec.done = exc is None
             self.rec.exit_code = exit_code
             if self.publisher is not None:
-                self.publisher.stopped.set()
+                self.rec.flush = None
+                self.publisher.stop()
                 self.publisher.final(wait_ack=3.0 if exc is not None else 0.0)
         except Exception:
             pass

@@ -18,8 +18,8 @@ import time
 import weakref
 
 from ddp_doctor.evidence.records import GROUP_CREATION
-from ddp_doctor.probe import group_calls, lifeline
-from ddp_doctor.probe.recorder import LoaderRec, Recorder, user_site
+from ddp_doctor.probe import ddp_params, group_calls, groups, lifeline, workers
+from ddp_doctor.probe.recorder import EpochRec, LoaderRec, Recorder, user_site
 
 COLLECTIVES = (
     "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "reduce_scatter",
@@ -143,6 +143,8 @@ def _wrap_collective(fn, name: str, describe=None):
                 key, shapes, dtypes = GROUP_CREATION, describe(args, kwargs), ()
             if key is not None and shapes is not None:
                 entry = REC.coll_enter(key, name, shapes, dtypes, user_site(sys._getframe(1)))
+                if REC.flush is not None and REC.site_counts.get((name, entry[5])) == 1:
+                    REC.flush()  # its first call at this line: posted before gloo can abort on a mismatch
             if aidx is not None and entry is not None:
                 asynchronous = bool(kwargs["async_op"] if "async_op" in kwargs
                                     else len(args) > aidx and args[aidx])
@@ -177,7 +179,7 @@ def _patch_collectives() -> None:
             setattr(dist, name, wrapped)
 
 
-def _patch_groups() -> None:
+def _patch_group_creation() -> None:
     """Group creation (new_group, init_device_mesh...): a call every rank makes, compared by its arguments."""
     group_calls.patch(_wrap_collective)
 
@@ -201,6 +203,8 @@ def _patch_ddp() -> None:
         _inside(entry, orig_init, self, *args, **kwargs)
         try:
             nbuf = sum(1 for _ in self.module.buffers())
+            if REC.group is None:
+                groups.note_group(REC)
             REC.ddps.append(({
                 "site": site,
                 "find_unused_parameters": bool(getattr(self, "find_unused_parameters", False)),
@@ -208,6 +212,7 @@ def _patch_ddp() -> None:
                 "buffers": nbuf,
                 "params": sum(1 for _ in self.module.parameters()),
                 "unused_seen": None,
+                "reducer_params": ddp_params.reducer_names(self),  # kept in the rank, see ddp_params
             }, weakref.ref(self)))
             REC.version += 1
         except Exception:
@@ -217,6 +222,7 @@ def _patch_ddp() -> None:
     def forward(self, *args, **kwargs):
         entry = None
         try:
+            REC.train_thread = threading.get_ident()
             REC.forwards += 1
             REC.progress += 1
             site = user_site(sys._getframe(1))
@@ -232,7 +238,7 @@ def _patch_ddp() -> None:
         finally:
             try:
                 if torch.is_grad_enabled() and self.require_backward_grad_sync:
-                    REC.pending_grad_sync = _group_key(self.process_group)
+                    REC.sync_forward(_group_key(self.process_group), key[1])
             except Exception:
                 pass
 
@@ -318,10 +324,7 @@ def _patch_data() -> None:
             rec = getattr(self, "_ddpd_rec", None)
             if rec is not None:
                 rec.epochs += 1
-                rec.steps_by_epoch.append(0)
-                rec.batches_by_epoch.append(0)
-                rec.skips_by_epoch.append(0)
-                rec.steps_at_batch = -1
+                it._ddpd_epoch = rec.cur = EpochRec()
                 s = rec.sampler
                 rec.sampler_epochs.append(getattr(s, "epoch", None))
                 if rec.length is None:
@@ -329,6 +332,8 @@ def _patch_data() -> None:
                 ws = getattr(it, "_workers", None)
                 if ws:
                     rec.worker_pids = [w.pid for w in ws if w.pid]
+                    rec.workers = [weakref.ref(w) for w in ws]
+                    rec.worker_exits = ()
                 rec.iter_t = time.monotonic()
                 rec.first_batch_pending = True
                 it._ddpd_rec = rec
@@ -345,6 +350,7 @@ def _patch_data() -> None:
         if rec is None:
             return orig_next(self)
         t = time.monotonic()
+        REC.train_thread = threading.get_ident()
         REC.in_data_wait = (rec, t)
         try:
             batch = orig_next(self)
@@ -353,11 +359,9 @@ def _patch_data() -> None:
         try:
             dt = time.monotonic() - t
             rec.batches += 1
-            if rec.batches_by_epoch:
-                rec.batches_by_epoch[-1] += 1
-                if rec is REC.train_loader and rec.steps_at_batch == REC.steps:
-                    rec.skips_by_epoch[-1] += 1  # the previous batch led to no optimizer step
-            rec.steps_at_batch = REC.steps
+            e = getattr(self, "_ddpd_epoch", None)
+            if e is not None:
+                REC.batch_drawn(rec, e)
             rec.data_wait_s += dt
             rec.batch_wait.append(dt)
             if REC.first_step_t is not None:
@@ -376,6 +380,7 @@ def _patch_data() -> None:
     DataLoader.__init__ = __init__
     DataLoader.__iter__ = __iter__
     BaseIter.__next__ = __next__
+    workers.patch_shutdown(REC)
 
     DS = dist_mod.DistributedSampler
     orig_set_epoch = DS.set_epoch
@@ -433,6 +438,7 @@ def _patch_optimizer() -> None:
 
     def _post(opt, args, kwargs):
         try:
+            REC.train_thread = threading.get_ident()
             REC.step()
         except Exception:
             pass
@@ -448,6 +454,10 @@ def _patch_perf() -> None:
     _perf.install(REC)
 
 
+def _patch_groups() -> None:
+    groups.install(REC)
+
+
 def install(rec: Recorder) -> None:
     """Install every hook once; a hook that cannot be installed is skipped (training unaffected)."""
     global REC, _installed
@@ -460,7 +470,8 @@ def install(rec: Recorder) -> None:
     except Exception:
         return
     _register_stack_dump("rank")
-    for patch in (_patch_collectives, _patch_groups, _patch_ddp, _patch_data, _patch_optimizer, _patch_perf):
+    for patch in (_patch_groups, _patch_collectives, _patch_group_creation, _patch_ddp, _patch_data, _patch_optimizer,
+                  _patch_perf):
         try:
             patch()
         except Exception as e:  # pragma: no cover - depends on torch version

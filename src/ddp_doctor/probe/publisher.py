@@ -9,17 +9,20 @@ import dataclasses
 import gc
 import json
 import os
-import sys
 import threading
 import time
 from typing import Any
 
 from ddp_doctor import store as side
-from ddp_doctor.evidence import (Collective, DataWait, DdpModel, LoaderState, RankState, SamplerState, Site, SiteCount,
-                                 ThreadStack, TimelineEvent, Timing, stacks_to_json)
-from ddp_doctor.probe.recorder import Recorder, frames_of, user_site
+from ddp_doctor import frames as kinds
+from ddp_doctor.evidence import (Collective, DataWait, DdpModel, GroupInit, LoaderState, RankState, SamplerState, Site,
+                                 SiteCount, SkippedSync, ThreadStack, TimelineEvent, Timing, stacks_to_json)
+from ddp_doctor.probe import activity, stackdump
+from ddp_doctor.probe.groups import note_group
+from ddp_doctor.probe.recorder import Recorder
 
 INTERVAL = 0.25
+FLUSH_S = 0.1      # the most a rank's thread waits for a post it asked for (flush)
 DEADLINE_S = 2.0   # the most any store call may keep the rank's thread (or its exit) waiting
 GIVE_UP_S = 60.0   # no connection by then: the side channel is lost, the probe records locally
 # torch's elastic agent restarts the whole worker group after a failure (--max-restarts); the
@@ -57,14 +60,15 @@ def _sampler_state(rec_l) -> SamplerState | None:
 
 def _loader(lr, sites_of) -> LoaderState:
     st = lr.settings
+    steps, batches, skips, joined, skipped = lr.epoch_counts()
     return LoaderState(
         site=sites_of(lr.site), len=lr.length, num_workers=st.get("num_workers"), pin_memory=st.get("pin_memory"),
         persistent_workers=st.get("persistent_workers"), prefetch_factor=st.get("prefetch_factor"),
         batch_size=st.get("batch_size"), epochs=lr.epochs, batches=lr.batches, data_wait_s=round(lr.data_wait_s, 4),
         epoch_start_s=tuple(round(x, 4) for x in lr.epoch_start_s),
-        batch_wait_s=tuple(round(x, 5) for x in lr.batch_wait), steps_by_epoch=tuple(lr.steps_by_epoch[-100:]),
-        batches_by_epoch=tuple(lr.batches_by_epoch[-100:]), skips_by_epoch=tuple(lr.skips_by_epoch[-100:]),
-        sampler=_sampler_state(lr), worker_pids=tuple(lr.worker_pids))
+        batch_wait_s=tuple(round(x, 5) for x in lr.batch_wait), steps_by_epoch=steps,
+        batches_by_epoch=batches, skips_by_epoch=skips, join_epochs=joined, skipped_batches=skipped,
+        sampler=_sampler_state(lr), worker_pids=tuple(lr.worker_pids), worker_exits=lr.worker_exits)
 
 
 def _site_of(t) -> Site | None:
@@ -86,29 +90,48 @@ def _fingerprints(rec: Recorder, sites: list[Site | None]) -> tuple[Collective, 
     for t in list(rec.ring):
         c = rec.fp_records.get(t)
         if c is None:
-            g, s, op, sh, dt, si, ep, stp = t
-            c = Collective(g, s, op, tuple(sh), tuple(dt), sites[si] if si < n else None, None, None, ep, stp)
+            g, s, op, sh, dt, si, ep, stp, joined = t
+            c = Collective(g, s, op, tuple(sh), tuple(dt), sites[si] if si < n else None, None, None, ep, stp, joined)
         made[t] = c
     rec.fp_records = made
     return tuple(made.values())
 
 
+_dumper = stackdump.StackDumper()
+
+
+def _main_site(stacks: dict[int, bytes], rec: Recorder) -> Site | None:
+    """The main thread's innermost user line (its innermost library line failing that)."""
+    text = stacks.get(rec.main_thread_id)
+    if not text:
+        return None
+    fs = [f for f in stackdump.frames(text) if not kinds.is_internal(f[0]) and not kinds.is_tooling(f[0])]
+    user = kinds.innermost_user(fs, path=lambda f: f[0])
+    got = user or (fs[-1] if fs else None)
+    return _site_of(got)
+
+
 def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
-    """This rank's state as the typed record (cheap enough to build 4x a second; the hooks keep tuples)."""
+    """This rank's state as the typed record (cheap enough to build 4x a second; the hooks keep tuples).
+    Never touches a frame object (``stackdump``): the user's objects must never be freed in this thread."""
     epoch, step_in_epoch = rec.epoch_ctx()
     tl = rec.train_loader
     steps_time = sum(rec.step_times)
-    frame = sys._current_frames().get(rec.main_thread_id)
+    stacks = _dumper.dump()
     wait = rec.in_data_wait
     sites = _sites(rec)
     n = len(sites)
     st = RankState(
         rank=rec.rank, local_rank=rec.local_rank, host=rec.host, pid=rec.pid, attempt=ATTEMPT,
-        agent_store=AGENT_STORE, world_size=rec.world_size, t=round(rec.now(), 3),
+        agent_store=AGENT_STORE, world_size=rec.world_size, group=_group(rec), t=round(rec.now(), 3),
         epoch=epoch, step=rec.steps, step_in_epoch=step_in_epoch, forwards=rec.forwards, backwards=rec.backwards,
-        progress=rec.progress, steps_by_epoch=tuple(tl.steps_by_epoch) if tl is not None else (),
+        sync_forwards=rec.sync_forwards, syncs_skipped=rec.syncs_skipped,
+        skipped_syncs=tuple(SkippedSync(i, sites[si] if 0 <= si < len(sites) else None, ep)
+                            for i, si, ep in list(rec.skipped_syncs)),
+        progress=rec.progress, steps_by_epoch=tuple(e.steps for e in tl.trained) if tl is not None else (),
         train_loader=_position(rec.loaders, tl), step_times=tuple(round(x, 5) for x in rec.step_times),
-        cpu_s=round(time.process_time(), 3), where=_site_of(user_site(frame)) if frame is not None else None,
+        cpu_s=round(time.process_time(), 3), activity=activity.sample(rec, stacks), pg_timeout_s=rec.pg_timeout_s,
+        where=_main_site(stacks, rec),
         in_collective=_coll(rec.cur or rec.poll_pending(), sites), last_collective=_coll(rec.last, sites, pending=False),
         in_data_wait=None if wait is None else DataWait(_position(rec.loaders, wait[0]),
                                                         round(time.monotonic() - wait[1], 3)),
@@ -155,7 +178,15 @@ def _ddp(d: dict[str, Any], obj) -> DdpModel:
         except Exception:
             pass
     return DdpModel(_site_of(d.get("site")), bool(d.get("find_unused_parameters")), bool(d.get("broadcast_buffers")),
-                    d.get("buffers") or 0, d.get("params") or 0, unused_seen, size)
+                    d.get("buffers") or 0, d.get("params") or 0, unused_seen, size, tuple(d.get("named") or ()))
+
+
+def _group(rec: Recorder) -> GroupInit | None:
+    """The default process group the rank joined (looked for here too: an init the wrapper missed) and the
+    collectives it counted."""
+    note_group(rec)
+    g = rec.group
+    return GroupInit(0, -1) if g is None else GroupInit(g[0], g[1], _site_of(g[2]), g[3], rec.group_colls)
 
 
 def thread_stacks(rec: Recorder) -> list[ThreadStack]:
@@ -163,11 +194,11 @@ def thread_stacks(rec: Recorder) -> list[ThreadStack]:
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
     out = []
-    for ident, frame in sys._current_frames().items():
+    for ident, text in _dumper.dump().items():
         if ident == me:
             continue
         out.append(ThreadStack(names.get(ident, str(ident)), ident == rec.main_thread_id,
-                               tuple(Site(*f) for f in frames_of(frame))))
+                               tuple(Site(*f) for f in stackdump.frames(text) if not kinds.is_tooling(f[0]))))
     out.sort(key=lambda t: not t.main)
     return out
 
@@ -198,6 +229,8 @@ class Publisher(threading.Thread):
         self.store = self._channel()
         self.last_req = 0
         self.stopped = threading.Event()
+        self.wake = threading.Event()
+        self._flushes: list[threading.Event] = []
 
     def _channel(self):
         """Signed, never-blocking client of the watcher's store (``ddp_doctor.channel``)."""
@@ -240,13 +273,33 @@ class Publisher(threading.Thread):
                 pass
             os.kill(os.getpid(), signal.SIGTERM)
 
+    def flush(self, timeout: float = FLUSH_S) -> None:
+        """Post the state now; the calling (rank's) thread waits for it at most ``timeout`` s.
+
+        Asked before the first call of a collective at a new line: a mismatch is usually born there and
+        gloo may abort the process (SIGABRT) within a millisecond, before the next regular post, taking
+        that call's shapes and dtypes with it."""
+        if self.stopped.is_set() or self.store.lost or not self.is_alive():
+            return
+        done = threading.Event()
+        self._flushes.append(done)
+        self.wake.set()
+        done.wait(timeout)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.wake.set()
+
     def run(self) -> None:
         from ddp_doctor.channel import ChannelDown
 
         failures = 0
         while not self.stopped.is_set():
+            asked, self._flushes = self._flushes, []
             try:
                 self.publish()
+                for done in asked:
+                    done.set()
                 self._answer_requests()
                 self._check_stop()
                 failures = 0
@@ -254,9 +307,13 @@ class Publisher(threading.Thread):
                 pass  # behind or overdue: this post is dropped (and counted); the next one may go through
             except Exception:
                 failures += 1
+            finally:
+                for done in asked:
+                    done.set()
             if self.store.lost or failures > 40:  # no watcher: record locally, training goes on
                 return
-            self.stopped.wait(INTERVAL)
+            self.wake.wait(INTERVAL)
+            self.wake.clear()
 
     def final(self, wait_ack: float = 0.0) -> None:
         """Post the final state; optionally wait (<= wait_ack s) for the watcher to have taken the others' stacks.

@@ -24,34 +24,60 @@ _TIMELINE = 2000
 _OBJECTS = 32   # the last DataLoaders / DDP models kept on record (a job may build thousands)
 
 
+class EpochRec:
+    """One pass over a DataLoader (one ``iter(loader)``).  It becomes a *training epoch* -- numbered,
+    counted in ``steps_by_epoch`` -- only when an optimizer step follows one of its batches: rank 0
+    drawing a batch to log its shape, or a few for sample predictions, is not an epoch."""
+
+    __slots__ = ("index", "steps", "batches", "skips", "skipped", "steps_at_batch", "joined")
+
+    def __init__(self) -> None:
+        self.index: int | None = None  # position among the loader's training epochs, once one
+        self.steps = 0
+        self.batches = 0
+        self.skips = 0          # batches followed by no optimizer step before the next batch
+        self.skipped: list[int] = []  # which ones (1-based batch numbers, the first few)
+        self.steps_at_batch = -1
+        self.joined = False     # ran (partly) inside DDP's Join: ranks may differ in steps
+
+
 class LoaderRec:
     """What the probe knows about one DataLoader (keyed by the object)."""
 
     __slots__ = ("site", "settings", "length", "epochs", "batches", "data_wait_s", "epoch_start_s",
-                 "batch_wait", "steps_by_epoch", "_sampler", "sampler_type", "sampler_last", "sampler_epochs", "worker_pids",
-                 "iter_t", "first_batch_pending", "idx", "batches_by_epoch", "skips_by_epoch", "steps_at_batch")
+                 "batch_wait", "trained", "cur", "_sampler", "sampler_type", "sampler_last", "sampler_epochs",
+                 "worker_pids", "workers", "worker_exits", "iter_t", "first_batch_pending", "idx")
 
     def __init__(self, idx: int, site, settings: dict[str, Any], sampler) -> None:
         self.idx = idx
         self.site = site
         self.settings = settings
         self.length: int | None = None
-        self.epochs = 0
+        self.epochs = 0          # passes (iter() calls); training epochs are ``trained``
         self.batches = 0
         self.data_wait_s = 0.0
         self.epoch_start_s: deque[float] = deque(maxlen=100)
         self.batch_wait: deque[float] = deque(maxlen=200)
-        self.steps_by_epoch: list[int] = []
-        self.batches_by_epoch: list[int] = []
-        self.skips_by_epoch: list[int] = []  # batches followed by no optimizer step before the next batch
-        self.steps_at_batch = -1
+        self.trained: list[EpochRec] = []  # the passes that became training epochs, in order
+        self.cur: EpochRec | None = None    # the pass that yielded the latest batch
         self._sampler = _weak(sampler)  # never keep the user's sampler (and its dataset) alive
         self.sampler_type = type(sampler).__name__ if sampler is not None else None
         self.sampler_last: Any = None  # its last published state, kept once the user drops it
         self.sampler_epochs: deque[int | None] = deque(maxlen=100)
         self.worker_pids: list[int] = []
+        self.workers: list[Any] = []  # weak references to the worker processes (probe/workers.py)
+        self.worker_exits: tuple = ()  # (pid, exit code) of workers found dead when the rank failed
         self.iter_t = 0.0
         self.first_batch_pending = False
+
+    def epoch_counts(self, limit: int = 100) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...],
+                                                      tuple[int, ...], tuple[tuple[int, int], ...]]:
+        """(steps, batches, skipped batches) per training epoch, the last ``limit``, the indices of the
+        training epochs run under DDP's Join, and (epoch, batch) of the first skipped batches."""
+        eps = self.trained[-limit:]
+        return (tuple(e.steps for e in eps), tuple(e.batches for e in eps), tuple(e.skips for e in eps),
+                tuple(e.index for e in eps if e.joined),
+                tuple((e.index, b) for e in eps for b in e.skipped)[:16])
 
     @property
     def sampler(self):
@@ -77,6 +103,8 @@ class Recorder:
         self.rank = int(env.get("RANK", "0"))
         self.local_rank = int(env.get("LOCAL_RANK", "0"))
         self.world_size = int(env.get("WORLD_SIZE", "1"))
+        self.group: tuple | None = None  # the default process group: (size, rank, site, backend), probe/groups.py
+        self.group_colls: int | None = None  # collectives that group counted, as last seen
         self.host = socket.gethostname()
         self.pid = os.getpid()
         try:
@@ -84,6 +112,8 @@ class Recorder:
         except ValueError:
             self.t0 = time.time()
         self.main_thread_id = threading.main_thread().ident
+        self.train_thread: int | None = None  # the thread that last ran the model, a batch or a step
+        self.pg_timeout_s: float | None = None  # the default process group's timeout
         self.seq: dict[str, int] = {}
         # current collective: (group, seq, op, shapes, dtypes, site_idx, t_enter_monotonic, origin)
         self.cur: tuple | None = None
@@ -92,7 +122,7 @@ class Recorder:
         # issued collectives whose call returned before the work completed (async_op=True; NCCL, whose
         # calls return once queued on the stream): [entry, work] oldest first, until work.is_completed()
         self.pending: deque[tuple] = deque(maxlen=_PENDING)
-        # fingerprints: (group, seq, op, shapes, dtypes, site_idx, epoch, step_in_epoch)
+        # fingerprints: (group, seq, op, shapes, dtypes, site_idx, epoch, step_in_epoch, inside a Join)
         self.ring: deque[tuple] = deque(maxlen=_RING)
         self.sites: list[tuple[str, int, str] | None] = []
         self._site_idx: dict[Any, int] = {}
@@ -115,13 +145,20 @@ class Recorder:
         self.in_data_wait: tuple[LoaderRec, float] | None = None
         # (record, weak reference to the DDP module): the model is the user's to free
         self.ddps: deque[tuple[dict[str, Any], Any]] = deque(maxlen=_OBJECTS)
-        self.pending_grad_sync: Any = None
+        self.pending_grad_sync: Any = None  # the group of the gradient sync the last DDP forward prepared
+        self.pending_sync_site = -1
+        self.sync_forwards = 0    # DDP forwards that prepared a gradient sync (grad mode, sync not disabled)
+        self.syncs_skipped = 0    # ... followed by no backward before the next one
+        self.skipped_syncs: list[tuple[int, int, int | None]] = []  # (iteration, site index, epoch), the first few
+        self.join_depth = 0   # inside DDP's Join context manager (probe/groups.py)
+        self.join_exits = 0
         self.timeline: deque[tuple] = deque(maxlen=_TIMELINE)
         self.exc: Any = None  # evidence.RaisedError, set once by the probe when the program raises
         self.exit_site: Any = None  # evidence.Site where sys.exit() was called
         self.done = False
         self.exit_code: int | None = None
         self.version = 0  # bumped on notable changes (the publisher posts early)
+        self.flush: Any = None  # the publisher's flush(): post now (before a collective's first call at a line)
         # the publisher's records of sites and fingerprints already built (its thread only)
         self.site_records: list[Any] = []
         self.fp_records: dict[tuple, Any] = {}
@@ -139,10 +176,13 @@ class Recorder:
         return time.time() - self.t0
 
     def epoch_ctx(self) -> tuple[int | None, int | None]:
+        """(training epoch, optimizer steps in it) of the training loader's current pass; a pass not yet
+        followed by a step counts as the epoch it would become."""
         tl = self.train_loader
-        if tl is None or tl.epochs == 0:
+        e = tl.cur if tl is not None else None
+        if e is None:
             return None, None
-        return tl.epochs - 1, (tl.steps_by_epoch[-1] if tl.steps_by_epoch else 0)
+        return (e.index if e.index is not None else len(tl.trained)), e.steps
 
     # -- events -----------------------------------------------------------------
     def coll_enter(self, group: str, op: str, shapes, dtypes, site, origin: str = "user") -> tuple:
@@ -152,7 +192,7 @@ class Recorder:
         entry = (group, seq, op, shapes, dtypes, sidx, time.monotonic(), origin)
         self.cur = entry
         ep, st = self.epoch_ctx()
-        self.ring.append((group, seq, op, shapes, dtypes, sidx, ep, st))
+        self.ring.append((group, seq, op, shapes, dtypes, sidx, ep, st, self.join_depth > 0))
         key = (op, sidx)
         self.site_counts[key] = self.site_counts.get(key, 0) + 1
         return entry
@@ -203,6 +243,30 @@ class Recorder:
                 self.last = entry
         return oldest
 
+    def batch_drawn(self, lr: LoaderRec, e: EpochRec) -> None:
+        """Pass ``e`` of loader ``lr`` yielded a batch; the previous batch of this pass led to no optimizer
+        step if the step count did not move since (a skipped batch)."""
+        lr.cur = e
+        e.batches += 1
+        e.joined = e.joined or self.join_depth > 0
+        if lr is self.train_loader and e.steps_at_batch == self.steps:
+            e.skips += 1
+            if len(e.skipped) < 8:
+                e.skipped.append(e.batches - 1)
+        e.steps_at_batch = self.steps
+
+    def sync_forward(self, group: str, site_idx: int) -> None:
+        """A DDP forward prepared a gradient sync; if the previous one's backward never ran, that
+        iteration's sync was skipped on this rank (an early ``return``/``continue`` before backward)."""
+        self.sync_forwards += 1
+        if self.pending_grad_sync is not None:
+            self.syncs_skipped += 1
+            if len(self.skipped_syncs) < 8:
+                self.skipped_syncs.append((self.sync_forwards - 1, self.pending_sync_site, self.epoch_ctx()[0]))
+            self.version += 1
+        self.pending_grad_sync = group
+        self.pending_sync_site = site_idx
+
     def step(self) -> None:
         t = time.monotonic()
         self.steps += 1
@@ -217,8 +281,12 @@ class Recorder:
         self.last_step_t = t
         lr = self.last_loader
         if lr is not None:
-            if lr.steps_by_epoch:
-                lr.steps_by_epoch[-1] += 1
+            e = lr.cur
+            if e is not None:
+                if e.index is None:  # this pass's first step: it is a training epoch
+                    e.index = len(lr.trained)
+                    lr.trained.append(e)
+                e.steps += 1
             if self.train_loader is not lr:
                 self.train_loader = lr
                 self.version += 1

@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ddp_doctor.report import _view
+from ddp_doctor.report.safe import clean_text
 
 VERDICT_STYLE = {"fail": "bold red", "ok": "bold green", "hang": "bold red", "crash": "bold red", "desync": "bold magenta", "interrupted": "bold yellow", None: "bold cyan"}
 VERDICT_TEXT = {
@@ -284,6 +285,9 @@ class LiveView:
         self._t0 = time.monotonic()
         self._last_log = self._t0
         self.rows: list[dict[str, Any]] = []
+        self.warning: str | None = None
+        self._warned: tuple | None = None
+        self._warned_t = 0.0
 
     def __enter__(self) -> "LiveView":
         self._t0 = self._last_log = time.monotonic()
@@ -315,6 +319,26 @@ class LiveView:
                 if now - self._last_log >= self.log_interval_s:
                     self._last_log = now
                     print(self.plain_line(), file=self.file, flush=True)
+        except Exception:
+            pass
+
+    def warn(self, suspicion: Any, repeat_s: float = 15.0) -> None:
+        """Show the live warning (an ``evidence.Suspicion``, or None when it is over).  Off a TTY a line is
+        printed when the warning starts or changes, and at most every ``repeat_s`` seconds meanwhile."""
+        try:
+            if suspicion is None:
+                if self._warned is not None and not self.is_tty:
+                    print("[ddp-doctor] progress again: warning over", file=self.file, flush=True)
+                self.warning, self._warned = None, None
+                return
+            self.warning = suspicion_text(suspicion)
+            now = time.monotonic()
+            if self._live is not None:
+                self._live.update(self._render(), refresh=True)
+            elif suspicion.key() != self._warned or now - self._warned_t >= repeat_s:
+                print(f"[ddp-doctor] WARNING {self.warning}", file=self.file, flush=True)
+                self._warned_t = now
+            self._warned = suspicion.key()
         except Exception:
             pass
 
@@ -351,4 +375,25 @@ class LiveView:
                 Text(state, style="bold red" if bad else "green"),
                 escape(str(r.get("where") or "")),
             )
+        if self.warning:
+            return Group(table, Text("WARNING " + self.warning, style="yellow"))
         return Group(table)
+
+
+def _at(site: Any) -> str:
+    return f"{os.path.basename(site.path)}:{site.line}" if site is not None else "an unknown line"
+
+
+def suspicion_text(s: Any) -> str:
+    """One line for a live warning (``evidence.Suspicion``): who waits where, who is where and how long."""
+    parts = [f"no rank has progressed for {s.stalled_s:.0f}s"]
+    if s.waiting:
+        parts.append("; ".join(f"rank {r} waits in {c.op} (#{c.seq} on {c.group}) at {_at(c.site)}"
+                               for r, c in sorted(s.waiting.items())))
+    for r, site in sorted(s.outside.items()):
+        idle = s.idle_s.get(r)
+        life = (f"no sign of life for {idle:.0f}s" if idle is not None and idle >= 2 else "working")
+        parts.append(f"rank {r} is outside collectives at {_at(site)} ({life})")
+    if s.limit_s:
+        parts.append(f"stopped only if no rank shows any sign of life (CPU, I/O, stack) for {s.limit_s:g}s")
+    return clean_text(parts[0] + (": " + "; ".join(parts[1:]) if len(parts) > 1 else ""))

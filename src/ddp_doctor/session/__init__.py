@@ -276,6 +276,7 @@ class Job:
             with LiveView(self.watcher.world_size, file=sys.stderr) as view:
                 while not stop.wait(1.0) and not self.stop_requested.is_set():
                     view.update(assemble.live_rows(self.watcher))
+                    view.warn(self.watcher.judge.suspicion)
         except Exception:
             pass
 

@@ -15,8 +15,9 @@ from ddp_doctor import store as side
 from ddp_doctor.diagnose import diagnose
 from ddp_doctor.diagnose.common import same_hazard, same_line
 from ddp_doctor.diagnose.live import find_desync
-from ddp_doctor.evidence import EVIDENCE_OUT_ENV, Capture, ExitStatus, JobEvidence, LintMark, RankState, Verdict
-from ddp_doctor.findings import plain
+from ddp_doctor.evidence import (EVIDENCE_OUT_ENV, Capture, ExitStatus, JobEvidence, LintMark, RankState, Site,
+                                 Verdict)
+from ddp_doctor.findings import Finding, plain
 from ddp_doctor.watch import FATAL, stacks
 
 
@@ -45,7 +46,7 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
             v.exit = info
             if info.signal in FATAL and not v.stack and v.state.pid:
                 v.stack = tuple(stacks.fatal_stack(w.run_dir, v.state.pid))
-    marks = tuple(LintMark(f.code, f.location.path, f.location.line) for f in lint_findings if f.location)
+    marks = tuple(lint_mark(f) for f in lint_findings if f.location)
     evidence = w.evidence().with_(lint=marks)
     save_evidence(evidence, decision, job.failures)
     verdict, findings = diagnose(evidence, decision, job.failures)
@@ -173,6 +174,15 @@ def save_evidence(evidence: JobEvidence, decision: Verdict | None, failures: dic
             json.dump(Capture(evidence, decision, failures).to_json(), f, default=str)
     except OSError as e:
         print(f"ddp-doctor: could not save the evidence to {path}: {e}", file=sys.stderr)
+
+
+def lint_mark(f: Finding) -> LintMark:
+    """A lint finding as the runtime uses it; its first related location is the cause when it has one."""
+    rel = next(iter(f.evidence.get("related") or ()), None)  # lint's {"path", "line", "message"}
+    cause = None
+    if isinstance(rel, dict) and rel.get("line"):
+        cause = Site(os.path.abspath(rel["path"]), int(rel["line"]), None)
+    return LintMark(f.code, f.location.path, f.location.line, cause)
 
 
 def confirm_lint(runtime: list[dict[str, Any]], lint: list[dict[str, Any]]) -> None:

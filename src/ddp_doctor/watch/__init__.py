@@ -254,9 +254,11 @@ class Watcher(threading.Thread):
                 fatal = bool(v.stack)
             ranks[r] = v.state.with_(stack=tuple(v.stack), threads=tuple(v.threads), workers=tuple(v.workers),
                                      exit=v.exit, busy=v.busy(), stalled_s=round(now - v.progress_t, 2),
+                                     idle_s=round(v.idle_s(now), 2),
                                      sites_seen=frozenset(v.sites_seen), fatal_stack=fatal)
         limit, how = self.judge.hang_limit(self.views)
-        return JobEvidence(self.world_size, ranks, round(now - self.started, 3), limit, how)
+        return JobEvidence(self.world_size, ranks, round(now - self.started, 3), limit, how,
+                           suspicion=self.judge.longest)
 
 
 class Attempt:

@@ -1,10 +1,14 @@
 """What the watcher knows of one rank across polls: its latest state plus the history diagnosis needs
-(collective fingerprints by position, every (op, call site) it ever ran, CPU/line samples for "busy")."""
+(collective fingerprints by position, every (op, call site) it ever ran) and when it last showed a sign
+of life (progress, or its training thread's CPU, I/O or stack moving: ``active_t``)."""
 from __future__ import annotations
 
 import time
 
-from ddp_doctor.evidence import Collective, ExitStatus, RankState, Site, ThreadStack, WorkerStack
+from ddp_doctor.evidence import Activity, Collective, ExitStatus, RankState, Site, ThreadStack, WorkerStack
+
+CPU_ACTIVE = 0.02    # of a core, over ACTIVE_WINDOW_S: a thread that computes (a blocked one shows ~0)
+ACTIVE_WINDOW_S = 1.0
 
 
 class RankView:
@@ -15,6 +19,8 @@ class RankView:
         self.state: RankState | None = None
         self.progress = -1
         self.progress_t = time.monotonic()
+        self.active_t = self.progress_t            # last sign of life: progress, CPU, I/O, stack
+        self.activity: list[tuple[float, Activity]] = []  # (t, sample) over the last few seconds
         self.samples: list[tuple[float, float, Site | None]] = []  # (t, cpu_s, where)
         self.fps: dict[tuple[str | None, int | None], Collective] = {}  # (group, seq) -> fingerprint
         self.sites_seen: set[tuple] = set()            # (op, site key)
@@ -30,6 +36,8 @@ class RankView:
         if state.progress != self.progress:
             self.progress = state.progress
             self.progress_t = now
+            self.active_t = now
+        self._note_activity(state.activity, now)
         self.samples.append((now, state.cpu_s, state.where))
         self.samples = [s for s in self.samples if now - s[0] <= 3.0]
         for c in state.fingerprints:
@@ -40,18 +48,46 @@ class RankView:
         for sc in state.site_counts:
             self.sites_seen.add((sc.op, sc.site.key() if sc.site else None))
 
+    def _note_activity(self, a: Activity | None, now: float) -> None:
+        """Move ``active_t`` when the training thread's stack changed, it read or wrote, or it (or its loader
+        workers) used CPU over the last second.  A rank without samples (an old probe) counts as active
+        whenever its published CPU time grows."""
+        if a is None:
+            return
+        hist = self.activity
+        if hist:
+            prev = hist[-1][1]
+            if a.stack_sig != prev.stack_sig or a.io_bytes > prev.io_bytes:
+                self.active_t = now
+            old = next(((t, x) for t, x in reversed(hist) if now - t >= ACTIVE_WINDOW_S), None)
+            if old is not None:
+                dt = now - old[0]
+                cpu = (a.cpu_s - old[1].cpu_s) + max(0.0, a.workers_cpu_s - old[1].workers_cpu_s)
+                if cpu > CPU_ACTIVE * dt:
+                    self.active_t = now
+        hist.append((now, a))
+        while len(hist) > 2 and now - hist[1][0] >= 2 * ACTIVE_WINDOW_S:
+            hist.pop(0)
+
+    def idle_s(self, now: float) -> float:
+        """Seconds since this rank last showed a sign of life."""
+        return max(0.0, now - self.active_t)
+
     def started(self) -> bool:
         """Has this rank begun distributed work (a collective, DDP, a batch)?  Imports don't count."""
         st = self.state
         return st is not None and bool(st.progress or st.seq or st.in_collective)
 
     def busy(self) -> bool:
-        """Working outside collectives: CPU time grows, or its Python line changes."""
+        """Working: a sign of life in the last seconds (progress, CPU, I/O, a moving stack).
+
+        (A rank inside a collective counts too: DDP's construction, forward and backward compute inside
+        them, and a rank that truly waits in gloo burns no CPU.)"""
         st = self.state
         if st is None or st.done or self.exit:
             return False
-        # (a rank inside a collective counts too: DDP's construction, forward and backward compute
-        # inside them, and a rank that truly waits in gloo burns no CPU)
+        if st.activity is not None:
+            return time.monotonic() - self.active_t < 2 * ACTIVE_WINDOW_S + 0.5
         if len(self.samples) < 2:
             return False
         (t0, c0, w0), (t1, c1, _) = self.samples[0], self.samples[-1]

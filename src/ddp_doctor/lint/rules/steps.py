@@ -160,16 +160,18 @@ class UnevenSteps(Rule):
                     break
 
     def _early_return_helpers(self, ctx: Context, scope: Scope, loops: list[ast.stmt]) -> None:
-        """``train_step(model, batch, opt)`` in a training loop, where ``train_step`` (another project file)
-        returns before its backward under a condition on its batch or loss: reported at the call, with the
-        ``return`` as the related location."""
+        """``train_step(model, batch, opt)`` in a training loop, where ``train_step`` (this file or another
+        project file) returns before its backward under a condition on its batch or loss: reported at the
+        call, with the ``return`` as the related location."""
         m = ctx.model
-        if m.project is None or not m.import_from:
+        if m.project is None:
             return
         for site in scope.sites:
             if not any(loop in site.loops for loop in loops):
                 continue
-            summ = m.project.summary_of_call(m, site.call.func, scope)
+            local = m.resolve_function(site.call.func, scope)
+            summ = (m.project.summary(m, local) if local is not None
+                    else m.project.summary_of_call(m, site.call.func, scope))
             if summ is None or summ.early_return is None or not self._passes_per_rank(ctx, scope, site, summ):
                 continue
             r = summ.early_return

@@ -1,0 +1,129 @@
+"""The live verdict policy (diagnose/live.py): stop on proof or on no sign of life for the limit; warn
+otherwise.  Views are the watcher's real RankView fed with typed states on a controlled clock."""
+from __future__ import annotations
+
+from ddp_doctor.diagnose.live import NO_PROGRESS_S, TRANSPORT_S, Judge, group_ranks
+from ddp_doctor.evidence import Activity, Collective, ExitStatus, RankState, Site
+from ddp_doctor.watch.views import RankView
+
+TRAIN = Site("/u/train.py", 40, "main")
+EVAL = Site("/u/train.py", 27, "remote_eval")
+
+
+def barrier(seq: int, waiting: float) -> Collective:
+    return Collective("world", seq, "barrier", site=Site("/u/train.py", 53, "main"), waiting_s=waiting)
+
+
+class Job:
+    """Two or more ranks fed on a fake clock: each tick publishes a state per rank."""
+
+    def __init__(self, n: int = 2, hang_timeout: float | None = None) -> None:
+        self.views = {r: RankView(r) for r in range(n)}
+        self.judge = Judge(hang_timeout)
+        self.t = 100.0
+        self.cpu = {r: 0.0 for r in range(n)}
+        self.sig = {r: 1 for r in range(n)}
+
+    def tick(self, dt: float, states: dict[int, dict], *, busy: tuple[int, ...] = (), moving: tuple[int, ...] = ()):
+        """Advance the clock by ``dt`` in 0.25 s publishes; ``busy`` ranks burn CPU, ``moving`` ranks change line."""
+        end = self.t + dt
+        verdict = None
+        while self.t < end and verdict is None:
+            self.t += 0.25
+            for r, kw in states.items():
+                if r in busy:
+                    self.cpu[r] += 0.25
+                if r in moving:
+                    self.sig[r] += 1
+                kw = dict(kw)
+                c = kw.get("in_collective")
+                if c is not None:
+                    kw["in_collective"] = Collective(c.group, c.seq, c.op, site=c.site,
+                                                     waiting_s=(c.waiting_s or 0) + self.t - self.t0)
+                st = RankState(rank=r, world_size=len(self.views), progress=kw.pop("progress", 50),
+                               activity=Activity(self.cpu[r], 0, 0.0, self.sig[r]), **kw)
+                self.views[r].update(st, self.t)
+            verdict = self.judge.decide(self.views, len(self.views), 1.0, now=self.t)
+        return verdict
+
+    def start(self) -> "Job":
+        self.t0 = self.t
+        return self
+
+
+def test_a_rank_idle_for_25s_while_another_waits_is_a_warning_not_a_stop():
+    job = Job().start()
+    states = {0: {"in_collective": barrier(12, 0), "seq": {"world": 13}}, 1: {"where": EVAL, "seq": {"world": 12}}}
+    assert job.tick(25, states) is None
+    s = job.judge.suspicion
+    assert s is not None and set(s.waiting) == {0} and s.outside == {1: EVAL} and s.idle_s[1] >= 20
+    assert job.judge.longest is s
+
+
+def test_no_sign_of_life_for_the_default_limit_stops():
+    job = Job().start()
+    states = {0: {"in_collective": barrier(12, 0)}, 1: {"where": EVAL}}
+    v = job.tick(NO_PROGRESS_S + 5, states)
+    assert v is not None and v.reason == "hang" and NO_PROGRESS_S < v.stalled_s <= NO_PROGRESS_S + 1
+
+
+def test_hang_timeout_is_the_no_progress_limit():
+    job = Job(hang_timeout=10).start()
+    v = job.tick(30, {0: {"in_collective": barrier(12, 0)}, 1: {"where": EVAL}})
+    assert v is not None and v.reason == "hang" and 10 < v.stalled_s <= 10.5
+
+
+def test_a_busy_rank_is_never_stuck_even_with_hang_timeout():
+    job = Job(hang_timeout=10).start()
+    states = {0: {"in_collective": barrier(12, 0)}, 1: {"where": EVAL}}
+    assert job.tick(200, states, busy=(1,)) is None
+    assert job.tick(200, states, moving=(1,)) is None  # a Python line that moves is a sign of life too
+    assert job.tick(10.5, states).reason == "hang"      # then nothing moves
+
+
+def test_the_process_group_timeout_would_fire_anyway():
+    job = Job().start()
+    states = {0: {"in_collective": barrier(12, 0), "pg_timeout_s": 60.0}, 1: {"where": EVAL, "pg_timeout_s": 60.0}}
+    v = job.tick(200, states, busy=(1,))
+    assert v is not None and v.kind == "pg-timeout" and 56 <= job.t - job.t0 <= 58
+
+
+def test_a_rank_that_finished_after_its_last_collective_is_fine():
+    job = Job().start()
+    done = {"done": True, "seq": {"world": 20}}
+    assert job.tick(30, {0: done, 1: {"where": EVAL, "seq": {"world": 20}}}, busy=(1,)) is None
+
+
+def test_a_finished_rank_needed_by_a_collective_is_proof():
+    job = Job().start()
+    done = {"done": True, "seq": {"world": 20}}
+    v = job.tick(5, {0: done, 1: {"in_collective": barrier(20, 0), "seq": {"world": 21}}})
+    assert v is not None and v.reason == "exit" and v.finished and v.rank == 0 and job.t - job.t0 < 1.5
+
+
+def test_a_finished_rank_is_not_needed_by_a_group_it_is_not_in():
+    job = Job(4).start()
+    sub = Collective("pg:2,3", 5, "all_reduce", site=TRAIN)
+    states = {0: {"done": True, "seq": {"world": 9}}, 1: {"done": True, "seq": {"world": 9}},
+              2: {"in_collective": sub, "seq": {"world": 9}}, 3: {"where": TRAIN, "seq": {"world": 9}}}
+    assert job.tick(20, states, busy=(3,)) is None
+
+
+def test_every_rank_in_the_same_collective_waits_for_the_transport():
+    job = Job().start()
+    states = {0: {"in_collective": barrier(12, 0)}, 1: {"in_collective": barrier(12, 0)}}
+    assert job.tick(NO_PROGRESS_S + 30, states) is None
+    assert job.tick(TRANSPORT_S, states).reason == "hang"
+
+
+def test_a_failed_rank_is_proof_at_once():
+    job = Job().start()
+    job.views[1].exit = ExitStatus(1, None)
+    v = job.tick(0.5, {0: {"in_collective": barrier(3, 0)}, 1: {"where": TRAIN}})
+    assert v.reason == "exit" and v.rank == 1
+
+
+def test_group_ranks():
+    assert group_ranks("world", 3) == {0, 1, 2}
+    assert group_ranks("pg:1,3", 4) == {1, 3}
+    assert group_ranks("pg?", 4) is None
