@@ -21,7 +21,7 @@ S = Site("/u/train.py", 20, "main")
 
 
 def _full_state() -> RankState:
-    c = Collective("world", 7, "all_gather", ("10x3", "10x3"), ("float32",), S, "user", 1.5)
+    c = Collective("world", 7, "all_gather", ("10x3", "10x3"), ("float32",), S, "user", 1.5, blocking=True)
     return RankState(
         rank=1, local_rank=1, host="h", pid=42, attempt=1, agent_store=True, world_size=2,
         group=GroupInit(1, 0, S, "gloo", 40), t=3.0, epoch=0, step=5,

@@ -110,7 +110,8 @@ def test_a_rank_conditional_collective_inside_one_subgroup_names_that_group():
 
 def _view(r, fps, sites_seen=()):
     st = RankState(rank=r, progress=5)
-    return SimpleNamespace(rank=r, state=st, fps={(c.group, c.seq): c for c in fps}, sites_seen=set(sites_seen))
+    return SimpleNamespace(rank=r, state=st, fps={(c.group, c.seq): c for c in fps}, sites_seen=set(sites_seen),
+                           exit=None)
 
 
 def test_fingerprints_are_compared_only_within_their_group():
@@ -220,3 +221,40 @@ def test_where_a_rank_waits_inside_a_library_is_named_only_for_the_frame_that_ca
                  Site(sp + "torch/_dynamo/__init__.py", 13, "<module>"),
                  Site(sp + "sympy/utilities/lambdify.py", 17, "<module>"))
     assert doing(RankState(rank=1, in_collective=coll, stack=importing)).endswith("at train.py:56 (main)")
+
+
+def _blocked_view(r, c, seq, t=10.0, **kw):
+    st = RankState(rank=r, progress=5, t=t, seq=seq, in_collective=c, **kw)
+    return SimpleNamespace(rank=r, state=st, fps={}, sites_seen=set(), exit=None)
+
+
+def _node_cycle(blocking=True, wait=2.0, t1=10.0, rank1_seq=None):
+    """Rank 0 blocked in pg:0,1 #0 (line 48); rank 1 blocked in world #5 (the gradient all-reduce)."""
+    c0 = Collective("pg:0,1", 0, "all_reduce", ("1",), ("float32",), Site(S, 48, "main"), waiting_s=wait,
+                    blocking=blocking)
+    c1 = Collective("world", 5, "ddp.backward(allreduce_grads)", site=Site(S, 44, "main"), waiting_s=wait,
+                    blocking=blocking)
+    return {0: _blocked_view(0, c0, {"world": 5, "pg:0,1": 1}),
+            1: _blocked_view(1, c1, rank1_seq or {"world": 6}, t=t1)}
+
+
+def test_ranks_blocked_in_different_groups_waiting_for_each_other_are_proven_at_once():
+    d = find_desync(_node_cycle(), 2)
+    assert d is not None and d.reason == "desync" and d.kind == "cycle"
+    assert (d.group, d.seq) == ("pg:0,1", 0) and set(d.calls) == {0, 1}
+    states = {r: v.state.with_(sites_seen=frozenset({("ddp.backward(allreduce_grads)", ("train.py", 44, "main"))}
+                                                    | ({("all_reduce", ("train.py", 48, "main"))} if r == 0 else set())))
+              for r, v in _node_cycle().items()}
+    verdict, fs = _diagnose.diagnose(JobEvidence(world_size=2, ranks=states), d.with_(blocked=True), {})
+    assert verdict == "hang"
+    assert fs[0].code == "DDP201" and fs[0].ranks == [0] and fs[0].location.line == 48
+    assert "on pg:0,1 (ranks 0, 1)" in fs[0].message
+
+
+@pytest.mark.parametrize("case", ["async", "short", "apart", "entered"])
+def test_no_cycle_without_proof(case):
+    """An issued asynchronous call (the rank may still overtake it), a wait shorter than CYCLE_S, states
+    published too far apart to show one moment, or a peer that already entered the call: no verdict."""
+    views = {"async": lambda: _node_cycle(blocking=False), "short": lambda: _node_cycle(wait=0.3),
+             "apart": lambda: _node_cycle(t1=13.0), "entered": lambda: _node_cycle(rank1_seq={"world": 6, "pg:0,1": 1})}
+    assert find_desync(views[case](), 2) is None

@@ -305,6 +305,14 @@ def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Finding]:
     if kind == "steps" and d.steps and not d.calls:
         return [uneven_steps(ranks, d.epoch, dict(d.steps), "detected as it happened", lint=lint)]
     calls = dict(d.calls)
+    if kind == "cycle":  # ranks blocked in different groups, waiting for each other: judge every group
+        blocked = {r: st.in_collective for r, st in ranks.items() if st.in_collective and not st.failed}
+        b = blame_positions({**blocked, **calls}, ranks)
+        if b:
+            code, fault, site, calls, group, seq = b
+            return [finding_for_calls(code, fault, site, calls, ranks, group, seq,
+                                      "Detected as it happened, before any timeout: the ranks wait for each other "
+                                      "in collectives of different groups")]
     if kind == "steps":
         eps = {r: (c.epoch, c.step_in_epoch) for r, c in calls.items()}
         behind = sorted(calls, key=lambda r: eps[r])

@@ -66,7 +66,8 @@ class Verdict:
     """The watcher's live decision: why it stopped looking (``reason`` exit | desync | hang).
 
     desync: ``kind`` op | shape | site | steps, at (``group``, ``seq``) with each rank's ``calls``, or
-    per-epoch ``steps`` that differ in ``epoch``; exit: ``rank`` (``finished`` when it ended normally
+    per-epoch ``steps`` that differ in ``epoch``, or ``cycle`` (two ranks blocked in collectives of
+    different groups, each waiting for the other: ``calls`` holds both); exit: ``rank`` (``finished`` when it ended normally
     while the others wait); hang: ``stalled_s`` against ``limit_s`` (``limit_how``), ``busy`` ranks,
     ``kind`` "pg-timeout" when a collective had waited almost the process group's own timeout.
     Fixed at the decision: ``failed`` (a rank had failed), ``blocked`` (the ranks still wait at the

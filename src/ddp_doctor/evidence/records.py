@@ -72,6 +72,7 @@ class Collective:
     epoch: int | None = None
     step_in_epoch: int | None = None
     join: bool = False   # issued inside DDP's Join: ranks' calls legitimately differ there
+    blocking: bool = False  # the rank's thread is inside this synchronous call (not an issued async one)
 
     def signature(self) -> tuple:
         return (self.op, self.shapes, self.dtypes)
@@ -85,6 +86,8 @@ class Collective:
                 d[k] = v
         if self.join:
             d["join"] = True
+        if self.blocking:
+            d["blocking"] = True
         return d
 
     @classmethod
@@ -95,7 +98,7 @@ class Collective:
             return d
         return cls(d.get("group"), d.get("seq"), d["op"], tuple(d.get("shapes") or ()), tuple(d.get("dtypes") or ()),
                    Site.from_json(d.get("site")), d.get("origin"), d.get("waiting_s"), d.get("epoch"),
-                   d.get("step_in_epoch"), bool(d.get("join")))
+                   d.get("step_in_epoch"), bool(d.get("join")), bool(d.get("blocking")))
 
 
 @dataclass(frozen=True, slots=True)

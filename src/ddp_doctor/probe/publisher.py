@@ -32,13 +32,19 @@ ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
 AGENT_STORE = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
 
 
-def _coll(entry, sites: list[Site | None], *, pending: bool = True) -> Collective | None:
-    """A recorder entry as a record; ``waiting_s`` (since issued) only for a call not completed."""
+def _coll(entry, sites: list[Site | None], *, pending: bool = True, blocking: bool = False) -> Collective | None:
+    """A recorder entry as a record; ``waiting_s`` (since issued) only for a call not completed; ``blocking``:
+    the rank's thread is inside it (``rec.cur``), not an asynchronous call issued earlier."""
     if entry is None:
         return None
     group, seq, op, shapes, dtypes, sidx, t, origin = entry
     return Collective(group, seq, op, tuple(shapes), tuple(dtypes), sites[sidx] if sidx < len(sites) else None,
-                      origin, round(time.monotonic() - t, 3) if pending else None)
+                      origin, round(time.monotonic() - t, 3) if pending else None, blocking=blocking)
+
+
+def _in_collective(rec: Recorder, sites: list[Site | None]) -> Collective | None:
+    cur = rec.cur
+    return _coll(cur, sites, blocking=True) if cur is not None else _coll(rec.poll_pending(), sites)
 
 
 def current_collective(rec: Recorder) -> Collective | None:
@@ -132,7 +138,7 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
         train_loader=_position(rec.loaders, tl), step_times=tuple(round(x, 5) for x in rec.step_times),
         cpu_s=round(time.process_time(), 3), activity=activity.sample(rec, stacks), pg_timeout_s=rec.pg_timeout_s,
         where=_main_site(stacks, rec),
-        in_collective=_coll(rec.cur or rec.poll_pending(), sites), last_collective=_coll(rec.last, sites, pending=False),
+        in_collective=_in_collective(rec, sites), last_collective=_coll(rec.last, sites, pending=False),
         in_data_wait=None if wait is None else DataWait(_position(rec.loaders, wait[0]),
                                                         round(time.monotonic() - wait[1], 3)),
         seq=dict(rec.seq),
