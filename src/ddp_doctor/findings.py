@@ -118,6 +118,9 @@ RUNTIME_FIXES: dict[str, str] = {
         "checkpoints with map_location (`ddp_doctor.fixes.load_checkpoint`)."),
     "DDP204.signal": (
         "Find who sent the signal (scheduler preemption, a timeout, a user) or handle it."),
+    "DDP204.teardown": (
+        "Let every rank finish its collectives before tearing down: call dist.barrier() just before "
+        "dist.destroy_process_group() (and drop the DDP model first: `del model`)."),
     "DDP204.exit": (
         "Find why the rank called exit (sys.exit / os._exit) and make every rank stop together."),
     "DDP204.unused-parameters": (

@@ -225,3 +225,13 @@ def test_a_rank0_forward_that_issued_no_collective_is_not_ddp202():
     ev["ranks"][0]["site_counts"].append(["ddp.forward(broadcast_buffers)", 1, 16])
     verdict, fs = diagnose(ev, {"reason": "exit", "rank": 1}, {1: {"exit_code": 1}})
     assert "DDP202" in [f.code for f in fs]
+
+
+def test_an_abort_after_the_program_returned_is_torchs_teardown():
+    """torch's gloo/DDP teardown race: the program returned (the probe saw it), then the process died of
+    SIGABRT at exit. The training completed; the finding says so and how to avoid the race."""
+    ev = {"ranks": {0: rank(0, done=True, exit_code=0, step=20, sites=[[S, 30, "main"]]),
+                    1: rank(1, done=True, exit_code=0, step=20)}}
+    verdict, fs = diagnose(ev, None, {1: {"exit_code": -6, "signal": "SIGABRT"}})
+    assert verdict == "crash" and [f.code for f in fs] == ["DDP204"] and fs[0].ranks == [1]
+    assert "training itself completed" in fs[0].message and "barrier" in fs[0].fix

@@ -175,6 +175,16 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
                    f"the launcher's own error may name another rank. Meanwhile: {others}.")
             fix = runtime_fix("DDP204.exception")
             evidence = {"exception": e, "exit": ex_ev}
+        elif ex.signal in ("SIGABRT", "SIGSEGV") and st.done and st.exit_code in (0, None) and not st.exc:
+            # the program had returned: torch tore itself down badly at exit, the training had completed
+            site = st.exit_site or rank_site(st)
+            msg = (f"Rank {r}'s program had finished normally (its main returned) when the process died of "
+                   f"{ex.signal} during shutdown, after {st.step} steps: the training itself completed. This is "
+                   "torch's own teardown race (gloo/DDP print \"terminate called without an active exception\" when "
+                   "destroy_process_group() or interpreter exit tears down a collective's work still in flight), "
+                   f"not your training code; the launcher still reports the job as failed. Meanwhile: {others}.")
+            fix = runtime_fix("DDP204.teardown")
+            evidence = {"exit": ex_ev, "finished_program": True}
         elif ex.signal:
             site = rank_site(st)
             oom = ex.signal == "SIGKILL"
