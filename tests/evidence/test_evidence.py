@@ -39,7 +39,7 @@ def _full_state() -> RankState:
                              join_epochs=(0,), skipped_batches=((0, 3),), worker_exits=(WorkerExit(78, -9, "SIGKILL"),)),),
         ddp=(DdpModel(S, True, True, 2, 4, False, 0, (DdpParam(2, "head.weight", "Linear"), DdpParam(3, "bias"))),),
         exc=RaisedError("RuntimeError", "boom", "builtins", S, (Site("/u/train.py", 30, "<module>"), S), True, c, 2.0),
-        done=False, exit_code=1, exit_site=None, timeline=(TimelineEvent(0.1, "step", 0.2, "step 2"),),
+        done=False, teardown=True, exit_code=1, exit_site=None, timeline=(TimelineEvent(0.1, "step", 0.2, "step 2"),),
         perf={"loadavg": [1.0, 1.0, 1.0], "cpu_count": 8},
         stack=(S,), threads=(ThreadStack("MainThread", True, (S,)),), workers=(WorkerStack(77, (S,)),),
         exit=ExitStatus(-9, "SIGKILL"), busy=True, stalled_s=3.5, idle_s=3.0,

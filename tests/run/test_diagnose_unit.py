@@ -235,3 +235,9 @@ def test_an_abort_after_the_program_returned_is_torchs_teardown():
     verdict, fs = diagnose(ev, None, {1: {"exit_code": -6, "signal": "SIGABRT"}})
     assert verdict == "crash" and [f.code for f in fs] == ["DDP204"] and fs[0].ranks == [1]
     assert "training itself completed" in fs[0].message and "barrier" in fs[0].fix
+
+
+def test_an_abort_in_destroy_process_group_is_torchs_teardown():
+    ev = {"ranks": {0: rank(0, done=True, exit_code=0, step=16), 1: rank(1, teardown=True, step=16)}}
+    verdict, fs = diagnose(ev, {"reason": "exit", "rank": 1}, {1: {"exit_code": -6, "signal": "SIGABRT"}})
+    assert [f.code for f in fs] == ["DDP204"] and "tearing down its process group" in fs[0].message

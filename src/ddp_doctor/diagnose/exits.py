@@ -175,10 +175,13 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
                    f"the launcher's own error may name another rank. Meanwhile: {others}.")
             fix = runtime_fix("DDP204.exception")
             evidence = {"exception": e, "exit": ex_ev}
-        elif ex.signal in ("SIGABRT", "SIGSEGV") and st.done and st.exit_code in (0, None) and not st.exc:
-            # the program had returned: torch tore itself down badly at exit, the training had completed
+        elif ex.signal in ("SIGABRT", "SIGSEGV") and (st.done or st.teardown) and st.exit_code in (0, None) \
+                and not st.exc:
+            # torch tore itself down badly (in destroy_process_group or at exit): the training had completed
             site = st.exit_site or rank_site(st)
-            msg = (f"Rank {r}'s program had finished normally (its main returned) when the process died of "
+            when = ("had finished normally (its main returned)" if st.done
+                    else "was tearing down its process group (destroy_process_group)")
+            msg = (f"Rank {r}'s program {when} when the process died of "
                    f"{ex.signal} during shutdown, after {st.step} steps: the training itself completed. This is "
                    "torch's own teardown race (gloo/DDP print \"terminate called without an active exception\" when "
                    "destroy_process_group() or interpreter exit tears down a collective's work still in flight), "

@@ -55,6 +55,7 @@ class RankState:
     ddp: tuple[DdpModel, ...] = ()
     exc: RaisedError | None = None
     done: bool = False               # the rank's program returned
+    teardown: bool = False           # it called destroy_process_group() (its training is over)
     exit_code: int | None = None     # the program's own exit code (probe side)
     exit_site: Site | None = None    # where sys.exit() was called
     timeline: tuple[TimelineEvent, ...] | None = None  # only in full (final / on request) states
@@ -164,7 +165,8 @@ class RankState:
             coll_time_s=colls.get("time_s") or 0.0,
             loaders=tuple(LoaderState.from_json(ld) for ld in d.get("loaders") or ()),
             ddp=tuple(DdpModel.from_json(x) for x in d.get("ddp") or ()), exc=RaisedError.from_json(d.get("exc")),
-            done=bool(d.get("done")), exit_code=d.get("exit_code"), exit_site=Site.from_json(d.get("exit_site")),
+            done=bool(d.get("done")), teardown=bool(d.get("teardown")), exit_code=d.get("exit_code"),
+            exit_site=Site.from_json(d.get("exit_site")),
             timeline=None if tl is None else tuple(TimelineEvent.from_json(e) for e in tl),
             perf={k: d[k] for k in PERF_KEYS if k in d},
             stack=_sites(d.get("stack")), threads=tuple(ThreadStack.from_json(t) for t in d.get("threads") or ()),
@@ -183,7 +185,8 @@ def missing_rank(rank: int) -> RankState:
 
 
 # newer fields, left out when unknown (older captures and states round-trip unchanged)
-_OMIT_WHEN_NONE = frozenset({"activity", "pg_timeout_s", "idle_s", "sync_forwards", "syncs_skipped", "skipped_syncs"})
+_OMIT_WHEN_NONE = frozenset({"activity", "pg_timeout_s", "idle_s", "sync_forwards", "syncs_skipped", "skipped_syncs",
+                             "teardown"})
 # encoded field by field; the others have a compact encoding of their own in to_json
 _PLAIN_FIELDS = tuple(f.name for f in fields(RankState)
                       if f.name not in ("fingerprints", "site_counts", "perf", "sites_seen", "coll_count",

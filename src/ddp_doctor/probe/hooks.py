@@ -205,7 +205,7 @@ def _patch_ddp() -> None:
             nbuf = sum(1 for _ in self.module.buffers())
             if REC.group is None:
                 groups.note_group(REC)
-            REC.ddps.append(({
+            rd = {
                 "site": site,
                 "find_unused_parameters": bool(getattr(self, "find_unused_parameters", False)),
                 "broadcast_buffers": bool(getattr(self, "forward_sync_buffers", getattr(self, "broadcast_buffers", False))),
@@ -213,7 +213,9 @@ def _patch_ddp() -> None:
                 "params": sum(1 for _ in self.module.parameters()),
                 "unused_seen": None,
                 "reducer_params": ddp_params.reducer_names(self),  # kept in the rank, see ddp_params
-            }, weakref.ref(self)))
+            }
+            self.__dict__["_ddpd_rec"] = rd  # the forward hook updates it in the user's thread
+            REC.ddps.append((rd, weakref.ref(self)))
             REC.version += 1
         except Exception:
             pass
@@ -239,6 +241,10 @@ def _patch_ddp() -> None:
             try:
                 if torch.is_grad_enabled() and self.require_backward_grad_sync:
                     REC.sync_forward(_group_key(self.process_group), key[1])
+                rd = self.__dict__.get("_ddpd_rec")
+                if rd is not None and rd["find_unused_parameters"] and REC.forwards % 16 == 2:
+                    # read here, in the user's thread: the probe's thread never holds the model
+                    rd["unused_size"] = int(self._get_ddp_logging_data().get("unused_parameter_size", 0))
             except Exception:
                 pass
 

@@ -149,8 +149,8 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
                       round(rec.coll_time, 4), round(max(0.0, rec.step_time_total - rec.data_wait_s - rec.coll_time), 4)),
         coll_count=rec.coll_count, coll_time_s=round(rec.coll_time, 4),
         loaders=tuple(_loader(lr, _site_of) for lr in list(rec.loaders)),
-        ddp=tuple(_ddp(d, ref()) for d, ref in list(rec.ddps)),
-        exc=rec.exc, done=rec.done, exit_code=rec.exit_code, exit_site=rec.exit_site,
+        ddp=tuple(_ddp(d) for d, _ref in list(rec.ddps)),
+        exc=rec.exc, done=rec.done, teardown=rec.teardown, exit_code=rec.exit_code, exit_site=rec.exit_site,
         timeline=tuple(TimelineEvent(round(t, 4), k, round(d, 5), lab) for (t, k, d, lab) in list(rec.timeline))
         if with_stack else None,
     )
@@ -173,16 +173,12 @@ def _position(items, item) -> int | None:
     return None
 
 
-def _ddp(d: dict[str, Any], obj) -> DdpModel:
-    """A DDP model's record; with find_unused_parameters, whether DDP ever found an unused parameter
-    (``obj`` is None once the user's program has dropped the model: the probe holds it weakly)."""
-    unused_seen, size = d.get("unused_seen"), None
-    if d.get("find_unused_parameters") and obj is not None:
-        try:
-            size = int(obj._get_ddp_logging_data().get("unused_parameter_size", 0))
-            unused_seen = size > 0
-        except Exception:
-            pass
+def _ddp(d: dict[str, Any]) -> DdpModel:
+    """A DDP model's record; with find_unused_parameters, whether DDP ever found an unused parameter (read
+    by the forward hook in the user's thread: this thread must never hold the model -- a DDP model whose
+    last reference dies here tears its reducer down in the wrong thread and aborts the rank)."""
+    size = d.get("unused_size")
+    unused_seen = d.get("unused_seen") if size is None else size > 0
     return DdpModel(_site_of(d.get("site")), bool(d.get("find_unused_parameters")), bool(d.get("broadcast_buffers")),
                     d.get("buffers") or 0, d.get("params") or 0, unused_seen, size, tuple(d.get("named") or ()))
 

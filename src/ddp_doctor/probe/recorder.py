@@ -151,6 +151,7 @@ class Recorder:
         self.syncs_skipped = 0    # ... followed by no backward before the next one
         self.skipped_syncs: list[tuple[int, int, int | None]] = []  # (iteration, site index, epoch), the first few
         self.join_depth = 0   # inside DDP's Join context manager (probe/groups.py)
+        self.teardown = False  # destroy_process_group() of the default group was called
         self.join_exits = 0
         self.timeline: deque[tuple] = deque(maxlen=_TIMELINE)
         self.exc: Any = None  # evidence.RaisedError, set once by the probe when the program raises

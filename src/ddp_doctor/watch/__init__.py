@@ -23,7 +23,7 @@ from ddp_doctor import store as side
 from ddp_doctor.diagnose import live as judge
 from ddp_doctor.evidence import (JobEvidence, RankState, Verdict, WorkerStack, exit_from_wire,
                                  rank_state_from_wire, stacks_from_wire, to_wire)
-from ddp_doctor.watch.stacks import FATAL, fatal_stack, parse_faulthandler, peek_exit, signal_dumps
+from ddp_doctor.watch.stacks import FATAL, fatal_stack, parse_faulthandler, peek_exit, signal_dumps, tore_down
 from ddp_doctor.watch.views import RankView
 
 __all__ = ["Watcher", "RankView", "FATAL", "POLL", "parse_faulthandler", "Attempt"]
@@ -252,7 +252,9 @@ class Watcher(threading.Thread):
             if not v.stack and v.exit and v.exit.signal in FATAL and v.state.pid:
                 v.stack = tuple(fatal_stack(self.run_dir, v.state.pid))
                 fatal = bool(v.stack)
-            ranks[r] = v.state.with_(stack=tuple(v.stack), threads=tuple(v.threads), workers=tuple(v.workers),
+            teardown = v.state.teardown or bool(v.exit and v.exit.signal in FATAL and v.state.pid
+                                                and tore_down(self.run_dir, v.state.pid))
+            ranks[r] = v.state.with_(teardown=teardown, stack=tuple(v.stack), threads=tuple(v.threads), workers=tuple(v.workers),
                                      exit=v.exit, busy=v.busy(), stalled_s=round(now - v.progress_t, 2),
                                      idle_s=round(v.idle_s(now), 2),
                                      sites_seen=frozenset(v.sites_seen), fatal_stack=fatal)
