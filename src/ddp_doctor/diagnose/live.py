@@ -166,8 +166,8 @@ class Judge:
             return
         s = Suspicion(round(stalled, 1), waiting, outside, idle, limit)
         self.suspicion = s
-        if self.longest is None or s.stalled_s >= self.longest.stalled_s:
-            self.longest = s
+        if s.waiting and s.outside and (self.longest is None or s.stalled_s >= self.longest.stalled_s):
+            self.longest = s  # the longest a rank outside collectives kept others waiting (info in the report)
 
 
 def find_desync(views: dict[int, Any], world_size: int) -> Verdict | None:

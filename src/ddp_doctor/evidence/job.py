@@ -39,7 +39,7 @@ class JobEvidence:
     hang_limit_s: float | None = None
     hang_limit_how: str | None = None
     lint: tuple[LintMark, ...] = ()
-    suspicion: "Suspicion | None" = None  # the longest live warning of the run (no rank progressed)
+    suspicion: "Suspicion | None" = None  # the longest a rank outside collectives kept others waiting
 
     def to_json(self) -> dict[str, Any]:
         d = {"schema": SCHEMA, "world_size": self.world_size, "wall_s": self.wall_s,
