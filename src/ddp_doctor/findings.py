@@ -100,6 +100,10 @@ RUNTIME_FIXES: dict[str, str] = {
         "Make every rank call the same collectives in the same order with the same shapes and dtypes; for"
         " per-rank variable-size tensors use `ddp_doctor.fixes.gather_variable(...)` (or "
         "all_gather_object) instead of all_gather."),
+    "DDP203.group": (
+        "Compute new_group's arguments identically on every rank (from values all ranks agree on, e.g. "
+        "all-gathered first) and call it on every rank, members or not, in the same order; a group that "
+        "only its members create takes `new_group(ranks, use_local_synchronization=True)`."),
     "DDP204.finished": (
         "Make every rank leave the training loop at the same step (agree on early stops with "
         "`ddp_doctor.fixes.agree(...)`)."),
@@ -114,6 +118,9 @@ RUNTIME_FIXES: dict[str, str] = {
         "checkpoints with map_location (`ddp_doctor.fixes.load_checkpoint`)."),
     "DDP204.signal": (
         "Find who sent the signal (scheduler preemption, a timeout, a user) or handle it."),
+    "DDP204.teardown": (
+        "Let every rank finish its collectives before tearing down: call dist.barrier() just before "
+        "dist.destroy_process_group() (and drop the DDP model first: `del model`)."),
     "DDP204.exit": (
         "Find why the rank called exit (sys.exit / os._exit) and make every rank stop together."),
     "DDP204.unused-parameters": (

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import SCRIPTS, run_attach
+from conftest import SCRIPTS, SRC, free_port, run_attach
 
 pytestmark = pytest.mark.scenario
 
@@ -122,7 +122,6 @@ def test_no_training_process(tmp_path):
 def test_two_nodes_partial_reports_merge(hung_job, tmp_path):
     """Two torchrun "nodes" (one rank each) form one job; each node's attach report is partial, the merge
     names rank 0's barrier."""
-    from conftest import free_port
 
     port = free_port()
     nodes = [hung_job("barrier_rank0.py", 1, ["--nnodes", "2", "--node-rank", str(k), "--rdzv-backend", "c10d",
@@ -141,7 +140,6 @@ def test_two_nodes_partial_reports_merge(hung_job, tmp_path):
     import subprocess
     import sys
 
-    from conftest import SRC
 
     p = subprocess.run([sys.executable, "-m", "ddp_doctor", "report", *paths, "-o", str(merged), "--color", "never"],
                        env=dict(os.environ, PYTHONPATH=str(SRC)), capture_output=True, text=True, timeout=60)

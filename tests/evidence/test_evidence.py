@@ -21,7 +21,7 @@ S = Site("/u/train.py", 20, "main")
 
 
 def _full_state() -> RankState:
-    c = Collective("world", 7, "all_gather", ("10x3", "10x3"), ("float32",), S, "user", 1.5)
+    c = Collective("world", 7, "all_gather", ("10x3", "10x3"), ("float32",), S, "user", 1.5, blocking=True)
     return RankState(
         rank=1, local_rank=1, host="h", pid=42, attempt=1, agent_store=True, world_size=2,
         group=GroupInit(1, 0, S, "gloo", 40), t=3.0, epoch=0, step=5,
@@ -36,10 +36,10 @@ def _full_state() -> RankState:
         timing=Timing(5, 1.0, 1.0, 0.2, 0.1, 0.7), coll_count=9, coll_time_s=0.1,
         loaders=(LoaderState(S, 8, 2, True, False, 2, 32, 1, 5, 0.2, (0.05,), (0.01,), (5,), (5,), (0,),
                              SamplerState("DistributedSampler", 0, True, False, 8, 0, (0, 0)), (77, 78),
-                             join_epochs=(0,), worker_exits=(WorkerExit(78, -9, "SIGKILL"),)),),
+                             join_epochs=(0,), skipped_batches=((0, 3),), worker_exits=(WorkerExit(78, -9, "SIGKILL"),)),),
         ddp=(DdpModel(S, True, True, 2, 4, False, 0, (DdpParam(2, "head.weight", "Linear"), DdpParam(3, "bias"))),),
         exc=RaisedError("RuntimeError", "boom", "builtins", S, (Site("/u/train.py", 30, "<module>"), S), True, c, 2.0),
-        done=False, exit_code=1, exit_site=None, timeline=(TimelineEvent(0.1, "step", 0.2, "step 2"),),
+        done=False, teardown=True, exit_code=1, exit_site=None, timeline=(TimelineEvent(0.1, "step", 0.2, "step 2"),),
         perf={"loadavg": [1.0, 1.0, 1.0], "cpu_count": 8},
         stack=(S,), threads=(ThreadStack("MainThread", True, (S,)),), workers=(WorkerStack(77, (S,)),),
         exit=ExitStatus(-9, "SIGKILL"), busy=True, stalled_s=3.5, idle_s=3.0,

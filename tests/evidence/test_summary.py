@@ -14,7 +14,7 @@ T = Site("/u/data.py", 7, "read")
 
 
 def _summary(version: int = 1, **kw) -> NodeSummary:
-    c = Collective("world", 7, "all_reduce", site=S, waiting_s=3.0)
+    c = Collective("world", 7, "all_reduce", site=S, waiting_s=3.0, blocking=True)
     base = dict(
         node=2, version=version, t=100.0 + version, host="h2", attempt=0, world_size=16, ranks=(8, 9, 10, 11),
         live=(8, 9, 11), failed=(10,), finished=(Finished({"world": 7, "pg:8,9": 2}, (12,)),),
@@ -35,7 +35,7 @@ def test_records_round_trip_through_json():
     assert NodeSummary.from_json(json.loads(json.dumps(s.to_json()))) == s
     ctl = Control(3, "hang", {1: Pull(4, True), 7: Pull(5)})
     assert Control.from_json(json.loads(json.dumps(ctl.to_json()))) == ctl
-    d = NodeDetail(1, 4, "h", (RankState(rank=8, host="h", step=3, stack=(S,)),), final=True)
+    d = NodeDetail(1, 4, "h", (RankState(rank=8, host="h", step=3, stack=(S,)),), final=True, t0=1.7e9)
     assert NodeDetail.from_json(json.loads(json.dumps(d.to_json()))) == d
     ev = JobEvidence(16, {8: RankState(rank=8)}, lost_nodes=(NodeLoss(1, "h1", (4, 5), 3.5),))
     assert JobEvidence.from_json(json.loads(json.dumps(ev.to_json()))) == ev

@@ -7,8 +7,11 @@ import time
 from datetime import timedelta
 
 import psutil
+import pytest
 
 from conftest import SCRIPTS, alive, env, poll, ranks_of, start_run
+
+pytestmark = pytest.mark.scenario  # real multi-rank jobs: the full tier (make test), not test-fast
 
 
 def _store_of(ranks: list[psutil.Process]) -> str | None:

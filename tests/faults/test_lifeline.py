@@ -5,8 +5,11 @@ import os
 import signal
 
 import psutil
+import pytest
 
 from conftest import SCRIPTS, alive, poll, ranks_of, start_run
+
+pytestmark = pytest.mark.scenario  # real multi-rank jobs: the full tier (make test), not test-fast
 
 
 def test_ranks_die_with_sigkilled_launcher(cleanup):

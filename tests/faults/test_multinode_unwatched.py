@@ -9,7 +9,11 @@ import subprocess
 import sys
 import uuid
 
+import pytest
+
 from conftest import SCRIPTS, Blackhole, env
+
+pytestmark = pytest.mark.scenario  # real multi-rank jobs: the full tier (make test), not test-fast
 
 
 def _free_port() -> int:

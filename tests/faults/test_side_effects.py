@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from conftest import SCRIPTS, env, start_run
+
+pytestmark = pytest.mark.scenario  # real multi-rank jobs: the full tier (make test), not test-fast
 
 
 def test_rss_stays_flat_when_a_job_builds_models_repeatedly(tmp_path):

@@ -12,6 +12,8 @@ import pytest
 
 from conftest import SCRIPTS, alive, poll, ranks_of, start_run
 
+pytestmark = pytest.mark.scenario  # real multi-rank jobs: the full tier (make test), not test-fast
+
 
 @pytest.mark.parametrize("sig,group,code", [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 143),
                                             (signal.SIGHUP, False, 129)])

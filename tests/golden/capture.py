@@ -25,7 +25,11 @@ SCENARIOS = ["uneven_filter_continue", "seed_001_no_set_epoch", "rank0_barrier",
              "allgather_shape_mismatch", "op_mismatch", "rank_raises", "rank_sigkill", "rank_exits_early",
              "loader_stall", "seed_004_data_bound", "workers_restart", "straggler", "find_unused_all_used",
              "balanced", "allreduce_dtype_mismatch", "unused_params_branch", "worker_killed", "own_group_per_process",
-             "accelerate_cpu_alone"]
+             "accelerate_cpu_alone",
+             # issue 12: the line that diverged (a library's collective on the common path, subgroups, new_group)
+             "bad_batch_gather_object", "lightning_rank_zero_barrier", "node_leader_allreduce", "new_group_rank_args",
+             # issue 12: the verdict policy (a stuck rank blamed at its line, slow-not-stuck info, skipped syncs)
+             "stuck_read_rank1", "idle_wait_rank1", "nanogpt_nan_skip", "early_return_step"]
 OUT = Path(__file__).with_name("captures")
 
 

@@ -207,3 +207,37 @@ def test_lint_confirmation_needs_the_same_hazard():
     assert not _same_hazard("DDP401", "DDP102")
     assert _same_hazard("DDP201", "DDP203") and _same_hazard("DDP101", "DDP204")
     assert not _same_hazard("DDP303", "DDP204")
+
+
+def test_a_rank0_forward_that_issued_no_collective_is_not_ddp202():
+    """nanoGPT's rank-0 evaluation through a DDP model without buffers issues no collective: when something
+    else fails (rank 1 raises), the report blames that, never the harmless evaluation forwards."""
+    exc = {"type": "ValueError", "message": "corrupt record", "location": site(22, "get_batch"), "traceback": []}
+    ev = {"ranks": {
+        0: rank(0, forwards=46, sites=[[S, 49, "main"], [S, 30, "estimate_loss"]],
+                site_counts=[["ddp.forward", 0, 30], ["ddp.forward", 1, 16], ["ddp.backward(allreduce_grads)", 0, 30]],
+                in_collective={"group": "world", "seq": 31, "op": "ddp.backward(allreduce_grads)", "site": site(49)}),
+        1: rank(1, forwards=30, sites=[[S, 49, "main"]], exc=exc,
+                site_counts=[["ddp.forward", 0, 30], ["ddp.backward(allreduce_grads)", 0, 30]])}}
+    verdict, fs = diagnose(ev, {"reason": "exit", "rank": 1}, {1: {"exit_code": 1}})
+    assert verdict == "crash" and [f.code for f in fs] == ["DDP204"] and fs[0].ranks == [1]
+    # the same evaluation with BatchNorm buffers: DDP broadcast them at that line on rank 0 only
+    ev["ranks"][0]["site_counts"].append(["ddp.forward(broadcast_buffers)", 1, 16])
+    verdict, fs = diagnose(ev, {"reason": "exit", "rank": 1}, {1: {"exit_code": 1}})
+    assert "DDP202" in [f.code for f in fs]
+
+
+def test_an_abort_after_the_program_returned_is_torchs_teardown():
+    """torch's gloo/DDP teardown race: the program returned (the probe saw it), then the process died of
+    SIGABRT at exit. The training completed; the finding says so and how to avoid the race."""
+    ev = {"ranks": {0: rank(0, done=True, exit_code=0, step=20, sites=[[S, 30, "main"]]),
+                    1: rank(1, done=True, exit_code=0, step=20)}}
+    verdict, fs = diagnose(ev, None, {1: {"exit_code": -6, "signal": "SIGABRT"}})
+    assert verdict == "crash" and [f.code for f in fs] == ["DDP204"] and fs[0].ranks == [1]
+    assert "training itself completed" in fs[0].message and "barrier" in fs[0].fix
+
+
+def test_an_abort_in_destroy_process_group_is_torchs_teardown():
+    ev = {"ranks": {0: rank(0, done=True, exit_code=0, step=16), 1: rank(1, teardown=True, step=16)}}
+    verdict, fs = diagnose(ev, {"reason": "exit", "rank": 1}, {1: {"exit_code": -6, "signal": "SIGABRT"}})
+    assert [f.code for f in fs] == ["DDP204"] and "tearing down its process group" in fs[0].message

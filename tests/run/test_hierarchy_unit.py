@@ -153,6 +153,36 @@ def test_codes_leave_legal_differences_alone():
     assert fp_code(join) == 0 and not codes_differ(0, fp_code(a))
 
 
+def test_two_nodes_ranks_waiting_for_each_other_suspected_from_summaries_proven_from_states():
+    """live's cycle across nodes: rank 0 (node 0) blocked in its node group's collective, rank 2 (node 1) in
+    the world's gradient all-reduce; each is a member of the other's group and never entered its call."""
+    from ddp_doctor.diagnose.live import CYCLE_S, group_ranks
+    from ddp_doctor.evidence import GROUP_CREATION, NodeDetail
+    from ddp_doctor.watch.root import Root
+
+    sub = Collective("pg:0,2", 3, "all_reduce", site=BAR, waiting_s=2.0, blocking=True)
+    ar = Collective("world", 10, "ddp.backward(allreduce_grads)", site=TRAIN, waiting_s=2.0, blocking=True)
+    states = {0: RankState(rank=0, t=50.0, in_collective=sub, seq={"pg:0,2": 4, "world": 10}),
+              1: RankState(rank=1, t=50.0, in_collective=ar, seq={"world": 11}),
+              2: RankState(rank=2, t=50.0, in_collective=ar, seq={"pg:0,2": 3, "world": 11}),
+              3: RankState(rank=3, t=50.0, in_collective=ar, seq={"world": 11})}
+    views = {}
+    for r, st in states.items():
+        views[r] = RankView(r)
+        views[r].update(st, 10.0)
+    sums = [Summarizer(node=k, digests=True).summary({r: views[r] for r in rs}, 10.0)
+            for k, rs in enumerate(((0, 1), (2, 3)))]
+    assert all(s.desync is None for s in sums)  # neither node alone can see it
+    pairs = JobView(4, [(s, 0.0) for s in sums]).cycle_pairs(group_ranks, GROUP_CREATION, CYCLE_S)
+    assert [nodes for _, nodes in pairs] == [frozenset({0, 1})]
+    # the root shifts the pulled states onto its clock (node 1's launcher started 30 s after the root's)
+    root = Root(None, None, 4, slot=0, t0=1000.0)
+    moved = root.on_root_clock(NodeDetail(1, 1, "h", (states[2].with_(t=20.0),), t0=1030.0))
+    assert moved[0].t == 50.0
+    proof = find_desync({**views, 2: RankView.from_detail(moved[0], 10.0)}, 4)
+    assert proof is not None and proof.kind == "cycle" and set(proof.calls) == {0, 2}
+
+
 @pytest.fixture()
 def stores():
     import torch.distributed as dist

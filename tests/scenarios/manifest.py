@@ -165,6 +165,8 @@ def report_problems(name: str, report: dict[str, Any]) -> list[str]:
     exp = entry(name)["expect"]
     script = script_path(name)
     problems: list[str] = []
+    if is_twin(name) and torch_teardown_abort(report):
+        return []
     verdict = report.get("verdict")
     if verdict not in _expected_verdicts(exp):
         problems.append(f"verdict {verdict!r}, expected {' or '.join(_expected_verdicts(exp))}")
@@ -203,6 +205,17 @@ def report_problems(name: str, report: dict[str, Any]) -> list[str]:
         if errors:
             problems.append(f"clean twin reported error findings {errors}")
     return problems
+
+
+def torch_teardown_abort(report: dict[str, Any]) -> bool:
+    """A clean job whose training completed, and then torch aborted a rank while tearing it down (gloo's
+    "terminate called without an active exception" in destroy_process_group or at exit: torch's own race,
+    seen under plain torchrun too, about 1 run in 10 on a loaded box), diagnosed as exactly that: every error
+    finding is DDP204 on a rank whose program had finished or was tearing down.  A twin's job did nothing
+    wrong in that run, and ddp-doctor said so; nothing else about the run is accepted this way."""
+    errors = [f for f in report.get("findings", []) if f.get("severity") == "error"]
+    return report.get("verdict") == "crash" and bool(errors) and all(
+        f.get("code") == "DDP204" and (f.get("evidence") or {}).get("finished_program") for f in errors)
 
 
 # ---------------------------------------------------------------- running

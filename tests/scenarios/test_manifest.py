@@ -173,3 +173,12 @@ def test_docs_table_is_up_to_date():
     text = doc.read_text()
     assert manifest.markdown_table() in text and manifest.markdown_coverage() in text, \
         "regenerate the tables: python tests/scenarios/manifest.py table"
+
+
+def test_torch_teardown_abort_is_recognised_only_as_diagnosed():
+    teardown = {"code": "DDP204", "severity": "error", "evidence": {"finished_program": True}}
+    assert manifest.torch_teardown_abort({"verdict": "crash", "findings": [teardown]})
+    assert not manifest.torch_teardown_abort({"verdict": "crash", "findings": [teardown, {"code": "DDP201",
+                                                                                          "severity": "error"}]})
+    assert not manifest.torch_teardown_abort({"verdict": "crash", "findings": [dict(teardown, evidence={})]})
+    assert not manifest.torch_teardown_abort({"verdict": "hang", "findings": [teardown]})

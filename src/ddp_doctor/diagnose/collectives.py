@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import os
 
-from ddp_doctor.evidence import Collective, JobEvidence, RankState, Site, Verdict
-from ddp_doctor.findings import Finding
+from ddp_doctor.evidence import GROUP_CREATION, Collective, JobEvidence, RankState, Site, Verdict
+from ddp_doctor.findings import Finding, runtime_fix
 
 from ddp_doctor.diagnose.common import (FIX_101, FIX_201, FIX_202, FIX_203, lint_flagged, lint_line, loc, others_text, ranks_of,
                                         step_evidence, user_frame, where)
+from ddp_doctor.diagnose.live import group_ranks
 from ddp_doctor.diagnose.steps import uneven_steps
+
+FIX_203_GROUP = runtime_fix("DDP203.group")
 
 
 def ddp_forward_sites(st: RankState) -> dict[tuple, tuple[Site, int]]:
-    """{(file name, line, function): (site, calls)} of the DDP model's forward calls on one rank."""
-    return {sc.site.key(): (sc.site, sc.calls) for sc in st.site_counts if sc.op == "ddp.forward" and sc.site}
+    """{(file name, line, function): (site, calls)} of the DDP model's forward calls on one rank that took part
+    in a collective (DDP broadcast the buffers).  A forward that issued none -- under no_grad, of a model
+    without buffers (nanoGPT's rank-0 evaluation) -- pairs with nothing: harmless on a subset of ranks."""
+    synced = {sc.site.key() for sc in st.site_counts if sc.op == "ddp.forward(broadcast_buffers)" and sc.site}
+    return {sc.site.key(): (sc.site, sc.calls) for sc in st.site_counts
+            if sc.op == "ddp.forward" and sc.site and sc.site.key() in synced}
 
 
 def _st(ranks: dict[int, RankState], r: int) -> RankState:
@@ -80,14 +87,23 @@ def classify_calls(calls: dict[int, Collective | None],
     subset, site = ddp_subset_forwards(dict(ranks))
     if subset and any(c and c.op.startswith("ddp.") for c in calls.values()):
         return "DDP202", subset, site
+    # DDP201: some ranks issue a collective at a line where the others never issued one, while the others
+    # are on the common path: in DDP's own collectives, or at a line the culprits issue collectives at too
+    # (Lightning's per-batch broadcast at `trainer.fit`, a metric all_reduce every rank makes each step).
+    # Before the DDP-op check below: a DDP backward the culprit has not reached yet is not a subset's.
+    lines = {r: {k for _op, k in seen[r]} for r in calls}
+    subset = [r for r, c in calls.items()
+              if c and not c.op.startswith("ddp.") and _line_unseen(r, c, calls, lines, reliable)]
+
+    def common_path(c):
+        return c.op.startswith("ddp.") or (c.site is not None and all(c.site.key() in lines[r] for r in subset))
+
+    if subset and len(subset) < len(calls) and all(not c or r in subset or common_path(c) for r, c in calls.items()):
+        return "DDP201", subset, calls[subset[0]].site
     subset = [r for r, c in calls.items() if c and c.op.startswith("ddp.") and c.op != "ddp.init(broadcast_params)"
               and unseen_by_others(r, c) and others_ran_ddp(r)]
     if subset and len(subset) < len(calls):
         return "DDP202", subset, calls[subset[0]].site
-    subset = [r for r, c in calls.items() if c and not c.op.startswith("ddp.") and unseen_by_others(r, c)]
-    if subset and len(subset) < len(calls) and all(not c or c.op.startswith("ddp.") or r in subset
-                                                   for r, c in calls.items()):
-        return "DDP201", subset, calls[subset[0]].site
     # same op/site, disagreeing shapes or dtypes; or different ops both sides know
     groups: dict[tuple, list[int]] = {}
     for r, c in calls.items():
@@ -102,30 +118,110 @@ def classify_calls(calls: dict[int, Collective | None],
     return "DDP203", minority, site
 
 
+def _line_unseen(r: int, c: Collective, calls, lines: dict[int, set], reliable: set[int]) -> bool:
+    """No other rank (whose record is reliable) ever issued any collective at ``c``'s line.  The others
+    include ranks outside collectives now (None): what they ever ran is still on record."""
+    others = [o for o in calls if o != r and o in reliable]
+    return c.site is not None and bool(others) and all(c.site.key() not in lines[o] for o in others)
+
+
+def group_members(group: str | None, world: list[int]) -> list[int] | None:
+    """Global ranks of a group key as the probe writes it ("world", "pg:0,1"); None when unknown ("pg?")."""
+    if group in (None, "world", GROUP_CREATION):
+        return list(world)
+    members = group_ranks(group, len(world))
+    return None if members is None else sorted(members)
+
+
+def on_group(group: str | None) -> str:
+    """A group in words: "world", or the subgroup's key with its ranks ("pg:0,1 (ranks 0, 1)")."""
+    members = group_members(group, [])
+    if group in (None, "world", GROUP_CREATION) or not members:
+        return group or "world"
+    return f"{group} (ranks {', '.join(map(str, members))})"
+
+
+def blame_positions(in_coll: dict[int, Collective], ranks: dict[int, RankState]) -> tuple | None:
+    """Ranks stuck in collectives of several groups or positions: (code, fault, site, calls, group, seq).
+
+    Sequence numbers count per group, so each (group, seq) some rank waits at is judged only against the
+    members of that group: the waiters' calls and wherever the group's other members are now (in another
+    group's collective, or outside).  Waiters that are themselves at fault (DDP201/202: a line the other
+    members never reach) are the answer, merged across groups when the same line is to blame in each."""
+    world = sorted(ranks)
+    positions: dict[tuple, list[int]] = {}
+    for r, c in in_coll.items():
+        positions.setdefault((c.group, c.seq), []).append(r)
+    found: dict[tuple, list] = {}
+    mismatch = None
+    for (g, s), waiters in sorted(positions.items(), key=lambda kv: (-len(kv[1]), str(kv[0]))):
+        members = group_members(g, world)
+        if members is None:
+            continue
+        calls = {r: in_coll[r] for r in waiters}
+        absent = [m for m in members if m not in calls]
+        if any(m not in ranks or ranks[m].missing or ranks[m].finished for m in absent):
+            continue  # a member that is gone: the exit diagnosis speaks for it
+        if not absent and len({c.signature() for c in calls.values()}) == 1:
+            continue  # every member is in it and they agree
+        calls.update({a: in_coll.get(a) for a in absent})
+        code, fault, site = classify_calls(calls, ranks)
+        if code in ("DDP201", "DDP202") and set(fault) <= set(waiters):
+            key = (code, site.key() if site else None)
+            if key not in found:
+                found[key] = [code, [], site, {}, g, s]
+            found[key][1] = sorted(set(found[key][1]) | set(fault))
+            found[key][3].update(calls)
+        elif not absent and mismatch is None:
+            mismatch = (code, fault, site, calls, g, s)
+    if found:
+        code, fault, site, calls, g, s = max(found.values(), key=lambda f: len(f[1]))
+        return code, fault, site, calls, g, s
+    return mismatch
+
+
+def _call_text(c: Collective, group, seq, tensors: bool = True) -> str:
+    pos = "" if c.group == group else f" ({'' if c.seq is None else f'#{c.seq} '}on {c.group})"
+    args = "(" + ", ".join(c.shapes) + ")" if c.shapes and tensors else ""
+    return f"{c.op}{args}{pos} at {where(c.site)}"
+
+
 def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group, seq, detected_how: str) -> Finding:
     fault = set(at_fault)
-    calls_txt = "; ".join(
-        f"rank {r}: {c.op}{'(' + ', '.join(c.shapes) + ')' if c.shapes else ''} at {where(c.site)}"
-        for r, c in sorted(calls.items()) if c)
+    calls_txt = "; ".join(f"rank {r}: {_call_text(c, group, seq)}" for r, c in sorted(calls.items()) if c)
     rs = ", ".join(map(str, sorted(fault)))
+    own = sorted({calls[r].group for r in fault if calls.get(r)} - {None, "world", GROUP_CREATION})
+    if own:  # a subgroup's collective: "the other ranks" are the group's other members
+        on = f" on {' and '.join(on_group(g) for g in own)}"
+        never = f"a line the other ranks of {'that group' if len(own) == 1 else 'those groups'} never reach"
+    else:
+        on, never = "", "a line the other ranks never reach"
     if code == "DDP201":
-        msg = (f"Rank {rs} called {calls[at_fault[0]].op}() at {where(site)}, a line the other ranks never "
-               f"reach; {others_text(ranks, fault)}. {detected_how} (collective #{seq} on {group}: {calls_txt}).")
+        msg = (f"Rank {rs} called {calls[at_fault[0]].op}() at {where(site)}{on}, {never}; "
+               f"{others_text(ranks, fault)}. {detected_how} (collective #{seq} on {group}: {calls_txt}).")
         fix = FIX_201
     elif code == "DDP202":
-        msg = (f"Rank {rs} ran the DDP model at {where(site)}, where the other ranks never do: its DDP "
+        msg = (f"Rank {rs} ran the DDP model at {where(site)}{on}, where the other ranks never do: its DDP "
                f"{'buffer broadcast' if 'forward' in calls[at_fault[0]].op else 'gradient all-reduce'} "
                f"pairs with the others' unrelated collectives; {others_text(ranks, fault)}. {detected_how} "
                f"(collective #{seq} on {group}: {calls_txt}).")
         fix = FIX_202
+    elif group == GROUP_CREATION:
+        msg = (f"At process-group creation #{seq} the ranks disagree: {calls_txt}. Every rank must call "
+               "new_group (and new_subgroups / init_device_mesh, which call it) in the same order with the same "
+               "arguments: torch names a group by how many were created before it, so these ranks mean "
+               "different groups by one name; its members wait in its set-up for ranks that never join, or "
+               f"later collectives pair across the wrong groups. {detected_how}.")
+        fix = FIX_203_GROUP
     else:
         differs = _differs(calls)
         if differs:  # the tensors are spelled out there, rank by rank
-            calls_txt = "; ".join(f"rank {r}: {c.op} at {where(c.site)}" for r, c in sorted(calls.items()) if c)
-        msg = (f"At collective #{seq} on {group} the ranks disagree: {calls_txt}.{differs} gloo/NCCL pair "
+            calls_txt = "; ".join(f"rank {r}: {_call_text(c, group, seq, tensors=False)}"
+                                  for r, c in sorted(calls.items()) if c)
+        msg = (f"At collective #{seq} on {on_group(group)} the ranks disagree: {calls_txt}.{differs} gloo/NCCL pair "
                f"calls by position only, so this hangs, crashes or silently mixes data. {detected_how}.")
         fix = FIX_203
-    ev = {"group": group, "seq": seq, "calls": {str(r): c for r, c in calls.items()}, **step_evidence(ranks)}
+    ev = {"group": group, "seq": seq, "calls": {str(r): c for r, c in calls.items() if c}, **step_evidence(ranks)}
     return Finding(code, msg, fix, location=loc(site), ranks=sorted(fault), evidence=ev)
 
 
@@ -209,6 +305,14 @@ def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Finding]:
     if kind == "steps" and d.steps and not d.calls:
         return [uneven_steps(ranks, d.epoch, dict(d.steps), "detected as it happened", lint=lint)]
     calls = dict(d.calls)
+    if kind == "cycle":  # ranks blocked in different groups, waiting for each other: judge every group
+        blocked = {r: st.in_collective for r, st in ranks.items() if st.in_collective and not st.failed}
+        b = blame_positions({**blocked, **calls}, ranks)
+        if b:
+            code, fault, site, calls, group, seq = b
+            return [finding_for_calls(code, fault, site, calls, ranks, group, seq,
+                                      "Detected as it happened, before any timeout: the ranks wait for each other "
+                                      "in collectives of different groups")]
     if kind == "steps":
         eps = {r: (c.epoch, c.step_in_epoch) for r, c in calls.items()}
         behind = sorted(calls, key=lambda r: eps[r])

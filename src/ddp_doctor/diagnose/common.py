@@ -7,7 +7,7 @@ from typing import Any
 
 from ddp_doctor.evidence import ExitStatus, JobEvidence, RankState, Site
 from ddp_doctor.findings import Location, runtime_fix
-from ddp_doctor.frames import innermost_user
+from ddp_doctor.frames import LIBRARY, innermost_user, kind
 
 # -- helpers ------------------------------------------------------------------------
 def loc(site: Site | None) -> Location | None:
@@ -58,10 +58,33 @@ def doing(st: RankState) -> str:
         return f"exited with code {ex.exit_code}"
     c = st.in_collective
     if c:
-        return f"waits in {c.op} (#{c.seq} on {c.group}) at {where(c.site)}"
+        return f"waits in {c.op} (#{c.seq} on {c.group}) at {where(c.site)}{inside_library(st, c.site)}"
     if st.in_data_wait:
         return f"waits for a batch from its DataLoader at {where(rank_site(st))}"
     return f"is at {where(rank_site(st))}"
+
+
+def inside_library(st: RankState, site: Site | None) -> str:
+    """Where in an installed library a rank waits when its user line is only the call into it (Lightning's
+    loop under `trainer.fit`, accelerate's loader): " (inside lightning: training_epoch_loop.py:265 (...))".
+
+    Only for a library frame that called straight into torch, in a stack that is not importing a module
+    (DDP's first construction imports dynamo: that stack says nothing about the collective)."""
+    stack = list(st.stack)
+    user = innermost_user(stack)
+    if site is None or user is None or user.key() != site.key():
+        return ""
+    deeper = stack[len(stack) - stack[::-1].index(user):]
+    if any(f.function == "<module>" for f in deeper):
+        return ""
+    libs = [i for i, f in enumerate(deeper) if kind(f.path) == LIBRARY and "-packages" in f.path.replace("\\", "/")]
+    if not libs or libs[-1] + 1 >= len(deeper):
+        return ""
+    f, nxt = deeper[libs[-1]], deeper[libs[-1] + 1]
+    if "/torch/" not in nxt.path.replace("\\", "/"):
+        return ""
+    package = f.path.replace("\\", "/").split("-packages/", 1)[-1].split("/", 1)[0]
+    return f" (inside {package}: {where(f)})"
 
 
 def gist(message: str, limit: int = 160) -> str:

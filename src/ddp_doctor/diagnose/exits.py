@@ -154,12 +154,12 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
             for e in range(n):
                 vals = {r: c[e] for r, c in counts.items()}
                 if len(set(vals.values())) > 1:
-                    out.append(uneven_steps(ranks, e, vals, "the rank that ran out of steps finished and the "
-                                                              "others wait for it forever", lint=lint))
+                    out.append(uneven_steps(ranks, e, vals, "a rank finished and the others wait for it "
+                                                              "forever", lint=lint))
                     break
             else:
-                out.append(uneven_steps(ranks, "(all)", steps, "the rank with fewer steps finished and the others "
-                                                              "wait for it forever", lint=lint))
+                out.append(uneven_steps(ranks, "(all)", steps, "a rank finished and the others wait for it "
+                                                              "forever", lint=lint))
         site = None
         for st in waiting.values():
             site = rank_site(st)
@@ -207,6 +207,19 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
                    f"the launcher's own error may name another rank. Meanwhile: {others}.")
             fix = runtime_fix("DDP204.exception")
             evidence = {"exception": e, "exit": ex_ev}
+        elif ex.signal in ("SIGABRT", "SIGSEGV") and (st.done or st.teardown) and st.exit_code in (0, None) \
+                and not st.exc:
+            # torch tore itself down badly (in destroy_process_group or at exit): the training had completed
+            site = st.exit_site or rank_site(st)
+            when = ("had finished normally (its main returned)" if st.done
+                    else "was tearing down its process group (destroy_process_group)")
+            msg = (f"Rank {r}'s program {when} when the process died of "
+                   f"{ex.signal} during shutdown, after {st.step} steps: the training itself completed. This is "
+                   "torch's own teardown race (gloo/DDP print \"terminate called without an active exception\" when "
+                   "destroy_process_group() or interpreter exit tears down a collective's work still in flight), "
+                   f"not your training code; the launcher still reports the job as failed. Meanwhile: {others}.")
+            fix = runtime_fix("DDP204.teardown")
+            evidence = {"exit": ex_ev, "finished_program": True}
         elif ex.signal:
             site = rank_site(st)
             oom = ex.signal == "SIGKILL"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ddp_doctor.evidence import Collective, JobEvidence, RankState, Verdict
 from ddp_doctor.findings import Finding, runtime_fix
 
-from ddp_doctor.diagnose.collectives import classify_calls, finding_for_calls
+from ddp_doctor.diagnose.collectives import blame_positions, classify_calls, finding_for_calls
 from ddp_doctor.diagnose.common import (FIX_201, FIX_202, doing, loc, others_text, rank_site, ranks_of,
                                         step_evidence, user_frame, where)
 from ddp_doctor.diagnose.exits import diagnose_exit
@@ -19,6 +19,12 @@ def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Finding]:
     in_coll = {r: st.in_collective for r, st in live.items() if st.in_collective}
     out_coll = {r: st for r, st in live.items() if r not in in_coll}
     how = f"No rank progressed for {d.stalled_s}s (hang limit {d.limit_s}s)"
+    if len({c.group for c in in_coll.values()}) > 1 and not (out_coll and all(st.in_data_wait for st in out_coll.values())):
+        # collectives of several groups: each position is judged against its own group's members
+        b = blame_positions(in_coll, ranks)
+        if b:
+            code, fault, site, calls, group, seq = b
+            return [finding_for_calls(code, fault, site, calls, ranks, group, seq, how)]
     if in_coll and out_coll:
         if all(st.in_data_wait for st in out_coll.values()):
             return [stall_finding(ranks, out_coll, stall, partial=in_coll)]

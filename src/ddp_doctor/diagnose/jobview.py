@@ -139,6 +139,27 @@ class JobView:
         """(rank, its collectives per group) of every rank that ended normally, by rank."""
         return sorted(((r, f.seq) for s, _ in self.nodes for f in s.finished for r in f.ranks), key=lambda x: x[0])
 
+    def cycle_pairs(self, members, world: str | None = None, wait_s: float = 1.0) -> list[tuple[tuple, frozenset]]:
+        """Nodes whose ranks may wait for each other in collectives of different groups (``live``'s cycle,
+        asked of the summaries: a rank of node X blocked >= ``wait_s`` at (G, s), a rank of node Y at (H, t),
+        each a member of the other's group).  ``members(group, world_size)``: a group's ranks.  Only a
+        suspicion: ``find_desync`` over the two nodes' pulled states proves it."""
+        blocked = [(s.node, w) for s, _ in self.nodes for w in s.waiting
+                   if w.coll.blocking and not w.coll.join and w.coll.seq is not None and w.coll.group != world
+                   and (w.coll.waiting_s or 0) >= wait_s]
+        if len({w.coll.group for _, w in blocked}) < 2:
+            return []
+        out = []
+        for i, (n1, w1) in enumerate(blocked):
+            g1 = members(w1.coll.group, self.world_size) or set()
+            for n2, w2 in blocked[i + 1:]:
+                if n2 == n1 or w2.coll.group == w1.coll.group:
+                    continue
+                g2 = members(w2.coll.group, self.world_size) or set()
+                if g1.intersection(w2.ranks) and g2.intersection(w1.ranks):
+                    out.append((("cycle", w1.coll.group, w1.coll.seq, w2.coll.group, w2.coll.seq), frozenset((n1, n2))))
+        return out
+
     def busy(self) -> tuple[int, ...]:
         return tuple(sorted(r for s, _ in self.nodes for r in s.busy))
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from ddp_doctor.diagnose import jobview
 from ddp_doctor.diagnose.jobview import JobView
-from ddp_doctor.evidence import Collective, Suspicion, Verdict
+from ddp_doctor.evidence import GROUP_CREATION, Collective, Suspicion, Verdict
 
 NO_PROGRESS_S = 90.0     # default limit: no rank showed any sign of life for this long -> hang
 TRANSPORT_S = 300.0      # every rank waits inside the very same collective: the transport is slow
@@ -33,11 +33,13 @@ WARN_FIRST_S = 10.0      # ... before the job's step time is known
 K_STEP = 10.0
 FINISH_GRACE_S = 1.0     # a finished rank is needed: the waiting rank has waited at least this long
 PG_MARGIN_S = jobview.PG_MARGIN_S  # stop this long before the process group's timeout would fail the job
+CYCLE_S = 1.0            # two ranks blocked this long, each in a collective the other never entered: proof
 
 
 def group_ranks(group: str | None, world_size: int) -> set[int] | None:
-    """The global ranks of a probe group key ("world", "pg:0,1"); None when unknown."""
-    if group == "world":
+    """The global ranks of a probe group key ("world", "pg:0,1"; group creation is the world's); None when
+    unknown."""
+    if group in ("world", GROUP_CREATION):
         return set(range(world_size))
     if group and group.startswith("pg:"):
         try:
@@ -165,8 +167,8 @@ class Judge:
                           {o.rank: round(o.idle_s, 1) for o in outside}, limit)
             self._waits = waits
         self.suspicion = s
-        if self.longest is None or s.stalled_s >= self.longest.stalled_s:
-            self.longest = s
+        if s.waiting and s.outside and (self.longest is None or s.stalled_s >= self.longest.stalled_s):
+            self.longest = s  # the longest a rank outside collectives kept others waiting (info in the report)
 
 
 def find_desync(views: dict[int, Any], world_size: int) -> Verdict | None:
@@ -188,6 +190,9 @@ def find_desync(views: dict[int, Any], world_size: int) -> Verdict | None:
         kind = _compare(fps, views)
         if kind:
             return Verdict("desync", kind=kind, group=k[0], seq=k[1], calls=fps)
+    cycle = _waiting_for_each_other(seen, world_size)
+    if cycle:
+        return cycle
     # per-epoch step counts of the train loader, for epochs every rank has finished
     counts = {v.rank: v.state.steps_by_epoch for v in seen}
     joined = frozenset().union(*(v.state.join_epochs() for v in seen))
@@ -202,6 +207,36 @@ def find_desync(views: dict[int, Any], world_size: int) -> Verdict | None:
     return None
 
 
+def _waiting_for_each_other(seen: list[Any], world_size: int) -> Verdict | None:
+    """Two ranks blocked in collectives of different groups, each in a call the other has not entered: rank
+    a waits at (G, s) for b, a member of G; b waits at (H, t) for a, a member of H.  Neither call can
+    return (gloo's collectives wait for every member), so they never will: proof of a deadlock, which no
+    single group's sequence shows (a rank-conditional collective inside a node group while its peer is in
+    the world group's gradient all-reduce).  Only calls the rank's thread is inside (not asynchronous
+    ones, which it may overtake), of known groups (group creation waits for its members only), waited in
+    for at least ``CYCLE_S`` by states published within that time of each other: the two waits overlapped."""
+    blocked = {}
+    for v in seen:
+        st, c = v.state, v.state.in_collective
+        if v.exit or st.done or st.exc or c is None or not c.blocking or c.join or c.seq is None:
+            continue
+        if c.group == GROUP_CREATION or (c.waiting_s or 0) < CYCLE_S or st.t is None:
+            continue
+        blocked[v.rank] = (st, c)
+    for a, (sa, ca) in sorted(blocked.items()):
+        members_g = group_ranks(ca.group, world_size) or set()
+        for b, (sb, cb) in sorted(blocked.items()):
+            if b == a or b not in members_g or cb.group == ca.group:
+                continue
+            if a not in (group_ranks(cb.group, world_size) or set()):
+                continue
+            if abs(sa.t - sb.t) > min(ca.waiting_s, cb.waiting_s):
+                continue  # the two states may not show one moment
+            if sb.seq.get(ca.group, 0) <= ca.seq and sa.seq.get(cb.group, 0) <= cb.seq:
+                return Verdict("desync", kind="cycle", group=ca.group, seq=ca.seq, calls={a: ca, b: cb})
+    return None
+
+
 def any_failed(views: dict[int, Any]) -> bool:
     """Has a rank raised, been killed or exited non-zero?  Fixed at the moment of a decision: failures
     after it are consequences of the stop, not the verdict."""
@@ -210,10 +245,13 @@ def any_failed(views: dict[int, Any]) -> bool:
 
 
 def blocked_at(decision: Verdict, views: dict[int, Any]) -> bool:
-    """Every rank of a fingerprint desync still waits at the mismatching position (the job hangs there);
-    False when they moved on (gloo paired the mismatched calls silently)."""
-    return all(views[r].state is not None and views[r].state.in_collective is not None
-               and views[r].state.in_collective.seq == decision.seq for r in decision.calls)
+    """Every rank of a fingerprint desync still waits at its call of the mismatch (group and sequence number:
+    the job hangs there); False when they moved on (gloo paired the mismatched calls silently)."""
+    def still_in(r: int, c: Collective) -> bool:
+        cur = views[r].state.in_collective if views[r].state is not None else None
+        return cur is not None and (cur.group, cur.seq) == (c.group, c.seq)
+
+    return all(still_in(r, c) for r, c in decision.calls.items())
 
 
 def _compare(fps: dict[int, Collective], views: dict[int, Any]) -> str | None:

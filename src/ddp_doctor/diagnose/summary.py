@@ -78,7 +78,8 @@ class Summarizer:
             k = (c.group, c.seq, c.op, c.site.key() if c.site else None)
             have = waiting.get(k)
             if have is None or waited > (have[0].waiting_s or 0):
-                waiting[k] = (Collective(c.group, c.seq, c.op, c.shapes, c.dtypes, c.site, c.origin, waited),
+                waiting[k] = (Collective(c.group, c.seq, c.op, c.shapes, c.dtypes, c.site, c.origin, waited,
+                                         join=c.join, blocking=c.blocking or bool(have and have[0].blocking)),
                               (have[1] if have else []))
             waiting[k][1].append(v.rank)
         finished: dict[tuple, list[int]] = {}

@@ -22,16 +22,16 @@ the nodes it suspects, through a :class:`Control` message.
 from ddp_doctor.evidence.job import (EVIDENCE_OUT_ENV, Capture, JobEvidence, LintMark, NodeLoss, Suspicion, Verdict,
                                      exit_from_wire, rank_state_from_wire, stacks_from_wire, to_wire)
 from ddp_doctor.evidence.rank import PERF_KEYS, RankState, missing_rank
-from ddp_doctor.evidence.records import (SCHEMA, Activity, Collective, DataWait, DdpModel, DdpParam, ExitStatus,
-                                         GroupInit, LoaderState, RaisedError, SamplerState, Site, SiteCount,
-                                         ThreadStack, TimelineEvent, Timing, WorkerExit, WorkerStack,
+from ddp_doctor.evidence.records import (GROUP_CREATION, SCHEMA, Activity, Collective, DataWait, DdpModel, DdpParam,
+                                         ExitStatus, GroupInit, LoaderState, RaisedError, SamplerState, Site, SiteCount,
+                                         SkippedSync, ThreadStack, TimelineEvent, Timing, WorkerExit, WorkerStack,
                                          stacks_from_json, stacks_to_json)
 from ddp_doctor.evidence.summary import (Control, Deadline, Digests, Finished, NodeDetail, NodeSummary, Outside, Pull,
                                          Waiting)
 
-__all__ = ["SCHEMA", "PERF_KEYS", "EVIDENCE_OUT_ENV", "Activity", "Site", "Collective", "ExitStatus", "RaisedError",
-           "DataWait", "SamplerState", "LoaderState", "DdpModel", "DdpParam", "GroupInit", "Timing", "TimelineEvent",
-           "ThreadStack", "WorkerExit", "WorkerStack",
+__all__ = ["GROUP_CREATION", "SCHEMA", "PERF_KEYS", "EVIDENCE_OUT_ENV", "Activity", "Site", "Collective", "ExitStatus",
+           "RaisedError", "DataWait", "SamplerState", "LoaderState", "DdpModel", "DdpParam", "GroupInit", "Timing",
+           "TimelineEvent", "ThreadStack", "WorkerExit", "WorkerStack", "SkippedSync",
            "SiteCount", "RankState", "missing_rank", "LintMark", "JobEvidence", "Suspicion", "Verdict", "Capture", "to_wire",
            "NodeLoss", "NodeSummary", "Waiting", "Outside", "Finished", "Deadline", "Digests", "Control", "Pull",
            "NodeDetail",

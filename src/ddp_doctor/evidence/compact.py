@@ -79,7 +79,7 @@ class Encoder:
         return i
 
     def _coll(self, c: Collective) -> list:
-        return [c.group, c.seq, c.op, self._site(c.site), _r(c.waiting_s)]
+        return [c.group, c.seq, c.op, self._site(c.site), _r(c.waiting_s), int(c.blocking) | (2 if c.join else 0)]
 
     def values(self, s: NodeSummary) -> list:
         """The summary's compact field values, in ``FIELDS`` order."""
@@ -126,17 +126,18 @@ def _site_of(table: list, i) -> Site | None:
 
 
 def _coll_of(v: list, table: list) -> Collective:
-    g, seq, op, si, waited = v[:5]
-    return Collective(g, seq, op, site=_site_of(table, si), waiting_s=waited)
+    g, seq, op, si, waited, flags = v[:6]
+    return Collective(g, seq, op, site=_site_of(table, si), waiting_s=waited, join=bool(flags & 2),
+                      blocking=bool(flags & 1))
 
 
 _DECODE = {
     "ranks": lambda v, t: unranges(v), "live": lambda v, t: unranges(v), "failed": lambda v, t: unranges(v),
     "busy": lambda v, t: unranges(v),
     "finished": lambda v, t: tuple(Finished(dict(sq), unranges(rs)) for sq, rs in v),
-    "waiting": lambda v, t: tuple(Waiting(_coll_of(w, t), unranges(w[5])) for w in v),
+    "waiting": lambda v, t: tuple(Waiting(_coll_of(w, t), unranges(w[6])) for w in v),
     "outside": lambda v, t: tuple(Outside(int(r), _site_of(t, si), float(idle)) for r, si, idle in v),
-    "deadline": lambda v, t: None if v is None else Deadline(int(v[0]), _coll_of(v[1:], t), float(v[6])),
+    "deadline": lambda v, t: None if v is None else Deadline(int(v[0]), _coll_of(v[1:], t), float(v[7])),
     "desync": lambda v, t: Verdict.from_json(v),
     "digests": lambda v, t: tuple(Digests(g, int(first), unpack_codes(c)) for g, first, c in v),
     "epoch_steps": lambda v, t: tuple(v),

@@ -55,7 +55,7 @@ class JobEvidence:
     hang_limit_s: float | None = None
     hang_limit_how: str | None = None
     lint: tuple[LintMark, ...] = ()
-    suspicion: "Suspicion | None" = None  # the longest live warning of the run (no rank progressed)
+    suspicion: "Suspicion | None" = None  # the longest a rank outside collectives kept others waiting
     lost_nodes: tuple[NodeLoss, ...] = ()  # node agents that went silent (several nodes)
 
     def to_json(self) -> dict[str, Any]:
@@ -86,7 +86,8 @@ class Verdict:
     """The watcher's live decision: why it stopped looking (``reason`` exit | desync | hang).
 
     desync: ``kind`` op | shape | site | steps, at (``group``, ``seq``) with each rank's ``calls``, or
-    per-epoch ``steps`` that differ in ``epoch``; exit: ``rank`` (``finished`` when it ended normally
+    per-epoch ``steps`` that differ in ``epoch``, or ``cycle`` (two ranks blocked in collectives of
+    different groups, each waiting for the other: ``calls`` holds both); exit: ``rank`` (``finished`` when it ended normally
     while the others wait); hang: ``stalled_s`` against ``limit_s`` (``limit_how``), ``busy`` ranks,
     ``kind`` "pg-timeout" when a collective had waited almost the process group's own timeout.
     Fixed at the decision: ``failed`` (a rank had failed), ``blocked`` (the ranks still wait at the

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
 from ddp_doctor.evidence.records import (SCHEMA, Activity, Collective, DataWait, DdpModel, ExitStatus, GroupInit,
-                                         LoaderState, RaisedError, Site, SiteCount, ThreadStack, TimelineEvent, Timing,
+                                         LoaderState, RaisedError, SkippedSync, Site, SiteCount, ThreadStack, TimelineEvent, Timing,
                                          WorkerStack, _sites, _tuple)
 
 PERF_KEYS = ("loads", "cuda", "gpu", "h2d", "loadavg", "cpu_count")
@@ -31,6 +31,9 @@ class RankState:
     step_in_epoch: int | None = None
     forwards: int = 0                # DDP forward calls
     backwards: int = 0
+    sync_forwards: int = 0           # DDP forwards that prepared a gradient sync
+    syncs_skipped: int = 0           # ... and were followed by no backward (skipped_syncs: the first few)
+    skipped_syncs: tuple[SkippedSync, ...] = ()
     progress: int = 0                # bumped by every step and completed collective
     steps_by_epoch: tuple[int, ...] = ()
     train_loader: int | None = None  # index into loaders
@@ -52,6 +55,7 @@ class RankState:
     ddp: tuple[DdpModel, ...] = ()
     exc: RaisedError | None = None
     done: bool = False               # the rank's program returned
+    teardown: bool = False           # it called destroy_process_group() (its training is over)
     exit_code: int | None = None     # the program's own exit code (probe side)
     exit_site: Site | None = None    # where sys.exit() was called
     timeline: tuple[TimelineEvent, ...] | None = None  # only in full (final / on request) states
@@ -110,7 +114,7 @@ class RankState:
         d: dict[str, Any] = {"schema": SCHEMA}
         for k in _PLAIN_FIELDS:
             v = getattr(self, k)
-            if v is None and k in _OMIT_WHEN_NONE:
+            if not v and k in _OMIT_WHEN_NONE:
                 continue
             if v is None or isinstance(v, (str, int, float, bool)):
                 d[k] = v
@@ -149,6 +153,8 @@ class RankState:
             progress=d.get("progress") or 0, steps_by_epoch=_tuple(d.get("steps_by_epoch")),
             train_loader=d.get("train_loader"), step_times=_tuple(d.get("step_times")), cpu_s=d.get("cpu_s") or 0.0,
             activity=Activity.from_json(d.get("activity")), pg_timeout_s=d.get("pg_timeout_s"),
+            sync_forwards=d.get("sync_forwards") or 0, syncs_skipped=d.get("syncs_skipped") or 0,
+            skipped_syncs=tuple(SkippedSync.from_json(x) for x in d.get("skipped_syncs") or ()),
             where=Site.from_json(d.get("where")), in_collective=Collective.from_json(d.get("in_collective")),
             last_collective=Collective.from_json(d.get("last_collective")),
             in_data_wait=DataWait.from_json(d.get("in_data_wait")), seq=dict(d.get("seq") or {}),
@@ -159,7 +165,8 @@ class RankState:
             coll_time_s=colls.get("time_s") or 0.0,
             loaders=tuple(LoaderState.from_json(ld) for ld in d.get("loaders") or ()),
             ddp=tuple(DdpModel.from_json(x) for x in d.get("ddp") or ()), exc=RaisedError.from_json(d.get("exc")),
-            done=bool(d.get("done")), exit_code=d.get("exit_code"), exit_site=Site.from_json(d.get("exit_site")),
+            done=bool(d.get("done")), teardown=bool(d.get("teardown")), exit_code=d.get("exit_code"),
+            exit_site=Site.from_json(d.get("exit_site")),
             timeline=None if tl is None else tuple(TimelineEvent.from_json(e) for e in tl),
             perf={k: d[k] for k in PERF_KEYS if k in d},
             stack=_sites(d.get("stack")), threads=tuple(ThreadStack.from_json(t) for t in d.get("threads") or ()),
@@ -178,7 +185,8 @@ def missing_rank(rank: int) -> RankState:
 
 
 # newer fields, left out when unknown (older captures and states round-trip unchanged)
-_OMIT_WHEN_NONE = frozenset({"activity", "pg_timeout_s", "idle_s"})
+_OMIT_WHEN_NONE = frozenset({"activity", "pg_timeout_s", "idle_s", "sync_forwards", "syncs_skipped", "skipped_syncs",
+                             "teardown"})
 # encoded field by field; the others have a compact encoding of their own in to_json
 _PLAIN_FIELDS = tuple(f.name for f in fields(RankState)
                       if f.name not in ("fingerprints", "site_counts", "perf", "sites_seen", "coll_count",

@@ -48,10 +48,17 @@ def _sites(xs) -> tuple[Site, ...]:
     return tuple(s for s in (Site.from_json(x) for x in xs or ()) if s is not None)
 
 
+# The group key of process-group creation (new_group and the torch APIs that call it): every rank must
+# make these calls in the same order with the same arguments, and torch pairs them by a counter of its
+# own (the group's name), not by a sequence number of the world group, so they get a sequence of their own.
+GROUP_CREATION = "world.new_group"
+
+
 @dataclass(frozen=True, slots=True)
 class Collective:
     """One collective call of a rank: its position (group, seq), what it is, where it was issued.
 
+    ``shapes``: its tensors' shapes, or for a group creation its arguments (``ranks=[0, 1]``);
     ``waiting_s``: seconds since it was issued, for a call not completed yet; ``epoch`` /
     ``step_in_epoch``: the training position it was issued at (fingerprints)."""
     group: str | None
@@ -65,6 +72,7 @@ class Collective:
     epoch: int | None = None
     step_in_epoch: int | None = None
     join: bool = False   # issued inside DDP's Join: ranks' calls legitimately differ there
+    blocking: bool = False  # the rank's thread is inside this synchronous call (not an issued async one)
 
     def signature(self) -> tuple:
         return (self.op, self.shapes, self.dtypes)
@@ -78,6 +86,8 @@ class Collective:
                 d[k] = v
         if self.join:
             d["join"] = True
+        if self.blocking:
+            d["blocking"] = True
         return d
 
     @classmethod
@@ -88,7 +98,7 @@ class Collective:
             return d
         return cls(d.get("group"), d.get("seq"), d["op"], tuple(d.get("shapes") or ()), tuple(d.get("dtypes") or ()),
                    Site.from_json(d.get("site")), d.get("origin"), d.get("waiting_s"), d.get("epoch"),
-                   d.get("step_in_epoch"), bool(d.get("join")))
+                   d.get("step_in_epoch"), bool(d.get("join")), bool(d.get("blocking")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +177,22 @@ class Activity:
 
 
 @dataclass(frozen=True, slots=True)
+class SkippedSync:
+    """A DDP forward that prepared a gradient sync followed by no backward before the next one: that
+    iteration's all-reduce never ran on this rank (``iteration``: the forward's number, 1-based)."""
+    iteration: int
+    site: Site | None = None
+    epoch: int | None = None
+
+    def to_json(self) -> list:
+        return [self.iteration, _site_json(self.site), self.epoch]
+
+    @classmethod
+    def from_json(cls, d) -> "SkippedSync":
+        return d if isinstance(d, SkippedSync) else cls(int(d[0]), Site.from_json(d[1]), d[2])
+
+
+@dataclass(frozen=True, slots=True)
 class DataWait:
     """A rank blocked in ``next()`` of a DataLoader (index into ``RankState.loaders``)."""
     loader: int | None
@@ -239,6 +265,7 @@ class LoaderState:
     sampler: SamplerState | None = None
     worker_pids: tuple[int, ...] = ()
     join_epochs: tuple[int, ...] = ()   # training epochs run under DDP's Join
+    skipped_batches: tuple[tuple[int, int], ...] = ()  # (epoch, batch number) led to no step, the first few
     worker_exits: tuple[WorkerExit, ...] = ()  # workers found dead when the rank failed
 
     def to_json(self) -> dict[str, Any]:
@@ -247,8 +274,11 @@ class LoaderState:
             v = getattr(self, f.name)
             d[f.name] = _site_json(v) if f.name == "site" else v.to_json() if f.name == "sampler" and v else \
                 list(v) if isinstance(v, tuple) else v
-        if not self.join_epochs:
-            del d["join_epochs"]
+        for k in ("join_epochs", "skipped_batches"):  # absent when empty: older captures stay exact
+            if not d[k]:
+                del d[k]
+        if self.skipped_batches:
+            d["skipped_batches"] = [list(x) for x in self.skipped_batches]
         if self.worker_exits:
             d["worker_exits"] = [w.to_json() for w in self.worker_exits]
         else:  # absent when none (captures of older runs stay exact)
@@ -263,6 +293,7 @@ class LoaderState:
         for k in ("epoch_start_s", "batch_wait_s", "steps_by_epoch", "batches_by_epoch", "skips_by_epoch", "worker_pids",
                   "join_epochs"):
             kw[k] = _tuple(d.get(k))
+        kw["skipped_batches"] = tuple((int(e), int(b)) for e, b in d.get("skipped_batches") or ())
         kw["worker_exits"] = tuple(WorkerExit.from_json(w) for w in d.get("worker_exits") or ())
         for k in ("epochs", "batches"):
             kw[k] = kw.get(k) or 0

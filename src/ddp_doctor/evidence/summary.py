@@ -206,12 +206,13 @@ class NodeDetail:
     host: str | None = None
     ranks: tuple[RankState, ...] = ()
     final: bool = False                 # the node's ranks have ended
+    t0: float | None = None             # the wall-clock start its ranks' times (``RankState.t``) count from
 
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "req": self.req, "host": self.host, "final": self.final,
+        return {"node": self.node, "req": self.req, "host": self.host, "final": self.final, "t0": self.t0,
                 "ranks": [st.to_json() for st in self.ranks]}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "NodeDetail":
         return cls(int(d["node"]), int(d.get("req") or 0), d.get("host"),
-                   tuple(RankState.from_json(x) for x in d.get("ranks") or ()), bool(d.get("final")))
+                   tuple(RankState.from_json(x) for x in d.get("ranks") or ()), bool(d.get("final")), d.get("t0"))

@@ -163,6 +163,8 @@ class ValueFlow:
                     return "dcp." + q.rsplit(".", 1)[1]
                 op = q.rsplit(".", 1)[1]
                 if op in TORCH_COLLECTIVES and q.count(".") <= 3 and not q.startswith("torch.distributed.checkpoint"):
+                    if op == "new_group" and _is_true(arg_or_kw(call, 4, "use_local_synchronization")):
+                        return None  # entered by the group's members only, by design
                     return f"dist.{op}"
                 return None
             if q in ACCEL_FUNCS:
@@ -246,3 +248,7 @@ class ValueFlow:
             return any(self.is_ddp_value(v, scope, depth + 1) for v in self.values_of(expr, scope)
                        if v is not expr)
         return False
+
+
+def _is_true(node: ast.expr | None) -> bool:
+    return isinstance(node, ast.Constant) and node.value is True

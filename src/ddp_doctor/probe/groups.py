@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 
@@ -28,6 +29,35 @@ ERA = 1_000_000_000
 def install(rec) -> None:
     patch_init(rec)
     _patch_join(rec)
+    _patch_destroy(rec)
+
+
+def _patch_destroy(rec) -> None:
+    """Note (and post at once) that the rank tears its process group down: gloo can abort the process in
+    there ("terminate called without an active exception", torch's own teardown race) after the training
+    completed, and the report must say so rather than blame the training."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    orig = c10d.destroy_process_group
+    if hasattr(orig, "__ddp_doctor_wrapped__"):
+        return
+
+    @functools.wraps(orig)
+    def destroy_process_group(*args, **kwargs):
+        try:
+            if not args and kwargs.get("group") is None:
+                rec.teardown = True
+                rec.version += 1
+                _mark_teardown()
+        except Exception:
+            pass
+        return orig(*args, **kwargs)
+
+    destroy_process_group.__ddp_doctor_wrapped__ = orig
+    c10d.destroy_process_group = destroy_process_group
+    if getattr(dist, "destroy_process_group", None) is orig:
+        dist.destroy_process_group = destroy_process_group
 
 
 def note_group(rec, site=None) -> None:
@@ -54,6 +84,14 @@ def note_group(rec, site=None) -> None:
         rec.version += 1
     except Exception:
         pass
+
+
+def _mark_teardown() -> None:
+    """A file the launcher finds if this process then dies of a fatal signal (no post: waking the probe's
+    thread to post while the group is torn down made gloo's teardown abort far more often)."""
+    d = os.environ.get("DDP_DOCTOR_DIR")
+    if d:
+        open(os.path.join(d, f"teardown-{os.getpid()}"), "w").close()
 
 
 def patch_init(rec) -> None:

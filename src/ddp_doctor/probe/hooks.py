@@ -17,7 +17,8 @@ import threading
 import time
 import weakref
 
-from ddp_doctor.probe import ddp_params, groups, lifeline, workers
+from ddp_doctor.evidence.records import GROUP_CREATION
+from ddp_doctor.probe import ddp_params, group_calls, groups, lifeline, workers
 from ddp_doctor.probe.recorder import EpochRec, LoaderRec, Recorder, user_site
 
 COLLECTIVES = (
@@ -29,26 +30,8 @@ COLLECTIVES = (
 
 REC: Recorder | None = None
 _tls = threading.local()
-_group_keys: dict[int, str] = {}
+_group_key = group_calls.group_key
 _installed = False
-
-
-def _group_key(group) -> str:
-    if group is None:
-        return "world"
-    key = _group_keys.get(id(group))
-    if key is None:
-        try:
-            from torch.distributed import distributed_c10d as c10d
-
-            if group is c10d.GroupMember.WORLD or group is c10d._get_default_group():
-                key = "world"
-            else:
-                key = "pg:" + ",".join(str(r) for r in c10d.get_process_group_ranks(group))
-        except Exception:
-            key = "pg?"
-        _group_keys[id(group)] = key
-    return key
 
 
 def _describe(args, kwargs) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -133,7 +116,9 @@ def _issue(entry, call, args, kwargs, *, wait_here: bool):
     return work
 
 
-def _wrap_collective(fn, name: str):
+def _wrap_collective(fn, name: str, describe=None):
+    """``describe``: (args, kwargs) -> the arguments of a group creation (recorded under GROUP_CREATION),
+    or None where this call is not one every rank makes; without it, a collective on its own group."""
     try:
         params = list(inspect.signature(fn).parameters)
         gidx = params.index("group") if "group" in params else None
@@ -151,11 +136,16 @@ def _wrap_collective(fn, name: str):
             g = kwargs.get("group")
             if g is None and gidx is not None and len(args) > gidx:
                 g = args[gidx]
-            shapes, dtypes = _describe(args, kwargs)
-            entry = REC.coll_enter(_group_key(g), name, shapes, dtypes, user_site(sys._getframe(1)))
-            if REC.flush is not None and REC.site_counts.get((name, entry[5])) == 1:
-                REC.flush()  # its first call at this line: posted before gloo can abort on a mismatch
-            if aidx is not None:
+            if describe is None:
+                key = _group_key(g)
+                shapes, dtypes = _describe(args, kwargs) if key is not None else ((), ())
+            else:
+                key, shapes, dtypes = GROUP_CREATION, describe(args, kwargs), ()
+            if key is not None and shapes is not None:
+                entry = REC.coll_enter(key, name, shapes, dtypes, user_site(sys._getframe(1)))
+                if REC.flush is not None and REC.site_counts.get((name, entry[5])) == 1:
+                    REC.flush()  # its first call at this line: posted before gloo can abort on a mismatch
+            if aidx is not None and entry is not None:
                 asynchronous = bool(kwargs["async_op"] if "async_op" in kwargs
                                     else len(args) > aidx and args[aidx])
                 if not asynchronous and len(args) <= aidx and _completes_on_stream(g, args, kwargs):
@@ -189,6 +179,11 @@ def _patch_collectives() -> None:
             setattr(dist, name, wrapped)
 
 
+def _patch_group_creation() -> None:
+    """Group creation (new_group, init_device_mesh...): a call every rank makes, compared by its arguments."""
+    group_calls.patch(_wrap_collective)
+
+
 def _patch_ddp() -> None:
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -210,7 +205,7 @@ def _patch_ddp() -> None:
             nbuf = sum(1 for _ in self.module.buffers())
             if REC.group is None:
                 groups.note_group(REC)
-            REC.ddps.append(({
+            rd = {
                 "site": site,
                 "find_unused_parameters": bool(getattr(self, "find_unused_parameters", False)),
                 "broadcast_buffers": bool(getattr(self, "forward_sync_buffers", getattr(self, "broadcast_buffers", False))),
@@ -218,7 +213,9 @@ def _patch_ddp() -> None:
                 "params": sum(1 for _ in self.module.parameters()),
                 "unused_seen": None,
                 "reducer_params": ddp_params.reducer_names(self),  # kept in the rank, see ddp_params
-            }, weakref.ref(self)))
+            }
+            self.__dict__["_ddpd_rec"] = rd  # the forward hook updates it in the user's thread
+            REC.ddps.append((rd, weakref.ref(self)))
             REC.version += 1
         except Exception:
             pass
@@ -243,7 +240,11 @@ def _patch_ddp() -> None:
         finally:
             try:
                 if torch.is_grad_enabled() and self.require_backward_grad_sync:
-                    REC.pending_grad_sync = _group_key(self.process_group)
+                    REC.sync_forward(_group_key(self.process_group), key[1])
+                rd = self.__dict__.get("_ddpd_rec")
+                if rd is not None and rd["find_unused_parameters"] and REC.forwards % 16 == 2:
+                    # read here, in the user's thread: the probe's thread never holds the model
+                    rd["unused_size"] = int(self._get_ddp_logging_data().get("unused_parameter_size", 0))
             except Exception:
                 pass
 
@@ -366,12 +367,7 @@ def _patch_data() -> None:
             rec.batches += 1
             e = getattr(self, "_ddpd_epoch", None)
             if e is not None:
-                rec.cur = e
-                e.batches += 1
-                e.joined = e.joined or REC.join_depth > 0
-                if rec is REC.train_loader and e.steps_at_batch == REC.steps:
-                    e.skips += 1  # the previous batch of this pass led to no optimizer step
-                e.steps_at_batch = REC.steps
+                REC.batch_drawn(rec, e)
             rec.data_wait_s += dt
             rec.batch_wait.append(dt)
             if REC.first_step_t is not None:
@@ -480,7 +476,8 @@ def install(rec: Recorder) -> None:
     except Exception:
         return
     _register_stack_dump("rank")
-    for patch in (_patch_groups, _patch_collectives, _patch_ddp, _patch_data, _patch_optimizer, _patch_perf):
+    for patch in (_patch_groups, _patch_collectives, _patch_group_creation, _patch_ddp, _patch_data, _patch_optimizer,
+                  _patch_perf):
         try:
             patch()
         except Exception as e:  # pragma: no cover - depends on torch version

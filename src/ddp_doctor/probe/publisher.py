@@ -16,7 +16,7 @@ from typing import Any
 from ddp_doctor import store as side
 from ddp_doctor import frames as kinds
 from ddp_doctor.evidence import (Collective, DataWait, DdpModel, GroupInit, LoaderState, RankState, SamplerState, Site,
-                                 SiteCount, ThreadStack, TimelineEvent, Timing, stacks_to_json)
+                                 SiteCount, SkippedSync, ThreadStack, TimelineEvent, Timing, stacks_to_json)
 from ddp_doctor.probe import activity, stackdump
 from ddp_doctor.probe.groups import note_group
 from ddp_doctor.probe.recorder import Recorder
@@ -34,13 +34,19 @@ AGENT_STORE = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
 NODE_LOCAL_ENV = "DDP_DOCTOR_NODE_LOCAL"
 
 
-def _coll(entry, sites: list[Site | None], *, pending: bool = True) -> Collective | None:
-    """A recorder entry as a record; ``waiting_s`` (since issued) only for a call not completed."""
+def _coll(entry, sites: list[Site | None], *, pending: bool = True, blocking: bool = False) -> Collective | None:
+    """A recorder entry as a record; ``waiting_s`` (since issued) only for a call not completed; ``blocking``:
+    the rank's thread is inside it (``rec.cur``), not an asynchronous call issued earlier."""
     if entry is None:
         return None
     group, seq, op, shapes, dtypes, sidx, t, origin = entry
     return Collective(group, seq, op, tuple(shapes), tuple(dtypes), sites[sidx] if sidx < len(sites) else None,
-                      origin, round(time.monotonic() - t, 3) if pending else None)
+                      origin, round(time.monotonic() - t, 3) if pending else None, blocking=blocking)
+
+
+def _in_collective(rec: Recorder, sites: list[Site | None]) -> Collective | None:
+    cur = rec.cur
+    return _coll(cur, sites, blocking=True) if cur is not None else _coll(rec.poll_pending(), sites)
 
 
 def current_collective(rec: Recorder) -> Collective | None:
@@ -62,14 +68,14 @@ def _sampler_state(rec_l) -> SamplerState | None:
 
 def _loader(lr, sites_of) -> LoaderState:
     st = lr.settings
-    steps, batches, skips, joined = lr.epoch_counts()
+    steps, batches, skips, joined, skipped = lr.epoch_counts()
     return LoaderState(
         site=sites_of(lr.site), len=lr.length, num_workers=st.get("num_workers"), pin_memory=st.get("pin_memory"),
         persistent_workers=st.get("persistent_workers"), prefetch_factor=st.get("prefetch_factor"),
         batch_size=st.get("batch_size"), epochs=lr.epochs, batches=lr.batches, data_wait_s=round(lr.data_wait_s, 4),
         epoch_start_s=tuple(round(x, 4) for x in lr.epoch_start_s),
         batch_wait_s=tuple(round(x, 5) for x in lr.batch_wait), steps_by_epoch=steps,
-        batches_by_epoch=batches, skips_by_epoch=skips, join_epochs=joined,
+        batches_by_epoch=batches, skips_by_epoch=skips, join_epochs=joined, skipped_batches=skipped,
         sampler=_sampler_state(lr), worker_pids=tuple(lr.worker_pids), worker_exits=lr.worker_exits)
 
 
@@ -127,11 +133,14 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
         rank=rec.rank, local_rank=rec.local_rank, host=rec.host, pid=rec.pid, attempt=ATTEMPT,
         agent_store=AGENT_STORE, world_size=rec.world_size, group=_group(rec), t=round(rec.now(), 3),
         epoch=epoch, step=rec.steps, step_in_epoch=step_in_epoch, forwards=rec.forwards, backwards=rec.backwards,
+        sync_forwards=rec.sync_forwards, syncs_skipped=rec.syncs_skipped,
+        skipped_syncs=tuple(SkippedSync(i, sites[si] if 0 <= si < len(sites) else None, ep)
+                            for i, si, ep in list(rec.skipped_syncs)),
         progress=rec.progress, steps_by_epoch=tuple(e.steps for e in tl.trained) if tl is not None else (),
         train_loader=_position(rec.loaders, tl), step_times=tuple(round(x, 5) for x in rec.step_times),
         cpu_s=round(time.process_time(), 3), activity=activity.sample(rec, stacks), pg_timeout_s=rec.pg_timeout_s,
         where=_main_site(stacks, rec),
-        in_collective=_coll(rec.cur or rec.poll_pending(), sites), last_collective=_coll(rec.last, sites, pending=False),
+        in_collective=_in_collective(rec, sites), last_collective=_coll(rec.last, sites, pending=False),
         in_data_wait=None if wait is None else DataWait(_position(rec.loaders, wait[0]),
                                                         round(time.monotonic() - wait[1], 3)),
         seq=dict(rec.seq),
@@ -142,8 +151,8 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
                       round(rec.coll_time, 4), round(max(0.0, rec.step_time_total - rec.data_wait_s - rec.coll_time), 4)),
         coll_count=rec.coll_count, coll_time_s=round(rec.coll_time, 4),
         loaders=tuple(_loader(lr, _site_of) for lr in list(rec.loaders)),
-        ddp=tuple(_ddp(d, ref()) for d, ref in list(rec.ddps)),
-        exc=rec.exc, done=rec.done, exit_code=rec.exit_code, exit_site=rec.exit_site,
+        ddp=tuple(_ddp(d) for d, _ref in list(rec.ddps)),
+        exc=rec.exc, done=rec.done, teardown=rec.teardown, exit_code=rec.exit_code, exit_site=rec.exit_site,
         timeline=tuple(TimelineEvent(round(t, 4), k, round(d, 5), lab) for (t, k, d, lab) in list(rec.timeline))
         if with_stack else None,
     )
@@ -166,16 +175,12 @@ def _position(items, item) -> int | None:
     return None
 
 
-def _ddp(d: dict[str, Any], obj) -> DdpModel:
-    """A DDP model's record; with find_unused_parameters, whether DDP ever found an unused parameter
-    (``obj`` is None once the user's program has dropped the model: the probe holds it weakly)."""
-    unused_seen, size = d.get("unused_seen"), None
-    if d.get("find_unused_parameters") and obj is not None:
-        try:
-            size = int(obj._get_ddp_logging_data().get("unused_parameter_size", 0))
-            unused_seen = size > 0
-        except Exception:
-            pass
+def _ddp(d: dict[str, Any]) -> DdpModel:
+    """A DDP model's record; with find_unused_parameters, whether DDP ever found an unused parameter (read
+    by the forward hook in the user's thread: this thread must never hold the model -- a DDP model whose
+    last reference dies here tears its reducer down in the wrong thread and aborts the rank)."""
+    size = d.get("unused_size")
+    unused_seen = d.get("unused_seen") if size is None else size > 0
     return DdpModel(_site_of(d.get("site")), bool(d.get("find_unused_parameters")), bool(d.get("broadcast_buffers")),
                     d.get("buffers") or 0, d.get("params") or 0, unused_seen, size, tuple(d.get("named") or ()))
 

@@ -29,13 +29,14 @@ class EpochRec:
     counted in ``steps_by_epoch`` -- only when an optimizer step follows one of its batches: rank 0
     drawing a batch to log its shape, or a few for sample predictions, is not an epoch."""
 
-    __slots__ = ("index", "steps", "batches", "skips", "steps_at_batch", "joined")
+    __slots__ = ("index", "steps", "batches", "skips", "skipped", "steps_at_batch", "joined")
 
     def __init__(self) -> None:
         self.index: int | None = None  # position among the loader's training epochs, once one
         self.steps = 0
         self.batches = 0
         self.skips = 0          # batches followed by no optimizer step before the next batch
+        self.skipped: list[int] = []  # which ones (1-based batch numbers, the first few)
         self.steps_at_batch = -1
         self.joined = False     # ran (partly) inside DDP's Join: ranks may differ in steps
 
@@ -70,12 +71,13 @@ class LoaderRec:
         self.first_batch_pending = False
 
     def epoch_counts(self, limit: int = 100) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...],
-                                                      tuple[int, ...]]:
-        """(steps, batches, skipped batches) per training epoch, the last ``limit``, and the indices of
-        the training epochs run under DDP's Join."""
+                                                      tuple[int, ...], tuple[tuple[int, int], ...]]:
+        """(steps, batches, skipped batches) per training epoch, the last ``limit``, the indices of the
+        training epochs run under DDP's Join, and (epoch, batch) of the first skipped batches."""
         eps = self.trained[-limit:]
         return (tuple(e.steps for e in eps), tuple(e.batches for e in eps), tuple(e.skips for e in eps),
-                tuple(e.index for e in eps if e.joined))
+                tuple(e.index for e in eps if e.joined),
+                tuple((e.index, b) for e in eps for b in e.skipped)[:16])
 
     @property
     def sampler(self):
@@ -143,8 +145,13 @@ class Recorder:
         self.in_data_wait: tuple[LoaderRec, float] | None = None
         # (record, weak reference to the DDP module): the model is the user's to free
         self.ddps: deque[tuple[dict[str, Any], Any]] = deque(maxlen=_OBJECTS)
-        self.pending_grad_sync: Any = None
+        self.pending_grad_sync: Any = None  # the group of the gradient sync the last DDP forward prepared
+        self.pending_sync_site = -1
+        self.sync_forwards = 0    # DDP forwards that prepared a gradient sync (grad mode, sync not disabled)
+        self.syncs_skipped = 0    # ... followed by no backward before the next one
+        self.skipped_syncs: list[tuple[int, int, int | None]] = []  # (iteration, site index, epoch), the first few
         self.join_depth = 0   # inside DDP's Join context manager (probe/groups.py)
+        self.teardown = False  # destroy_process_group() of the default group was called
         self.join_exits = 0
         self.timeline: deque[tuple] = deque(maxlen=_TIMELINE)
         self.exc: Any = None  # evidence.RaisedError, set once by the probe when the program raises
@@ -236,6 +243,30 @@ class Recorder:
             if self.last is None or self.last[6] <= entry[6]:
                 self.last = entry
         return oldest
+
+    def batch_drawn(self, lr: LoaderRec, e: EpochRec) -> None:
+        """Pass ``e`` of loader ``lr`` yielded a batch; the previous batch of this pass led to no optimizer
+        step if the step count did not move since (a skipped batch)."""
+        lr.cur = e
+        e.batches += 1
+        e.joined = e.joined or self.join_depth > 0
+        if lr is self.train_loader and e.steps_at_batch == self.steps:
+            e.skips += 1
+            if len(e.skipped) < 8:
+                e.skipped.append(e.batches - 1)
+        e.steps_at_batch = self.steps
+
+    def sync_forward(self, group: str, site_idx: int) -> None:
+        """A DDP forward prepared a gradient sync; if the previous one's backward never ran, that
+        iteration's sync was skipped on this rank (an early ``return``/``continue`` before backward)."""
+        self.sync_forwards += 1
+        if self.pending_grad_sync is not None:
+            self.syncs_skipped += 1
+            if len(self.skipped_syncs) < 8:
+                self.skipped_syncs.append((self.sync_forwards - 1, self.pending_sync_site, self.epoch_ctx()[0]))
+            self.version += 1
+        self.pending_grad_sync = group
+        self.pending_sync_site = site_idx
 
     def step(self) -> None:
         t = time.monotonic()

@@ -162,8 +162,8 @@ def collective_text(c: Any) -> str:
     extra = []
     if coll.group not in (None, "world", "default_pg"):
         extra.append(f"group={coll.group}")
-    if coll.shapes:
-        extra.append("shapes=" + ", ".join(coll.shapes))
+    if coll.shapes:  # a group creation's arguments name themselves (ranks=[0, 1])
+        extra.append(("" if "=" in coll.shapes[0] else "shapes=") + ", ".join(coll.shapes))
     if coll.dtypes:
         extra.append("dtypes=" + ", ".join(sorted(set(coll.dtypes))))
     if coll.waiting_s is not None:

@@ -148,7 +148,7 @@ class Job:
             return {**common, "uplink": Uplink(self.store), "on_stop": self.stop}
         slot = int(self.store.add(side.NODES, 1)) - 1
         reader = side.reader_channel(int(self.root_addr.rpartition(":")[2]))
-        return {**common, "root": Root(self.store, reader, _world_size_hint(self.args), slot)}
+        return {**common, "root": Root(self.store, reader, _world_size_hint(self.args), slot, t0=self.t0)}
 
     # -- stopping --------------------------------------------------------------------
     def on_decision(self, decision: Verdict) -> None:

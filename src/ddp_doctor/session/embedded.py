@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -36,7 +37,20 @@ def start_in_rank0(address: str) -> None:
     w = Watcher(store, world_size=world, hang_timeout=float(ht) if ht else None, run_dir=run_dir, is_host=True)
     w.on_decision = lambda decision: _report_and_stop(w, store, decision, t0, run_dir if own_dir else None)
     w.start()
+    threading.Thread(target=_warnings, args=(w,), name="ddp-doctor-warn", daemon=True).start()
     _keep.append((store, w))
+
+
+def _warnings(w) -> None:
+    """The live warnings (a rank keeps the others waiting) on rank 0's stderr, a line when one starts or
+    changes and every 15 s while it lasts: no live table inside the user's own output."""
+    try:
+        from ddp_doctor.report.terminal import LiveView
+    except ImportError:
+        return
+    view = LiveView(w.world_size, file=sys.stderr, color=False)
+    while not w.stopping.wait(1.0) and w.decision is None:
+        view.warn(w.judge.suspicion)
 
 
 _keep: list[Any] = []

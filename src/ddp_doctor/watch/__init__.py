@@ -31,8 +31,8 @@ from ddp_doctor.diagnose.jobview import JobView
 from ddp_doctor.diagnose.summary import Summarizer
 from ddp_doctor.evidence import (JobEvidence, NodeDetail, NodeSummary, RankState, Verdict, WorkerStack,
                                  rank_state_from_wire, stacks_from_wire)
-from ddp_doctor.watch.stacks import FATAL, fatal_stack, parse_faulthandler, peek_exit, signal_dumps
 from ddp_doctor.watch.root import DETAIL_ALL
+from ddp_doctor.watch.stacks import FATAL, fatal_stack, parse_faulthandler, peek_exit, signal_dumps, tore_down
 from ddp_doctor.watch.views import RankView
 
 __all__ = ["Watcher", "RankView", "FATAL", "POLL", "parse_faulthandler", "Attempt"]
@@ -231,8 +231,9 @@ class Watcher(threading.Thread):
                 node = node.with_(node=self.root.slot)
                 self.root.read(now)
                 self.root.own(node)
-                self.root.confirm(self.views, now)
                 self.job = self.root.job_view(node, now)  # (summaries of this attempt only)
+                self.root.suspect_cycles(self.job)
+                self.root.confirm(self.views, now)
             elif self.is_host:
                 self.job = JobView(self.world_size, [(node, 0.0)])
             if not self.is_host or self.failed_attempt is not None:
@@ -256,7 +257,7 @@ class Watcher(threading.Thread):
         """This node's ranks' full states, for the root (``req`` 0 and ``final``: the last word)."""
         ev = self.evidence()
         return NodeDetail(self.uplink.slot if self.uplink is not None else 0, req, _HOST,
-                          tuple(st for st in ev.ranks.values() if not st.missing), final)
+                          tuple(st for st in ev.ranks.values() if not st.missing), final, _t0())
 
     def run(self) -> None:
         self._watch()
@@ -346,7 +347,9 @@ class Watcher(threading.Thread):
             if not v.stack and v.exit and v.exit.signal in FATAL and v.state.pid and not v.remote:
                 v.stack = tuple(fatal_stack(self.run_dir, v.state.pid))
                 fatal = bool(v.stack)
-            ranks[r] = v.state.with_(stack=tuple(v.stack), threads=tuple(v.threads), workers=tuple(v.workers),
+            teardown = v.state.teardown or bool(v.exit and v.exit.signal in FATAL and v.state.pid and not v.remote
+                                                and tore_down(self.run_dir, v.state.pid))
+            ranks[r] = v.state.with_(teardown=teardown, stack=tuple(v.stack), threads=tuple(v.threads), workers=tuple(v.workers),
                                      exit=v.exit, busy=v.busy(), stalled_s=round(now - v.progress_t, 2),
                                      idle_s=round(v.idle_s(now), 2),
                                      sites_seen=frozenset(v.sites_seen), fatal_stack=fatal)
@@ -360,6 +363,14 @@ class Watcher(threading.Thread):
         limit, how = self.judge.hang_limit(self.views)
         return JobEvidence(self.world_size, dict(sorted(ranks.items())), round(now - self.started, 3), limit, how,
                            suspicion=self.judge.longest, lost_nodes=lost)
+
+
+def _t0() -> float | None:
+    """The wall-clock start this launcher's ranks count their times from (``DDP_DOCTOR_T0``)."""
+    try:
+        return float(os.environ.get("DDP_DOCTOR_T0") or "") or None
+    except ValueError:
+        return None
 
 
 class Attempt:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 from ddp_doctor import store as side
 from ddp_doctor.diagnose.jobview import LATE_S, LOST_S, CrossCheck, JobView
-from ddp_doctor.diagnose.live import find_desync
-from ddp_doctor.evidence import Control, NodeDetail, NodeLoss, NodeSummary, Pull, RankState, Verdict
+from ddp_doctor.diagnose.live import CYCLE_S, find_desync, group_ranks
+from ddp_doctor.evidence import GROUP_CREATION, Control, NodeDetail, NodeLoss, NodeSummary, Pull, RankState, Verdict
 from ddp_doctor.evidence.compact import Decoder
 from ddp_doctor.watch.views import RankView
 
@@ -55,7 +56,7 @@ class Root:
     a short timeout) makes the per-poll reads."""
 
     def __init__(self, channel: Any, reader: Any, world_size: int, slot: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, t0: float | None = None) -> None:
         self.channel = channel
         self.reader = reader
         self.world_size = world_size
@@ -73,6 +74,7 @@ class Root:
         self.details: dict[int, NodeDetail] = {}  # slot -> its latest answer
         self.lost: dict[int, NodeLoss] = {}
         self.attempt = 0                          # torch's restart count of the ranks being judged
+        self.t0 = t0                              # the wall-clock start this node's ranks count their times from
 
     def begin_attempt(self, attempt: int) -> None:
         """torch's agents restarted the ranks (``--max-restarts``): what was known of the failed attempt goes."""
@@ -252,6 +254,29 @@ class Root:
             self.wanted[k] = 0
         self.wait(slots, timeout_s)
 
+    def suspect_cycles(self, job: JobView) -> None:
+        """Ranks of two nodes that may be blocked waiting for each other (``JobView.cycle_pairs``)."""
+        if self.proof is None and len(job.nodes) > 1:
+            for key, nodes in job.cycle_pairs(group_ranks, GROUP_CREATION, CYCLE_S):
+                if key not in self.cross.cleared:
+                    self._suspect([("cycle", key, nodes)])
+
+    def on_root_clock(self, d: NodeDetail) -> tuple[RankState, ...]:
+        """A node's states with their times (``t``, an exception's ``t``) counted from this node's start, so
+        that ranks of different nodes compare (which rank raised first, two waits that overlapped)."""
+        shift = (d.t0 - self.t0) if d.t0 is not None and self.t0 is not None else 0.0
+        if not shift:
+            return d.ranks
+        out = []
+        for st in d.ranks:
+            kw: dict[str, Any] = {}
+            if st.t is not None:
+                kw["t"] = round(st.t + shift, 3)
+            if st.exc is not None and st.exc.t is not None:
+                kw["exc"] = replace(st.exc, t=round(st.exc.t + shift, 3))
+            out.append(st.with_(**kw) if kw else st)
+        return tuple(out)
+
     # -- cross-node desync: suspected from codes, proven from pulled fingerprints -----------------
     def confirm(self, own_views: dict[int, Any], now: float) -> None:
         """One suspicion at a time: pull the two nodes' fingerprints, then ``find_desync`` proves or clears."""
@@ -274,7 +299,7 @@ class Root:
         views: dict[int, Any] = {}
         for k in remote:
             d = self.details.get(k)
-            for st in d.ranks if d is not None else ():
+            for st in self.on_root_clock(d) if d is not None else ():
                 views[st.rank] = RankView.from_detail(st, now)
         if self.slot in nodes:
             views.update({r: v for r, v in own_views.items() if v.state is not None})
@@ -309,7 +334,7 @@ class Root:
         """Views of the ranks whose full states arrived from other nodes."""
         out = {}
         for d in self.details.values():
-            for st in d.ranks:
+            for st in self.on_root_clock(d):
                 out[st.rank] = RankView.from_detail(st, now)
         return out
 

@@ -53,6 +53,11 @@ def fatal_stack(run_dir: str, pid: int) -> list[Site]:
     return parse_faulthandler(text[i:]) if i >= 0 else []
 
 
+def tore_down(run_dir: str, pid: int) -> bool:
+    """Had the rank called destroy_process_group() (the probe leaves a marker file) before it died?"""
+    return os.path.exists(os.path.join(run_dir, f"teardown-{pid}"))
+
+
 _FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
 _FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 

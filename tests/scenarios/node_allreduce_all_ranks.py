@@ -1,0 +1,56 @@
+"""Twin of node_leader_allreduce: every rank of a node group takes part in the node's all_reduce.
+
+4 ranks as 2 nodes of 2.  Each node group averages its loss at the same step; the two
+groups reduce tensors of different lengths at the same sequence number of their own
+group (fingerprints must only be compared within one group), and only the node leader prints.
+"""
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+PER_NODE = 2
+
+
+def main():
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=float(os.environ.get("DDP_TIMEOUT", 90))))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_rank = rank % PER_NODE
+    node_groups = [dist.new_group(list(range(n, n + PER_NODE))) for n in range(0, world, PER_NODE)]
+    node_group = node_groups[rank // PER_NODE]
+    torch.manual_seed(0)
+
+    x = torch.randn(256, 16)
+    y = (x[:, 0] > 0).long()
+    dataset = TensorDataset(x, y)
+    sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+    loader = DataLoader(dataset, batch_size=8, sampler=sampler)
+
+    model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss_fn = nn.CrossEntropyLoss()
+
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for step, (xb, yb) in enumerate(loader):
+            opt.zero_grad()
+            loss = loss_fn(model(xb), yb)
+            loss.backward()
+            opt.step()
+            if step % 4 == 3:
+                node_loss = loss.detach().reshape(1).repeat(1 + rank // PER_NODE)  # node 1 keeps 2 copies
+                dist.all_reduce(node_loss, group=node_group)
+                if local_rank == 0:
+                    print(f"node {rank // PER_NODE} epoch {epoch} step {step} "
+                          f"loss {node_loss[0].item() / PER_NODE:.4f}", flush=True)
+
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
