@@ -31,10 +31,10 @@ COUNT_EVERY_S = 1.0    # how often the root reads how many nodes have registered
 
 
 def interval_for(nodes: int) -> float:
-    """Seconds between two summaries of a node (and two reads of the root): 0.2 s up to 500 nodes, then
-    growing with the nodes (1,250 nodes: 0.5 s) so that the root store serves at most ~4,000 requests
-    a second and the root's own work stays bounded."""
-    return max(0.2, round(0.0004 * nodes, 2))
+    """Seconds between two summaries of a node (and two reads of the root): 0.2 s up to 400 nodes, then
+    0.5 ms per node (1,250 nodes: 0.625 s), so that the root store serves at most ~3,200 requests a second
+    and the root's own work stays bounded (benchmarks/scale.py: 0.14 CPU core at 1,250 nodes)."""
+    return max(0.2, round(0.0005 * nodes, 3))
 
 
 class _Slot:
