@@ -241,3 +241,15 @@ def test_an_abort_in_destroy_process_group_is_torchs_teardown():
     ev = {"ranks": {0: rank(0, done=True, exit_code=0, step=16), 1: rank(1, teardown=True, step=16)}}
     verdict, fs = diagnose(ev, {"reason": "exit", "rank": 1}, {1: {"exit_code": -6, "signal": "SIGABRT"}})
     assert [f.code for f in fs] == ["DDP204"] and "tearing down its process group" in fs[0].message
+
+
+def test_an_abort_after_every_step_while_the_others_finished_is_teardown():
+    """Rank 1 ran every step, the others finished normally, then it died of SIGABRT before its program
+    could say it returned (its DDP model freed as main() returned): teardown, not a crash of the training."""
+    ev = {"ranks": {0: rank(0, done=True, exit_code=0, step=16), 1: rank(1, step=16)}}
+    verdict, fs = diagnose(ev, {"reason": "exit", "rank": 1}, {1: {"exit_code": -6, "signal": "SIGABRT"}})
+    assert [f.code for f in fs] == ["DDP204"] and fs[0].evidence.get("finished_program")
+    # one step short of the others: a real crash during training
+    ev["ranks"][1]["step"] = 15
+    verdict, fs = diagnose(ev, {"reason": "exit", "rank": 1}, {1: {"exit_code": -6, "signal": "SIGABRT"}})
+    assert not fs[0].evidence.get("finished_program")

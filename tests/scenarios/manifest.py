@@ -476,7 +476,8 @@ def _main(argv: list[str]) -> int:
     ob.add_argument("names", nargs="+")
     ob.add_argument("--timeout", type=float, default=180)
     ob.add_argument("--save-dir", help="write each run's full stdout/stderr there")
-    sub.add_parser("table", help="print the markdown table of docs/scenarios.md")
+    tb = sub.add_parser("table", help="print the markdown tables of docs/scenarios.md")
+    tb.add_argument("--write", action="store_true", help="rewrite them in docs/scenarios.md instead")
     dr = sub.add_parser("doctor", help="run scenarios under `python -m ddp_doctor run` and compare each report "
                                        "with its expectation (uses the ddp_doctor found on PYTHONPATH)")
     dr.add_argument("names", nargs="*", help="default: all (or --issue)")
@@ -487,7 +488,15 @@ def _main(argv: list[str]) -> int:
     if a.cmd == "doctor":
         return _doctor(a.names or names(a.issue), a.timeout, a.report_dir)
     if a.cmd == "table":
-        print("## Coverage by finding code\n\n" + markdown_coverage() + "\n\n## Every scenario\n\n" + markdown_table())
+        tables = "## Coverage by finding code\n\n" + markdown_coverage() + "\n\n## Every scenario\n\n" + markdown_table()
+        if not a.write:
+            print(tables)
+            return 0
+        doc = HERE.parents[1] / "docs" / "scenarios.md"
+        text = doc.read_text()
+        start = text.index("## Coverage by finding code")
+        end = text.find("\n## ", text.index("## Every scenario", start) + 5)
+        doc.write_text(text[:start] + tables + "\n" + (text[end:] if end != -1 else ""))
         return 0
     if a.cmd == "list":
         for n in names(a.issue):

@@ -172,7 +172,7 @@ def test_docs_table_is_up_to_date():
         pytest.skip("docs/scenarios.md not in this checkout")
     text = doc.read_text()
     assert manifest.markdown_table() in text and manifest.markdown_coverage() in text, \
-        "regenerate the tables: python tests/scenarios/manifest.py table"
+        "regenerate the tables: python tests/scenarios/manifest.py table --write"
 
 
 def test_torch_teardown_abort_is_recognised_only_as_diagnosed():

@@ -33,6 +33,13 @@ def _root_ranks(ranks: dict[int, RankState]) -> list[int]:
     return sorted(r for r, st in ranks.items() if st.signal)
 
 
+def _finished_with_the_others(r: int, ranks: dict[int, RankState]) -> bool:
+    """Every other rank ended normally and rank ``r`` had run as many steps as they did: whatever killed it
+    came after the training (freeing the DDP model as its main function returned, say)."""
+    others = [st for o, st in ranks.items() if o != r and not st.missing]
+    return bool(others) and all(st.finished for st in others) and ranks[r].step >= max(st.step for st in others) > 0
+
+
 def finished_early(ranks: dict[int, RankState]) -> list[int]:
     """Ranks that ended normally while another was still inside a collective (or failed in one after)."""
     done = [r for r, st in ranks.items() if st.finished]
@@ -207,12 +214,13 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
                    f"the launcher's own error may name another rank. Meanwhile: {others}.")
             fix = runtime_fix("DDP204.exception")
             evidence = {"exception": e, "exit": ex_ev}
-        elif ex.signal in ("SIGABRT", "SIGSEGV") and (st.done or st.teardown) and st.exit_code in (0, None) \
-                and not st.exc:
+        elif ex.signal in ("SIGABRT", "SIGSEGV") and not st.exc and st.exit_code in (0, None) \
+                and (st.done or st.teardown or _finished_with_the_others(r, ranks)):
             # torch tore itself down badly (in destroy_process_group or at exit): the training had completed
             site = st.exit_site or rank_site(st)
             when = ("had finished normally (its main returned)" if st.done
-                    else "was tearing down its process group (destroy_process_group)")
+                    else "was tearing down its process group (destroy_process_group)" if st.teardown
+                    else "had run every step the others ran, and they had all finished normally,")
             msg = (f"Rank {r}'s program {when} when the process died of "
                    f"{ex.signal} during shutdown, after {st.step} steps: the training itself completed. This is "
                    "torch's own teardown race (gloo/DDP print \"terminate called without an active exception\" when "

@@ -33,11 +33,12 @@ def main(argv: list[str]) -> int:
     else:
         sys.argv = [target, *args]
         sys.path[0] = os.path.dirname(os.path.abspath(target))
+    program = None  # the program's globals: freed only once its end is on record (see below)
     try:
         if module:
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
+            program = runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            runpy.run_path(os.path.abspath(target), run_name="__main__")
+            program = runpy.run_path(os.path.abspath(target), run_name="__main__")
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         probe.finish(code, e if code else None, exit_exc=e)
@@ -45,7 +46,10 @@ def main(argv: list[str]) -> int:
     except BaseException as e:
         probe.finish(1, e)
         raise
+    # the program returned: say so before its globals go (a DDP model among them tears its process group
+    # state down, where torch itself can abort: that is then reported as teardown, not as a crash)
     probe.finish(0)
+    del program
     return 0
 
 
