@@ -7,6 +7,8 @@ Values are JSON text; their shape is :mod:`ddp_doctor.evidence` (rank states) or
 Keys (all under ``ddpd/``):
 - ``rank_key(r)``               a rank's state (evidence wire format), every ~0.25 s
 - ``REQ``                       counter the watcher bumps to ask every probe for its stacks
+- ``NEWS``                      counter a probe bumps after a post it was asked to make at once (a
+                                collective at a new line): the watcher then looks now, even when calm
 - ``stack_key(r, req)``         ``{"threads": [...]}`` answering request ``req``
 - ``ack_key(attempt, r)``       the watcher's go-ahead for a failing rank to exit
 - ``STOP``                      the watcher is stopping the job
@@ -26,6 +28,7 @@ import os
 from datetime import timedelta
 
 REQ = "ddpd/req"
+NEWS = "ddpd/news"
 STOP = "ddpd/stop"
 REPORT = "ddpd/report"
 REPORT_READ = "ddpd/report_read"

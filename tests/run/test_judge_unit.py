@@ -127,3 +127,50 @@ def test_group_ranks():
     assert group_ranks("world", 3) == {0, 1, 2}
     assert group_ranks("pg:1,3", 4) == {1, 3}
     assert group_ranks("pg?", 4) is None
+
+
+def test_a_calm_job_is_looked_at_less_often_and_a_stalling_one_at_once():
+    """The watcher's full look (states, summary, verdict) costs the ranks' CPU: once a second while every
+    rank progresses, every poll as soon as anything the policy acts on is under way."""
+    from ddp_doctor.diagnose.summary import Summarizer, calm
+    from ddp_doctor.watch import CALM_POLL, POLL, Watcher
+
+    job = Job(n=2).start()
+    w = Watcher(None, world_size=2, hang_timeout=None, run_dir="/nonexistent")
+    w.views = job.views
+
+    def look(states) -> float:
+        job.tick(1.0, states)
+        w.node_summary = Summarizer().summary(job.views, job.t, first_state_t=job.t0)
+        w.judge = job.judge
+        return w.interval()
+
+    for step in range(1, 4):  # every rank progresses: one full look a second
+        assert look({r: {"progress": 10 * step} for r in (0, 1)}) == CALM_POLL
+    assert calm(w.node_summary, 2)
+    # rank 0 waits at a barrier while rank 1 no longer progresses: every poll
+    assert look({0: {"in_collective": barrier(12, 0), "progress": 500}, 1: {"where": EVAL, "progress": 500}}) == POLL
+    # a rank that has not posted yet: every poll
+    w.node_summary = Summarizer().summary({0: job.views[0]}, job.t)
+    assert not calm(w.node_summary, 2) and w.interval() == POLL
+
+
+def test_a_post_made_at_once_brings_the_next_look_forward():
+    """A probe posts at once before a collective at a new line (where mismatches are born) and bumps NEWS:
+    a calm watcher looks at the next poll instead of up to a second later."""
+    from ddp_doctor import store as side
+    from ddp_doctor.watch import Watcher
+
+    class Counters:
+        def __init__(self):
+            self.n = {}
+
+        def add(self, key, k):
+            self.n[key] = self.n.get(key, 0) + k
+            return self.n[key]
+
+    store = Counters()
+    w = Watcher(store, world_size=2, hang_timeout=None, run_dir="/nonexistent")
+    assert not w._news()
+    store.add(side.NEWS, 1)
+    assert w._news() and not w._news()

@@ -121,6 +121,28 @@ def test_fingerprints_are_compared_only_within_their_group():
     assert find_desync(views, 4) is None
 
 
+def test_positions_that_agreed_are_not_compared_again_but_a_late_rank_is():
+    """Every poll compares only positions new since the last one (or reached by more ranks): a rank that
+    arrives later at an agreed position with a different shape is still caught."""
+    def ar(seq, shape):
+        return Collective("world", seq, "all_reduce", (shape,), ("float32",), Site(S, 30, "main"))
+
+    compared: dict = {}
+    views = {0: _view(0, [ar(s, "4") for s in range(3)]), 1: _view(1, [ar(s, "4") for s in range(3)]),
+             2: _view(2, [ar(0, "4")])}
+    assert find_desync(views, 3, compared) is None
+    assert compared[0] == compared[1] == {("world", s) for s in range(3)} and compared[2] == {("world", 0)}
+    views[2].fps[("world", 1)] = ar(1, "5")   # rank 2 reaches position 1 late, with another shape
+    d = find_desync(views, 3, compared)
+    assert d is not None and d.kind == "shape" and d.seq == 1 and sorted(d.calls) == [0, 1, 2]
+    # a compared position is trusted: without rank 2's new call, nothing is compared again
+    views[0].fps[("world", 2)] = ar(2, "9")   # (a fingerprint never changes once posted; this proves the skip)
+    del views[2].fps[("world", 1)]
+    assert find_desync(views, 3, compared) is None
+    views[2].fps[("world", 2)] = ar(2, "4")   # ... until a rank reaches it: then every holder is compared
+    assert find_desync(views, 3, compared).seq == 2
+
+
 def test_new_group_with_rank_dependent_ranks_is_proven_at_once_and_named_per_rank():
     calls = {0: Collective(GROUP_CREATION, 0, "new_group", ("ranks=[0, 1]",), (), Site(S, 26, "main")),
              1: Collective(GROUP_CREATION, 0, "new_group", ("ranks=[0]",), (), Site(S, 26, "main"))}

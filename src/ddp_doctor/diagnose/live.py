@@ -171,25 +171,34 @@ class Judge:
             self.longest = s  # the longest a rank outside collectives kept others waiting (info in the report)
 
 
-def find_desync(views: dict[int, Any], world_size: int) -> Verdict | None:
-    """First (group, seq) where two ranks' fingerprints disagree; or per-epoch step counts that differ."""
+def find_desync(views: dict[int, Any], world_size: int, compared: dict[int, set] | None = None
+                ) -> Verdict | None:
+    """First (group, seq) where two ranks' fingerprints disagree; or per-epoch step counts that differ.
+
+    ``compared`` (kept by a caller that asks every poll): per rank, the positions of its fingerprints
+    already compared with every rank that had reached them then, and found to agree.  A fingerprint
+    never changes once posted, so a poll compares only the positions some rank reached since the last
+    one, not the thousands a view keeps."""
     seen = [v for v in views.values() if v.state]
     if len(seen) < 2:
         return None
-    keys: dict[tuple, list[int]] = {}
+    done = {} if compared is None else compared
+    fresh: set = set()
     for v in seen:
-        for k in v.fps:
-            keys.setdefault(k, []).append(v.rank)
-    for k in sorted(keys, key=lambda k: (k[1], k[0])):
-        ranks = keys[k]
-        if len(ranks) < 2:
-            continue
+        fresh |= v.fps.keys() - done.get(v.rank, ())
+    for k in sorted(fresh, key=lambda k: (k[1], k[0])):
+        ranks = [v.rank for v in seen if k in v.fps]
         fps = {r: views[r].fps[k] for r in ranks}
-        if any(c.join for c in fps.values()):
-            continue  # inside DDP's Join the joined ranks shadow the others' calls: no pairing to check
-        kind = _compare(fps, views)
+        # inside DDP's Join the joined ranks shadow the others' calls: no pairing to check
+        kind = None if len(ranks) < 2 or any(c.join for c in fps.values()) else _compare(fps, views)
         if kind:
             return Verdict("desync", kind=kind, group=k[0], seq=k[1], calls=fps)
+        for r in ranks:  # (a rank that reaches k later makes it fresh again, for every rank that holds it)
+            done.setdefault(r, set()).add(k)
+    for v in seen:  # positions the views no longer keep
+        have = done.get(v.rank)
+        if have is not None and len(have) > 2 * len(v.fps):
+            have &= v.fps.keys()
     cycle = _waiting_for_each_other(seen, world_size)
     if cycle:
         return cycle

@@ -42,6 +42,15 @@ def _p90(values: list[float]) -> float:
     return v[min(len(v) - 1, int(0.9 * (len(v) - 1) + 0.5))] if v else 0.0
 
 
+def calm(node: NodeSummary, world_size: int) -> bool:
+    """Every rank posted and progressed within ``QUIET_S``, and none waits, is outside collectives, failed,
+    finished, nears its process group's timeout or disagrees: nothing the policy acts on can be under way,
+    so a single node's watcher may look less often (a rank that stops is seen within one such look)."""
+    return (len(node.ranks) >= world_size and len(node.live) == len(node.ranks) and not node.waiting
+            and not node.outside and node.deadline is None and node.desync is None
+            and node.progress_age_s is not None and node.progress_age_s < QUIET_S)
+
+
 class Summarizer:
     """Makes a node's summaries; keeps the version counter and which positions were already sent."""
 
@@ -50,6 +59,7 @@ class Summarizer:
         self.version = 0
         self.digests = digests       # only several nodes need them
         self.sent: dict[str, int] = {}
+        self.compared: dict[int, set] = {}  # per rank, positions whose fingerprints agreed (``find_desync``)
 
     def summary(self, views: dict[int, Any], now: float, *, first_state_t: float | None = None,
                 host: str | None = None) -> NodeSummary:
@@ -104,7 +114,7 @@ class Summarizer:
             first_t=None if first_state_t is None else round(min(now, first_state_t), 3),
             progress=sum(v.state.progress for v in live), deadline=None if deadline is None else deadline[1],
             step_p90_s=_p90(times) if times else None, step_n=len(times),
-            desync=find_desync(views, len(views)),
+            desync=find_desync(views, len(views), self.compared),
             digests=self._digests(seen) if self.digests else (),
             epoch_steps=_epoch_steps(seen) if self.digests else ())
 

@@ -306,6 +306,8 @@ class Publisher(threading.Thread):
                 self.publish()
                 for done in asked:
                     done.set()
+                if asked:
+                    self.store.add(side.NEWS, 1)  # a first call at a line: where mismatches are born
                 self._answer_requests()
                 self._check_stop()
                 failures = 0

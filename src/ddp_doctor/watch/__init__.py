@@ -28,7 +28,7 @@ import psutil
 from ddp_doctor import store as side
 from ddp_doctor.diagnose import live as judge
 from ddp_doctor.diagnose.jobview import JobView
-from ddp_doctor.diagnose.summary import Summarizer
+from ddp_doctor.diagnose.summary import Summarizer, calm
 from ddp_doctor.evidence import (JobEvidence, NodeDetail, NodeSummary, RankState, Verdict, WorkerStack,
                                  rank_state_from_wire, stacks_from_wire)
 from ddp_doctor.watch.root import DETAIL_ALL
@@ -38,6 +38,7 @@ from ddp_doctor.watch.views import RankView
 __all__ = ["Watcher", "RankView", "FATAL", "POLL", "parse_faulthandler", "Attempt"]
 
 POLL = 0.2
+CALM_POLL = 1.0      # a single node whose ranks all progress (``summary.calm``): a full look this often
 PULL_WAIT_S = 3.0    # the root of several nodes: how long it waits for the suspected nodes' stacks
 FINALS_S = 10.0      # ... and at the end of the job for every node's last word
 _HOST = __import__("socket").gethostname()
@@ -74,6 +75,8 @@ class Watcher(threading.Thread):
         self.req = 0
         self.lock = threading.Lock()
         self.local_pids: dict[int, int] = {}   # pid -> rank (this node's ranks)
+        self.last_raw: dict[str, str] = {}     # key -> the post last read (read once, however often polled)
+        self.news = 0                          # the ranks' NEWS counter at the last look
         self.exit_posted: set[int] = set()
         self.acked: set[int] = set()
         self.attempt = 0                     # torch's restart count of the ranks being watched
@@ -98,8 +101,9 @@ class Watcher(threading.Thread):
             keys = [(side.rank_key(r), r) for r in range(self.world_size)]
         for key, r in keys:
             raw = self._get(key)
-            if raw is None:
+            if raw is None or raw == self.last_raw.get(key):
                 continue
+            self.last_raw[key] = raw
             state = rank_state_from_wire(raw)
             if state is None:
                 continue
@@ -127,28 +131,19 @@ class Watcher(threading.Thread):
                 self.local_pids[state.pid] = r
 
     def check_local_exits(self) -> None:
-        """Notice a local rank's death before the agent reaps it (waitid WNOWAIT keeps the zombie)."""
-        me = psutil.Process()
-        try:
-            children = me.children()
-        except psutil.Error:
-            return
-        for child in children:
-            try:
-                if "ddp_doctor.probe" not in " ".join(child.cmdline()) and child.pid not in self.local_pids:
-                    continue
-            except psutil.Error:
-                pass
-            rank = self.local_pids.get(child.pid)
-            if rank is None or rank in self.exit_posted:
+        """Notice a local rank's death before the agent reaps it (waitid WNOWAIT keeps the zombie).  Only
+        the pids the ranks posted are asked (``peek_exit`` answers for this process's children only):
+        scanning /proc for children every poll cost the watcher more than everything else it does."""
+        for pid, rank in list(self.local_pids.items()):
+            if rank in self.exit_posted:
                 continue
-            info = peek_exit(child.pid)
+            info = peek_exit(pid)
             if info is None:
                 continue
             self.exit_posted.add(rank)
             self.views[rank].exit = info
             if info.signal in FATAL:
-                self.views[rank].stack = fatal_stack(self.run_dir, child.pid)
+                self.views[rank].stack = fatal_stack(self.run_dir, pid)
 
     def begin_attempt(self, attempt: int) -> None:
         """torch's agent restarted the ranks: keep the failed attempt's evidence, watch the new ones afresh."""
@@ -157,10 +152,12 @@ class Watcher(threading.Thread):
         self.failed_attempt = None
         self.views = {} if self.local_world else {r: RankView(r) for r in range(self.world_size)}
         self.local_pids.clear()
+        self.last_raw.clear()
         self.exit_posted.clear()
         self.acked.clear()
         self.first_state_t = None
         self.judge = judge.Judge(self.judge.hang_timeout)
+        self.summarizer.compared.clear()  # the new attempt's positions start again at 0
         if self.root is not None:
             self.root.begin_attempt(attempt)
 
@@ -264,12 +261,36 @@ class Watcher(threading.Thread):
         if self.decision is None and self.failed_attempt is not None:
             self.decision = self.failed_attempt  # the job ended without the restart torch's agent owed us
 
+    def interval(self) -> float:
+        """Seconds between full looks: ``CALM_POLL`` while a single node's job is calm, else ``poll``.
+        Each look costs the ranks' CPU on a shared machine; a job that needs watching is looked at often."""
+        node = self.node_summary
+        if self.uplink is not None or self.root is not None or node is None or self.judge.suspicion is not None:
+            return self.poll
+        return max(self.poll, CALM_POLL) if calm(node, self.world_size) else self.poll
+
+    def _news(self) -> bool:
+        """Has a rank posted at once since the last look (``store.NEWS``: a collective at a new line)?"""
+        try:
+            n = self.store.add(side.NEWS, 0)
+        except Exception:
+            return True
+        news, self.news = n != self.news, n
+        return news
+
     def _watch(self) -> None:
+        last = float("-inf")
         while not self.stopping.is_set():
+            decision = None
             try:
-                decision = self.poll_once()
+                exits = len(self.exit_posted)
+                with self.lock:
+                    self.check_local_exits()  # every poll: torch's agent reaps a dead rank within its interval
+                due = time.monotonic() - last >= self.interval() - 1e-3
+                if self._news() or len(self.exit_posted) > exits or due:
+                    last = time.monotonic()
+                    decision = self.poll_once()
             except Exception as e:  # the watcher must not die silently
-                decision = None
                 print(f"ddp-doctor: watcher error: {e!r}")
             if decision is not None and self.decision is None:
                 failed = judge.any_failed(self.views) or bool(self.job is not None and self.job.failed)
