@@ -18,15 +18,26 @@ PR_SET_PDEATHSIG = 1
 WATCH_S = 0.5
 
 
+_prctl = None  # libc's prctl, looked up once in the rank: a forked worker calls it without a dlopen
+
+
+def _libc_prctl():
+    """dlopen() in a forked child can block for good on the loader's lock if another thread of the parent
+    held it at the fork; so the rank looks prctl up and its DataLoader workers inherit the function."""
+    global _prctl
+    if _prctl is None:
+        import ctypes
+
+        _prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return _prctl
+
+
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
     """Linux only: have the kernel send ``sig`` to this process when its parent exits."""
     if not sys.platform.startswith("linux"):
         return False
     try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+        return _libc_prctl()(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
     except Exception:
         return False
 
@@ -78,6 +89,13 @@ def tie_to_launcher() -> bool:
 # when the *thread* that forked the child ends, so a worker forked by a short-lived thread is left
 # to torch's own worker watchdog.
 forking_thread_is_main = False
+
+
+if os.environ.get("DDP_DOCTOR_LAUNCHER_PID") and sys.platform.startswith("linux"):
+    try:
+        _libc_prctl()  # now, in the rank: its DataLoader workers will need it
+    except Exception:
+        pass
 
 
 def tie_worker_to_rank() -> None:

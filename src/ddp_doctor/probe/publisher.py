@@ -207,19 +207,36 @@ def thread_stacks(rec: Recorder) -> list[ThreadStack]:
     return out
 
 
+_gc_paused = False  # this thread has switched the collector off (no_gc)
+
+
+def _gc_back_in_child() -> None:
+    """A DataLoader worker forked while this thread had the collector off would run without it for good."""
+    global _gc_paused
+    if _gc_paused:
+        _gc_paused = False
+        gc.enable()
+
+
+os.register_at_fork(after_in_child=_gc_back_in_child)
+
+
 @contextlib.contextmanager
 def no_gc():
     """No garbage collection while this thread builds a state: the cyclic GC runs in whichever thread
     allocates, and the user's objects (a DDP model dropped by a sweep) must be finalized in the user's
     threads, not the probe's (a DDP reducer torn down from this thread aborted the rank at exit).
     Never held across a store call, so a stuck side channel cannot leave GC off."""
+    global _gc_paused
     was = gc.isenabled()
     if was:
         gc.disable()
+        _gc_paused = True
     try:
         yield
     finally:
         if was:
+            _gc_paused = False
             gc.enable()
 
 
