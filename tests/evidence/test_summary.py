@@ -7,7 +7,7 @@ import json
 from ddp_doctor.evidence import (Collective, Control, Deadline, Digests, Finished, JobEvidence, NodeDetail, NodeLoss,
                                  NodeSummary, Outside, Pull, RankState, Site, Verdict, Waiting)
 from ddp_doctor.evidence.compact import SETTLED, Decoder, Encoder, pack_codes, unpack_codes
-from ddp_doctor.evidence.summary import ranges, unranges
+from ddp_doctor.evidence.summary import rank_runs, ranges, unranges
 
 S = Site("/u/train.py", 20, "main")
 T = Site("/u/data.py", 7, "read")
@@ -43,6 +43,7 @@ def test_records_round_trip_through_json():
 
 def test_rank_runs_and_packed_codes():
     assert ranges([3, 1, 2, 7, 9, 8]) == [[1, 3], [7, 9]]
+    assert rank_runs([3, 1, 2, 7, 9, 8, 12]) == "1-3, 7-9, 12" and rank_runs([]) == ""
     assert unranges(ranges(range(16, 24))) == tuple(range(16, 24))
     codes = ((1 << 63) | 5, (), (42,))
     codes = ((codes[0],), (), (42,))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ddp_doctor.evidence import ExitStatus, JobEvidence, RankState, Site
+from ddp_doctor.evidence import ExitStatus, JobEvidence, RankState, Site, rank_runs
 from ddp_doctor.findings import Location, runtime_fix
 from ddp_doctor.frames import LIBRARY, innermost_user, kind
 
@@ -100,17 +100,6 @@ def ranks_of(ev: JobEvidence) -> dict[int, RankState]:
 
 
 GROUP_OVER = 8   # more ranks than this doing the same: one phrase ("ranks 0-4095, 4097-9999 each waits ...")
-
-
-def rank_runs(ranks) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
-    out: list[list[int]] = []
-    for r in sorted(ranks):
-        if out and r == out[-1][1] + 1:
-            out[-1][1] = r
-        else:
-            out.append([r, r])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
 
 
 def others_text(ranks: dict[int, RankState], exclude: set[int]) -> str:

@@ -27,12 +27,12 @@ from ddp_doctor.evidence.records import (GROUP_CREATION, SCHEMA, Activity, Colle
                                          SkippedSync, ThreadStack, TimelineEvent, Timing, WorkerExit, WorkerStack,
                                          stacks_from_json, stacks_to_json)
 from ddp_doctor.evidence.summary import (Control, Deadline, Digests, Finished, NodeDetail, NodeSummary, Outside, Pull,
-                                         Waiting)
+                                         Waiting, rank_runs)
 
 __all__ = ["GROUP_CREATION", "SCHEMA", "PERF_KEYS", "EVIDENCE_OUT_ENV", "Activity", "Site", "Collective", "ExitStatus",
            "RaisedError", "DataWait", "SamplerState", "LoaderState", "DdpModel", "DdpParam", "GroupInit", "Timing",
            "TimelineEvent", "ThreadStack", "WorkerExit", "WorkerStack", "SkippedSync",
            "SiteCount", "RankState", "missing_rank", "LintMark", "JobEvidence", "Suspicion", "Verdict", "Capture", "to_wire",
            "NodeLoss", "NodeSummary", "Waiting", "Outside", "Finished", "Deadline", "Digests", "Control", "Pull",
-           "NodeDetail",
+           "NodeDetail", "rank_runs",
            "rank_state_from_wire", "exit_from_wire", "stacks_from_wire", "stacks_to_json", "stacks_from_json"]

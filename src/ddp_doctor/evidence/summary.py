@@ -33,6 +33,11 @@ def ranges(ranks) -> list[list[int]]:
     return out
 
 
+def rank_runs(ranks) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``: how a report names many ranks."""
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges(ranks))
+
+
 def unranges(runs) -> tuple[int, ...]:
     return tuple(r for a, b in runs or () for r in range(int(a), int(b) + 1))
 

@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from ddp_doctor.evidence import rank_runs
 from ddp_doctor.report import _view
 from ddp_doctor.report.safe import clean_text
 
@@ -384,16 +385,6 @@ def _at(site: Any) -> str:
     return f"{os.path.basename(site.path)}:{site.line}" if site is not None else "an unknown line"
 
 
-def _runs(ranks: list[int]) -> str:
-    out: list[list[int]] = []
-    for r in sorted(ranks):
-        if out and r == out[-1][1] + 1:
-            out[-1][1] = r
-        else:
-            out.append([r, r])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
-
-
 def suspicion_text(s: Any) -> str:
     """One line for a live warning (``evidence.Suspicion``): who waits where, who is where and how long."""
     parts = [f"no rank has progressed for {s.stalled_s:.0f}s"]
@@ -405,7 +396,7 @@ def suspicion_text(s: Any) -> str:
             parts.append("; ".join(f"rank {r} waits in {c.op} (#{c.seq} on {c.group}) at {_at(c.site)}"
                                    for r, c in sorted(s.waiting.items())))
         else:  # a large job: one phrase per collective ("ranks 0-5006, 5008-9999 wait in ...")
-            parts.append("; ".join(f"ranks {_runs(rs)} wait {w}" if len(rs) > 8 else
+            parts.append("; ".join(f"ranks {rank_runs(rs)} wait {w}" if len(rs) > 8 else
                                    "; ".join(f"rank {r} waits {w}" for r in rs) for w, rs in by.items()))
     for r, site in sorted(s.outside.items()):
         idle = s.idle_s.get(r)
