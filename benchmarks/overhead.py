@@ -2,9 +2,11 @@
 
 (a) a loop of 1-element all_reduce (per-collective cost); also TORCH_DISTRIBUTED_DEBUG=DETAIL on (a);
 (b) a small DDP training loop (wall ratio).  Each job times its own loop (after a warm-up) on rank 0 and
-prints it, so start-up time (imports, rendezvous) is excluded.
+prints it, so start-up time (imports, rendezvous) is excluded.  The defaults time several seconds per job
+(the steady state a long job lives in) and alternate the variants, on a 2-core box where every stray
+thread competes with the two ranks: compare the ratios of one run, not numbers across days.
 
-    PYTHONPATH=src python benchmarks/overhead.py [--reps 3] [--n 3000] [--steps 300]
+    PYTHONPATH=src python benchmarks/overhead.py [--reps 5] [--n 5000] [--steps 2000]
 """
 from __future__ import annotations
 
@@ -95,9 +97,9 @@ def micro(n: int = 100_000) -> tuple[float, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--n", type=int, default=3000)
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--n", type=int, default=5000)
+    ap.add_argument("--steps", type=int, default=2000)
     a = ap.parse_args()
     d = tempfile.mkdtemp()
     sa, sb = os.path.join(d, "allreduce.py"), os.path.join(d, "ddp.py")
