@@ -344,7 +344,12 @@ class Publisher(threading.Thread):
         """Post the final state; optionally wait (<= wait_ack s) for the watcher to have taken the others' stacks.
 
         Never blocks on the side channel: each call has a deadline, and a channel that is behind
-        (a call still stuck on an unanswering store) drops the post at once."""
+        (a call still stuck on an unanswering store) drops the post at once.  So the publisher's own
+        post in flight is let finish first (stop() was asked; at most its deadline): a final post dropped
+        for being behind it would leave the watcher the state of a step earlier, and a job that ended well
+        would look like ranks that ran different numbers of steps."""
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(DEADLINE_S)
         try:
             self.publish(final=True)
             if self.store.check([side.STOP]):
