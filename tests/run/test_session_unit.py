@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ddp_doctor.evidence import Collective, ExitStatus, RaisedError, RankState, Site, Timing
+from ddp_doctor.evidence import Collective, ExitStatus, JobEvidence, RaisedError, RankState, Site, Timing
 from ddp_doctor.findings import Finding, Location
-from ddp_doctor.session.assemble import confirm_lint, live_rows, rank_entry
+from ddp_doctor.session.assemble import confirm_lint, crash_exit_code, live_rows, rank_entry
 from ddp_doctor.watch.views import RankView
 
 S = Site("/u/train.py", 20, "main")
@@ -41,3 +41,16 @@ def test_live_rows_from_typed_states():
     rows = live_rows(SimpleNamespace(views={0: v0, 1: RankView(1)}))
     assert rows[0]["state"] == "in barrier" and rows[0]["where"] == "train.py:20" and rows[0]["data_wait_pct"] == 33.3
     assert rows[1]["state"] == "starting"
+
+
+def test_the_exit_code_is_the_programs_own_even_when_torch_aborts_at_teardown():
+    """Every rank called sys.exit(3); gloo then aborted rank 1 while the group was torn down (SIGABRT).
+    The job's code is the 3 the program chose (schedulers requeue on it), not 134."""
+    ranks = {0: RankState(rank=0, exit_code=3), 1: RankState(rank=1, exit_code=3)}
+    job = SimpleNamespace(failures={0: ExitStatus(3, None), 1: ExitStatus(-6, "SIGABRT")})
+    assert crash_exit_code(job, JobEvidence(world_size=2, ranks=ranks), []) == 3
+    # a rank killed before its program ended (no code of its own): the signal, as a shell shows it
+    ranks[1] = RankState(rank=1)
+    job.failures[1] = ExitStatus(-9, "SIGKILL")
+    root = Finding("DDP204", "killed", "", location=Location("/u/train.py", 1), ranks=[1])
+    assert crash_exit_code(job, JobEvidence(world_size=2, ranks=ranks), [root]) == 137

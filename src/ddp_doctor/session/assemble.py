@@ -122,13 +122,15 @@ def job_sources(evidence: JobEvidence, script: str | None) -> list[str]:
 
 def crash_exit_code(job, evidence: JobEvidence, findings) -> int:
     """The job's own exit code, as a shell shows it (128+N for a signal): the code every failing rank
-    agrees on (schedulers requeue on it), else the root-cause rank's, else 1."""
+    agrees on (schedulers requeue on it), else the root-cause rank's, else 1.  A rank's program's own
+    exit code (``sys.exit(3)``, as the probe saw the program end) beats the process's: a signal after it
+    is torch tearing the process group down (gloo's abort at exit), not how the program ended."""
     def code_of(r: int) -> int | None:
         st = evidence.ranks.get(r)
-        ex = job.failures.get(r) or (st.exit if st else None)
-        c = ex.exit_code if ex else None
-        if c is None and st is not None:
-            c = st.exit_code
+        c = st.exit_code if st is not None else None
+        if c is None:
+            ex = job.failures.get(r) or (st.exit if st else None)
+            c = ex.exit_code if ex else None
         return None if c is None else (128 - c if c < 0 else c)
 
     failing = {c for c in (code_of(r) for r in set(evidence.ranks) | set(job.failures)) if c}
