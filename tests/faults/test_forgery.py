@@ -48,12 +48,14 @@ def test_forged_rank_state_does_not_stop_the_job(tmp_path, cleanup):
                               "in_collective": False, "collective": None, "t": 1.0})
     forged_json = json.dumps(forged).encode()
     # each kind of forgery in a phase of its own, re-posted faster than the rank's own posts, so the
-    # watcher (5 reads a second) must read every kind
-    for phase, forge in ((2.0, lambda: (evil.set("ddpd/rank/1", forged_json),                    # unsigned
+    # watcher (a look at least once a second) must read every kind; before the replay, a quiet phase in
+    # which the watcher reads the rank's own newer posts (a replay is an *older* genuine value than one read)
+    for phase, forge in ((2.5, lambda: (evil.set("ddpd/rank/1", forged_json),                    # unsigned
                                         evil.set("ddpd/exit/0/1", json.dumps({"exit_code": 1, "signal": "SIGKILL"})))),
-                         (2.0, lambda: (evil.set("ddpd/rank/1", b"ddpd1|99999999999999999999999|" + b"0" * 64 + b"|"
+                         (2.5, lambda: (evil.set("ddpd/rank/1", b"ddpd1|99999999999999999999999|" + b"0" * 64 + b"|"
                                                  + forged_json),                                  # bad signature
                                         evil.set("ddpd/stop", json.dumps({"reason": "hang"})))),
+                         (2.5, lambda: None),                                                     # quiet
                          (3.0, lambda: evil.set("ddpd/rank/1", old))):                           # a genuine replay
         end = time.monotonic() + phase
         while time.monotonic() < end and run.poll() is None:
