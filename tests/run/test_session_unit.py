@@ -48,9 +48,9 @@ def test_the_exit_code_is_the_programs_own_even_when_torch_aborts_at_teardown():
     The job's code is the 3 the program chose (schedulers requeue on it), not 134."""
     ranks = {0: RankState(rank=0, exit_code=3), 1: RankState(rank=1, exit_code=3)}
     job = SimpleNamespace(failures={0: ExitStatus(3, None), 1: ExitStatus(-6, "SIGABRT")})
-    assert crash_exit_code(job, JobEvidence(world_size=2, ranks=ranks), []) == 3
+    root = Finding("DDP204", "rank 1", "", location=Location("/u/train.py", 1), ranks=[1])
+    assert crash_exit_code(job, JobEvidence(world_size=2, ranks=ranks), [root]) == 3
     # a rank killed before its program ended (no code of its own): the signal, as a shell shows it
     ranks[1] = RankState(rank=1)
     job.failures[1] = ExitStatus(-9, "SIGKILL")
-    root = Finding("DDP204", "killed", "", location=Location("/u/train.py", 1), ranks=[1])
     assert crash_exit_code(job, JobEvidence(world_size=2, ranks=ranks), [root]) == 137
