@@ -86,10 +86,11 @@ class Watcher(threading.Thread):
 
     # -- reading -------------------------------------------------------------------
     def _get(self, key: str) -> str | None:
+        """The verified value of ``key``, None when absent or refused: one request (``check`` then ``get``
+        asked the store three times and verified the value twice, for every rank at every look)."""
         try:
-            if not self.store.check([key]):
-                return None
-            return self.store.get(key).decode()
+            raw = self.store.peek(key)
+            return None if raw is None else raw.decode()
         except Exception:
             return None
 
