@@ -21,6 +21,9 @@ ranks, which post under ``local_key(local_rank)``; on the root store (node 0's, 
 - ``node_base_key(n)``          node n's base summary
 - ``CTL``                       the root's control message to every node (evidence.Control)
 - ``detail_key(n, req)``        node n's full states answering pull ``req`` (0: its last word at the end)
+
+Files in the run directory (``DDP_DOCTOR_DIR``), for what a process can no longer post: ``stack_file`` (its
+faulthandler's stacks on SIGUSR1 or a fatal signal) and ``teardown_file``.
 """
 from __future__ import annotations
 
@@ -52,6 +55,16 @@ def node_base_key(node: int) -> str:
 
 def detail_key(node: int, req: int) -> str:
     return f"ddpd/detail/{node}/{req}"
+
+
+def stack_file(run_dir: str, kind: str, pid: int) -> str:
+    """Where a rank's or a loader worker's faulthandler writes its stacks (``kind``: "rank" or "worker")."""
+    return os.path.join(run_dir, f"{kind}-{pid}.stack")
+
+
+def teardown_file(run_dir: str, pid: int) -> str:
+    """The marker a rank leaves when it calls destroy_process_group() (a fatal signal after it: teardown)."""
+    return os.path.join(run_dir, f"teardown-{pid}")
 
 
 def rank_key(rank: int) -> str:

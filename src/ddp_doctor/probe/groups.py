@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 
+from ddp_doctor import store as side
 from ddp_doctor.probe.recorder import user_site
 
 ERA = 1_000_000_000
@@ -91,7 +92,7 @@ def _mark_teardown() -> None:
     thread to post while the group is torn down made gloo's teardown abort far more often)."""
     d = os.environ.get("DDP_DOCTOR_DIR")
     if d:
-        open(os.path.join(d, f"teardown-{os.getpid()}"), "w").close()
+        open(side.teardown_file(d, os.getpid()), "w").close()
 
 
 def patch_init(rec) -> None:

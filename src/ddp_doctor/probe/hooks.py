@@ -17,6 +17,7 @@ import threading
 import time
 import weakref
 
+from ddp_doctor import store as side
 from ddp_doctor.evidence.records import GROUP_CREATION
 from ddp_doctor.probe import ddp_params, group_calls, groups, lifeline, workers
 from ddp_doctor.probe.recorder import EpochRec, LoaderRec, Recorder, user_site
@@ -430,7 +431,7 @@ def _register_stack_dump(kind: str) -> None:
         d = os.environ.get("DDP_DOCTOR_DIR")
         if not d or not hasattr(signal, "SIGUSR1"):
             return
-        f = open(os.path.join(d, f"{kind}-{os.getpid()}.stack"), "w")
+        f = open(side.stack_file(d, kind, os.getpid()), "w")
         _dump_files.append(f)
         faulthandler.register(signal.SIGUSR1, file=f, all_threads=True, chain=False)
         if kind == "rank" and not faulthandler.is_enabled():

@@ -199,7 +199,7 @@ class Watcher(threading.Thread):
                 except psutil.Error:
                     pass
             for wp in sorted(pids):
-                if os.path.exists(os.path.join(self.run_dir, f"worker-{wp}.stack")):
+                if os.path.exists(side.stack_file(self.run_dir, "worker", wp)):
                     wanted.append((wp, "worker", r))
         dumps = signal_dumps(self.run_dir, [(pid, kind) for pid, kind, _ in wanted])
         for v in self.views.values():

@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import time
+from ddp_doctor import store as side
 from ddp_doctor.evidence import ExitStatus, Site
 
 FATAL = ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL")
@@ -18,7 +19,7 @@ def signal_dumps(run_dir: str, targets: list[tuple[int, str]], wait_s: float = 2
     """SIGUSR1 every target (faulthandler writes DIR/<kind>-<pid>.stack), then read what they wrote."""
     sizes: dict[int, tuple[str, int]] = {}
     for pid, kind in targets:
-        path = os.path.join(run_dir, f"{kind}-{pid}.stack")
+        path = side.stack_file(run_dir, kind, pid)
         try:
             before = os.path.getsize(path)
             os.kill(pid, signal.SIGUSR1)
@@ -45,7 +46,7 @@ def signal_dumps(run_dir: str, targets: list[tuple[int, str]], wait_s: float = 2
 def fatal_stack(run_dir: str, pid: int) -> list[Site]:
     """The stack faulthandler wrote when the rank died of SIGABRT/SIGSEGV (gloo EnforceNotMet, ...)."""
     try:
-        with open(os.path.join(run_dir, f"rank-{pid}.stack"), encoding="utf-8", errors="replace") as f:
+        with open(side.stack_file(run_dir, "rank", pid), encoding="utf-8", errors="replace") as f:
             text = f.read()
     except OSError:
         return []
@@ -55,7 +56,7 @@ def fatal_stack(run_dir: str, pid: int) -> list[Site]:
 
 def tore_down(run_dir: str, pid: int) -> bool:
     """Had the rank called destroy_process_group() (the probe leaves a marker file) before it died?"""
-    return os.path.exists(os.path.join(run_dir, f"teardown-{pid}"))
+    return os.path.exists(side.teardown_file(run_dir, pid))
 
 
 _FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
