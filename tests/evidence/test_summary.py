@@ -24,8 +24,7 @@ def _summary(version: int = 1, **kw) -> NodeSummary:
         step_p90_s=0.2, step_n=150,
         desync=Verdict("desync", kind="op", group="world", seq=7,
                        calls={8: Collective("world", 7, "all_reduce", site=S), 9: Collective("world", 7, "barrier")}),
-        digests=(Digests("world", 5, (((1 << 40) | 3,), (7,), ())), Digests("pg:8,9", 0, ((5, 6),))),
-        epoch_steps=(32, -1))
+        digests=(Digests("world", 5, (((1 << 40) | 3,), (7,), ())), Digests("pg:8,9", 0, ((5, 6),))),)
     base.update(kw)
     return NodeSummary(**base)
 

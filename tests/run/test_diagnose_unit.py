@@ -50,22 +50,13 @@ def test_shape_mismatch_same_line_is_ddp203_all_ranks():
     assert fs[0].code == "DDP203" and fs[0].ranks == [0, 1]
 
 
-def test_uneven_steps_after_the_fact():
-    ev = {"ranks": {0: rank(0, steps_by_epoch=[32, 32], step=64), 1: rank(1, steps_by_epoch=[31, 32], step=63)}}
+def test_step_counts_that_differ_in_a_job_that_ended_well_are_no_finding():
+    """Steps per epoch are inferred (loader passes, optimizer steps): a correct job has different ones (DDP's
+    Join over an iterable stream, a rank-local optimizer).  A job that ended well keeps verdict ok."""
+    ev = {"ranks": {0: rank(0, steps_by_epoch=[32, 32], step=64, done=True),
+                    1: rank(1, steps_by_epoch=[31, 32], step=63, done=True)}}
     verdict, fs = diagnose(ev, None)
-    assert verdict == "desync" and fs[0].code == "DDP101" and fs[0].ranks == [1]
-
-
-def test_a_last_epoch_seen_only_up_to_a_lost_final_post_is_not_uneven():
-    """Rank 0's final post was lost (a busy side channel): its last state is a step behind.  The last epoch
-    is compared only on every rank's last word; the epochs before it always."""
-    stale = {0: rank(0, steps_by_epoch=[8, 8, 7], step=23, forwards=24), 1: rank(1, steps_by_epoch=[8, 8, 8], step=24,
-                                                                                done=True)}
-    verdict, fs = diagnose({"ranks": stale}, None)
     assert verdict == "ok" and not [f for f in fs if f.code == "DDP101"]
-    stale[0]["done"] = True  # the same counts as the ranks' final words: a rank did leave the epoch early
-    verdict, fs = diagnose({"ranks": stale}, None)
-    assert verdict == "desync" and fs[0].code == "DDP101" and fs[0].ranks == [0]
 
 
 def test_exception_root_cause_beats_consequence():

@@ -132,10 +132,13 @@ def test_codes_tell_the_nodes_collectives_apart_and_find_desync_proves_it():
     found, proof = _cross({0: ar, 1: ar, 2: ag, 3: ag})
     assert [(f[0], f[2]) for f in found] == [("fingerprint", frozenset({0, 1}))]
     assert proof is not None and proof.kind == "op" and proof.seq == 7
-    # the same call at the same line from another step: DDP101's desync
+    # the same call from another training step: inferred labels never prove a desync, nor make a suspicion
     later = Collective("world", 7, "all_reduce", ("4",), ("float32",), TRAIN, epoch=0, step_in_epoch=4)
     found, proof = _cross({0: ar, 1: ar, 2: later, 3: later})
-    assert found and proof is not None and proof.kind == "steps"
+    assert found == [] and proof is None
+    wide = Collective("world", 7, "all_reduce", ("8",), ("float32",), TRAIN)
+    found, proof = _cross({0: ar, 1: ar, 2: wide, 3: wide})
+    assert found and proof is not None and proof.kind == "shape"
 
 
 def test_codes_leave_legal_differences_alone():
@@ -143,12 +146,20 @@ def test_codes_leave_legal_differences_alone():
     dst = Collective("world", 3, "broadcast", ("4",), ("float32",), Site("/u/t.py", 12, "main"))
     found, proof = _cross({0: src, 1: src, 2: dst, 3: dst})
     assert found == [] and proof is None  # the same collective from two branches
-    # a DDP call at two lines both nodes ran: suspected from the codes, cleared by find_desync
+    # a DDP call at two lines, even one the other node never ran: the same collective as torch sees it
     a = Collective("world", 5, "ddp.forward(broadcast_buffers)", ("2",), ("float32",), Site("/u/t.py", 30, "main"))
     b = Collective("world", 5, "ddp.forward(broadcast_buffers)", ("2",), ("float32",), Site("/u/t.py", 31, "main"))
-    seen = {r: {(a.op, a.site.key()), (b.op, b.site.key())} for r in range(4)}
-    found, proof = _cross({0: a, 1: a, 2: b, 3: b}, seen)
-    assert found and proof is None
+    found, proof = _cross({0: a, 1: a, 2: b, 3: b})
+    assert found == [] and proof is None
+    # all_to_all_single with per-rank split sizes: each rank's tensors differ by design
+    a2a = {r: Collective("world", 9, "all_to_all_single", (f"{3 + r}x4", f"{5 - r}x4"), ("float32", "float32"), TRAIN)
+           for r in range(4)}
+    found, proof = _cross(a2a)
+    assert found == [] and proof is None
+    for r in (2, 3):
+        a2a[r] = Collective("world", 9, "all_to_all_single", ("6x4", "2x4"), ("float64", "float64"), TRAIN)
+    found, proof = _cross(a2a)
+    assert found and proof is not None and proof.kind == "shape"  # a dtype torch requires to agree
     join = Collective("world", 5, "all_reduce", join=True)
     assert fp_code(join) == 0 and not codes_differ(0, fp_code(a))
 

@@ -34,6 +34,15 @@ def test_runtime_finding_confirms_lint_on_the_same_line_and_hazard():
     assert runtime[0]["evidence"]["lint"]["code"] == "DDP201" and "came true" in runtime[0]["message"]
 
 
+def test_advice_seen_happen_stays_advice():
+    """Workers restarted each epoch, seen by lint and measured at run time: still advice, not an error."""
+    runtime = [Finding("DDP403", "m", "f", location=Location("/x/train.py", 35)).to_report_dict()]
+    lint = [Finding("DDP403", "lm", "lf", location=Location("train.py", 35)).to_report_dict()]
+    assert runtime[0]["severity"] == "info"
+    confirm_lint(runtime, lint)
+    assert lint[0]["confirmed_by_runtime"] == "DDP403" and lint[0]["severity"] == "info"
+
+
 def test_live_rows_from_typed_states():
     v0 = RankView(0)
     v0.update(RankState(rank=0, step=3, step_times=(0.1, 0.2), timing=Timing(3, 0.3, 0.3, 0.1, 0, 0.2),

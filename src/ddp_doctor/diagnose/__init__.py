@@ -52,11 +52,8 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
         else:
             findings += collectives.diagnose_fatal_collective(evidence)
         findings += exits.diagnose_exit(evidence, decision or Verdict("exit"))
-    if reason is None and not failed:
-        uneven = steps.diagnose_steps(evidence)  # uneven steps the job survived: silently wrong model
-        if uneven:
-            verdict = "desync"
-            findings += uneven
+    # (step counts that differ in a job that ended well are no finding: they are inferred from loader passes
+    # and optimizer steps, and a correct job has them -- DDP's Join, a rank-local optimizer; docs/verdicts.md)
     if verdict != "ok" and not any(f.code == "DDP202" for f in findings):
         findings = collectives.diagnose_ddp_subset(evidence) + findings
     findings += steps.diagnose_sampler(evidence)

@@ -300,12 +300,9 @@ def _left_loop_early(ranks, calls, fault, site, lint, group, seq) -> Finding | N
 
 def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Finding]:
     ranks = ranks_of(ev)
-    kind = d.kind
     lint = ev.lint
-    if kind == "steps" and d.steps and not d.calls:
-        return [uneven_steps(ranks, d.epoch, dict(d.steps), "detected as it happened", lint=lint)]
     calls = dict(d.calls)
-    if kind == "cycle":  # ranks blocked in different groups, waiting for each other: judge every group
+    if d.kind == "cycle":  # ranks blocked in different groups, waiting for each other: judge every group
         blocked = {r: st.in_collective for r, st in ranks.items() if st.in_collective and not st.failed}
         b = blame_positions({**blocked, **calls}, ranks)
         if b:
@@ -313,20 +310,12 @@ def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Finding]:
             return [finding_for_calls(code, fault, site, calls, ranks, group, seq,
                                       "Detected as it happened, before any timeout: the ranks wait for each other "
                                       "in collectives of different groups")]
-    if kind == "steps":
-        eps = {r: (c.epoch, c.step_in_epoch) for r, c in calls.items()}
-        behind = sorted(calls, key=lambda r: eps[r])
-        site = calls[behind[0]].site
-        txt = "; ".join(f"rank {r} in epoch {e} after {s} steps" for r, (e, s) in sorted(eps.items()))
-        how = (f"collective #{d.seq} on {d.group} ({calls[behind[0]].op} at {where(site)}) pairs different "
-               f"training steps: {txt}; detected as it happened")
-        ahead = max(eps.values())  # the rank(s) already in a later epoch ran fewer steps in the earlier one
-        fewer = sorted(r for r, e in eps.items() if e == ahead) if len(set(eps.values())) > 1 else sorted(calls)
-        epoch = min(e for e, _ in eps.values())
-        steps = {r: st.steps_by_epoch[epoch] if len(st.steps_by_epoch) > epoch else 0 for r, st in ranks.items()}
-        f = uneven_steps(ranks, epoch, steps, how, lint=lint, fallback=fewer, near=site)
-        f.evidence.update({"group": d.group, "seq": d.seq, "calls": {str(r): c for r, c in calls.items()}})
-        return [f]
+    shown = "; ".join(f"rank {r}: {_call_text(c, d.group, d.seq)}" for r, c in sorted(calls.items()))
+    parted = from_parted(ranks, dict(d.parted), f"it showed as a mismatch at collective #{d.seq} on "
+                                                 f"{on_group(d.group)} ({shown})", lint)
+    if parted is not None:
+        parted.evidence.update({"group": d.group, "seq": d.seq, "calls": {str(r): c for r, c in calls.items()}})
+        return [parted]
     code, fault, site = classify_calls(calls, ranks)
     if code == "DDP201":
         early = _left_loop_early(ranks, calls, fault, site, lint, d.group, d.seq)
@@ -335,6 +324,35 @@ def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Finding]:
     return [finding_for_calls(code, fault, site, calls, ranks, d.group, d.seq,
                                "Detected as it happened, before any timeout")]
 
+
+def from_parted(ranks: dict[int, RankState], parted: dict[int, Collective], showed: str, lint) -> Finding | None:
+    """The finding told from where the ranks parted before the divergence showed (``live.parted_calls``): the
+    DDP model run at a line the others never ran it at (DDP202), or calls paired across different training
+    steps (DDP101: the rank that skipped).  ``showed``: how the divergence showed (kept in the message)."""
+    if len(parted) < 2:
+        return None
+    first = next(iter(parted.values()))
+    if first.op.startswith("ddp.") and len({c.site.key() if c.site else None for c in parted.values()}) > 1:
+        code, fault, site = classify_calls(parted, ranks)
+        if code == "DDP202":
+            return finding_for_calls(code, fault, site, parted, ranks, first.group, first.seq,
+                                     f"The ranks parted there; {showed}")
+    labels = {r: (c.epoch, c.step_in_epoch) for r, c in parted.items()}
+    if len(set(labels.values())) < 2 or any(e is None for e, _ in labels.values()):
+        return None
+    behind = sorted(parted, key=lambda r: labels[r])
+    site = parted[behind[0]].site
+    txt = "; ".join(f"rank {r} in epoch {e} after {s} steps" for r, (e, s) in sorted(labels.items()))
+    how = (f"collective #{first.seq} on {first.group} ({parted[behind[0]].op} at {where(site)}) paired different "
+           f"training steps: {txt}; {showed}")
+    ahead = max(labels.values())  # the rank(s) already in a later epoch ran fewer steps in the earlier one
+    fewer = sorted(r for r, e in labels.items() if e == ahead)
+    epoch = min(e for e, _ in labels.values())
+    steps = {r: st.steps_by_epoch[epoch] if len(st.steps_by_epoch) > epoch else 0 for r, st in ranks.items()}
+    f = uneven_steps(ranks, epoch, steps, how, lint=lint, fallback=fewer, near=site)
+    f.evidence["parted_at"] = {"group": first.group, "seq": first.seq,
+                               "calls": {str(r): c for r, c in parted.items()}}
+    return f
 
 
 C10D_MARKERS = (os.sep + "distributed" + os.sep + "distributed_c10d.py", os.sep + "distributed" + os.sep + "c10d_logger.py")

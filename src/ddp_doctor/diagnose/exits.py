@@ -6,6 +6,8 @@ from ddp_doctor.evidence import ExitStatus, JobEvidence, RankState, Verdict
 from ddp_doctor.findings import Finding, runtime_fix
 
 from ddp_doctor.diagnose import errors
+from ddp_doctor.diagnose.collectives import from_parted
+from ddp_doctor.diagnose.live import parted_calls
 from ddp_doctor.diagnose.common import (FIX_101, doing, gist, lint_line, loc, others_text, rank_site, ranks_of,
                                         step_evidence, user_frame, where)
 from ddp_doctor.diagnose.steps import uneven_steps
@@ -147,7 +149,13 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
         done = sorted(r for r, st in ranks.items() if st.finished)
         waiting = {r: st for r, st in ranks.items() if r not in done}
         steps = {r: st.step for r, st in ranks.items()}
-        if len(set(steps.values())) <= 1 and waiting:
+        parted = from_parted(ranks, parted_calls({r: {(c.group, c.seq): c for c in st.fingerprints}
+                                                  for r, st in ranks.items()}),
+                             f"it showed when rank {', '.join(map(str, done))} finished while the others waited "
+                             "for it", lint)
+        if parted is not None:  # where the ranks parted, not where it showed
+            out.append(parted)
+        elif len(set(steps.values())) <= 1 and waiting:
             msg = (f"Rank {', '.join(map(str, done))} left the training loop and finished after "
                    f"{steps[done[0]]} steps while the others still train: {others_text(ranks, set(done))}. "
                    "Their next collective has no partner.")
@@ -155,7 +163,7 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
             site = lint_line(lint, "DDP101", site, None) or site
             out.append(Finding("DDP101", msg, FIX_101, location=loc(site), ranks=done,
                                evidence={"finished": done, **step_evidence(ranks)}))
-        if len(set(steps.values())) > 1:
+        elif len(set(steps.values())) > 1:
             counts = {r: st.steps_by_epoch for r, st in ranks.items()}
             n = min((len(c) for c in counts.values()), default=0)
             for e in range(n):

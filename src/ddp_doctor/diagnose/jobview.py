@@ -31,29 +31,18 @@ def pg_slack(waiting_s: float, timeout_s: float) -> float:
 
 
 def fp_code(c: Collective) -> int:
-    """A collective's fingerprint as one 64-bit code: bits 32-63 the op, shapes and dtypes; 16-31 the line;
-    1-15 the training position (epoch, step; 0 when unknown); bit 0 a DDP call.  0: not compared (Join)."""
+    """A collective's fingerprint as one 64-bit code of what torch requires the ranks' calls to agree on
+    (``Collective.must_agree``); 0: not compared (inside DDP's Join)."""
     if c.join:
         return 0
-    sig = zlib.crc32(f"{c.op}\x1f{c.shapes}\x1f{c.dtypes}".encode())
-    site = (zlib.crc32(repr(c.site.key()).encode()) & 0xFFFF) if c.site is not None else 0
-    pos = 0 if c.epoch is None else ((zlib.crc32(f"{c.epoch},{c.step_in_epoch}".encode()) & 0x7FFF) or 1)
-    return (sig << 32) | (site << 16) | (pos << 1) | (1 if c.op.startswith("ddp.") else 0)
+    raw = repr(c.must_agree()).encode()
+    return ((zlib.crc32(raw) << 32) | zlib.crc32(raw[::-1])) or 1
 
 
 def codes_differ(a: int, b: int) -> bool:
-    """Could two ranks' calls at one position be a desync (``live._compare``'s questions, on codes)?  A
-    different op/shape/dtype; the same call at the same line from different training positions; a DDP
-    call at different lines (DDP202 when the other rank never ran that line: the root confirms)."""
-    if not a or not b or a == b:
-        return False
-    if a >> 32 != b >> 32:
-        return True
-    same_site = (a >> 16) & 0xFFFF == (b >> 16) & 0xFFFF
-    if not same_site:
-        return bool(a & 1)
-    pa, pb = (a >> 1) & 0x7FFF, (b >> 1) & 0x7FFF
-    return bool(pa and pb and pa != pb)
+    """Could two ranks' calls at one position be a desync?  Different codes of calls both compared: the
+    root pulls both nodes' fingerprints and ``live.find_desync`` proves (or clears) it."""
+    return bool(a and b and a != b)
 
 
 LATE_S = 3.0          # no new summary from a node for this long: late (no "no sign of life" verdict meanwhile)
@@ -169,14 +158,13 @@ def _later(a, b) -> bool:
 
 
 class CrossCheck:
-    """The root's book of fingerprint codes per (group, position), first come; and steps per epoch."""
+    """The root's book of fingerprint codes per (group, position), first come."""
 
     KEEP = 2048       # positions kept per group behind the newest
 
     def __init__(self) -> None:
         self.book: dict[str, dict[int, tuple[tuple[int, ...], int]]] = {}   # group -> seq -> (codes, node)
         self.top: dict[str, int] = {}
-        self.epochs: dict[int, tuple[int, int]] = {}                        # epoch -> (steps, node)
         self.cleared: set[tuple] = set()
 
     def feed(self, s: NodeSummary) -> list[tuple[str, Any, frozenset[int]]]:
@@ -205,14 +193,6 @@ class CrossCheck:
                 if len(book) > 2 * self.KEEP:
                     for k in [k for k in book if k < top - self.KEEP]:
                         del book[k]
-        for e, n in enumerate(s.epoch_steps):
-            if n < 0:
-                continue
-            have_e = self.epochs.get(e)
-            if have_e is None:
-                self.epochs[e] = (n, node)
-            elif have_e[0] != n and ("steps", e) not in self.cleared:
-                out.append(("steps", ("steps", e), frozenset((have_e[1], node))))
         return out
 
     def clear(self, key) -> None:

@@ -173,7 +173,13 @@ class Judge:
 
 def find_desync(views: dict[int, Any], world_size: int, compared: dict[int, set] | None = None
                 ) -> Verdict | None:
-    """First (group, seq) where two ranks' fingerprints disagree; or per-epoch step counts that differ.
+    """The first proof of a desync: a (group, seq) where ranks paired calls that torch requires to agree and
+    they do not (``Collective.must_agree``), or two ranks blocked in each other's groups (``cycle``).
+
+    Only facts a correct program cannot produce: never the line a call came from, nor the training epoch
+    or step the probe inferred from loader passes and optimizer steps (those only explain a proof: the
+    verdict's ``parted`` is the first position where the ranks' calls came from different training
+    positions or lines, where they parted before the mismatch showed).
 
     ``compared`` (kept by a caller that asks every poll): per rank, the positions of its fingerprints
     already compared with every rank that had reached them then, and found to agree.  A fingerprint
@@ -190,30 +196,40 @@ def find_desync(views: dict[int, Any], world_size: int, compared: dict[int, set]
         ranks = [v.rank for v in seen if k in v.fps]
         fps = {r: views[r].fps[k] for r in ranks}
         # inside DDP's Join the joined ranks shadow the others' calls: no pairing to check
-        kind = None if len(ranks) < 2 or any(c.join for c in fps.values()) else _compare(fps, views)
+        kind = None if len(ranks) < 2 or any(c.join for c in fps.values()) else _compare(fps)
         if kind:
-            return Verdict("desync", kind=kind, group=k[0], seq=k[1], calls=fps)
+            return Verdict("desync", kind=kind, group=k[0], seq=k[1], calls=fps,
+                           parted=parted_calls({v.rank: v.fps for v in seen}, k[0], k[1]))
         for r in ranks:  # (a rank that reaches k later makes it fresh again, for every rank that holds it)
             done.setdefault(r, set()).add(k)
     for v in seen:  # positions the views no longer keep
         have = done.get(v.rank)
         if have is not None and len(have) > 2 * len(v.fps):
             have &= v.fps.keys()
-    cycle = _waiting_for_each_other(seen, world_size)
-    if cycle:
-        return cycle
-    # per-epoch step counts of the train loader, for epochs every rank has finished
-    counts = {v.rank: v.state.steps_by_epoch for v in seen}
-    joined = frozenset().union(*(v.state.join_epochs() for v in seen))
-    if len(counts) == world_size:
-        done_epochs = min(len(c) for c in counts.values()) - 1
-        for e in range(max(0, done_epochs)):
-            if e in joined:
-                continue  # uneven inputs under DDP's Join: different step counts are the point
-            vals = {r: c[e] for r, c in counts.items()}
-            if len(set(vals.values())) > 1:
-                return Verdict("desync", kind="steps", epoch=e, steps=vals)
-    return None
+    return _waiting_for_each_other(seen, world_size)
+
+
+def parted_calls(fps: dict[int, Any], group: str | None = None, before: int | None = None
+                 ) -> dict[int, Collective]:
+    """Where the ranks parted before a mismatch showed: each rank's call at the first position (of ``group``,
+    before ``before``; any when None) whose calls agree as torch sees them but come from different training
+    positions (epoch, step) or, for the DDP model, different lines.  ``fps``: rank -> {(group, seq):
+    fingerprint}.  Inferred: it explains a proof, it never makes one."""
+    keys = sorted({k for m in fps.values() for k in m
+                   if (group is None or k[0] == group) and (before is None or k[1] < before)},
+                  key=lambda k: (k[1], str(k[0])))
+    for k in keys:
+        calls = {r: m[k] for r, m in fps.items() if k in m}
+        if len(calls) < 2 or any(c.join for c in calls.values()):
+            continue
+        vals = list(calls.values())
+        if len({c.must_agree() for c in vals}) > 1:
+            return {}  # the ranks disagree here already: that is the proof, not a parting before it
+        if len({(c.epoch, c.step_in_epoch) for c in vals}) > 1 and all(c.epoch is not None for c in vals):
+            return calls
+        if vals[0].op.startswith("ddp.") and len({c.site.key() if c.site else None for c in vals}) > 1:
+            return calls
+    return {}
 
 
 def _waiting_for_each_other(seen: list[Any], world_size: int) -> Verdict | None:
@@ -263,23 +279,12 @@ def blocked_at(decision: Verdict, views: dict[int, Any]) -> bool:
     return all(still_in(r, c) for r, c in decision.calls.items())
 
 
-def _compare(fps: dict[int, Collective], views: dict[int, Any]) -> str | None:
-    """None when the calls agree; else 'op'|'shape'|'site'|'steps' (what disagrees)."""
+def _compare(fps: dict[int, Collective]) -> str | None:
+    """None when the calls agree as torch requires; else 'op' | 'shape' (op and shapes/dtypes are one
+    ``must_agree`` tuple: 'op' when the ops differ)."""
     vals = list(fps.values())
-    if len({c.op for c in vals}) > 1:
+    if len({c.must_agree()[0] for c in vals}) > 1:
         return "op"
-    if len({(c.shapes, c.dtypes) for c in vals}) > 1:
+    if len({c.must_agree() for c in vals}) > 1:
         return "shape"
-    keys = {r: c.site.key() if c.site else None for r, c in fps.items()}
-    op = vals[0].op
-    if len(set(keys.values())) > 1:
-        if op.startswith("ddp."):
-            # a DDP call at a line some other rank never ran it at: DDP on a subset of ranks
-            for r in fps:
-                if any((op, keys[r]) not in views[o].sites_seen for o in fps if o != r):
-                    return "site"
-        return None  # same collective from two branches (e.g. src/dst branches): fine
-    eps = {(c.epoch, c.step_in_epoch) for c in vals if c.epoch is not None}
-    if len(eps) > 1 and all(c.epoch is not None for c in vals):
-        return "steps"
     return None

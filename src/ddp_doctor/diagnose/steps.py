@@ -70,27 +70,6 @@ def uneven_steps(ranks, epoch, steps: dict[int, int], how: str, *, lint=None, fa
                              "loader_len": {str(r): n for r, n in lens.items()}, **step_evidence(ranks)})
 
 
-def diagnose_steps(ev: JobEvidence) -> list[Finding]:
-    """DDP101 on a job that ran on: per-epoch (or total) step counts that differ between ranks."""
-    ranks = ranks_of(ev)
-    if len(ranks) < 2 or any(st.missing for st in ranks.values()):
-        return []
-    counts = {r: st.steps_by_epoch for r, st in ranks.items()}
-    joined = frozenset().union(*(st.join_epochs() for st in ranks.values()))
-    # a rank's last word may be missing (its final post lost): then its last epoch may have gone on after
-    # the state we hold, and only the epochs before it can be compared
-    final = all(st.done for st in ranks.values())
-    n = min(len(c) for c in counts.values()) - (0 if final else 1)
-    for e in range(n):
-        vals = {r: c[e] for r, c in counts.items()}
-        if len(set(vals.values())) > 1 and e not in joined:
-            return [uneven_steps(ranks, e, vals, "the job ran on: its model is silently wrong", lint=ev.lint)]
-    totals = {r: st.step for r, st in ranks.items()}
-    if final and len(set(totals.values())) > 1 and not joined:
-        return [uneven_steps(ranks, "(all)", totals, "the job ran on: its model is silently wrong", lint=ev.lint)]
-    return []
-
-
 # -- DDP102 --------------------------------------------------------------------------------
 def diagnose_sampler(ev: JobEvidence) -> list[Finding]:
     out: dict[tuple, Finding] = {}

@@ -115,8 +115,7 @@ class Summarizer:
             progress=sum(v.state.progress for v in live), deadline=None if deadline is None else deadline[1],
             step_p90_s=_p90(times) if times else None, step_n=len(times),
             desync=find_desync(views, len(views), self.compared),
-            digests=self._digests(seen) if self.digests else (),
-            epoch_steps=_epoch_steps(seen) if self.digests else ())
+            digests=self._digests(seen) if self.digests else ())
 
     def _digests(self, seen: list[Any]) -> tuple[Digests, ...]:
         """The codes of each group's positions reached since the previous summary (and OVERLAP before)."""
@@ -142,18 +141,3 @@ class Summarizer:
             self.sent[g] = hi
             out.append(Digests(g, lo, tuple(codes)))
         return tuple(out)
-
-
-def _epoch_steps(seen: list[Any]) -> tuple[int, ...]:
-    """Steps of each training epoch every rank here finished: the count they agree on, -1 for an epoch not
-    to compare across nodes (run under DDP's Join, or the ranks here differ: proven here once all posted)."""
-    if not seen:
-        return ()
-    counts = [v.state.steps_by_epoch for v in seen]
-    joined = frozenset().union(*(v.state.join_epochs() for v in seen))
-    done = min(len(c) for c in counts) - 1
-    out = []
-    for e in range(max(0, done)):
-        vals = {c[e] for c in counts}
-        out.append(-1 if e in joined or len(vals) > 1 else vals.pop())
-    return tuple(out)

@@ -92,7 +92,7 @@ class Encoder:
              ranges(s.busy), _r(s.progress_age_s), _r(s.active_age_s), _r(s.first_t), s.progress,
              None if s.deadline is None else [s.deadline.rank, *self._coll(s.deadline.coll), s.deadline.timeout_s],
              _r(s.step_p90_s, 5), s.step_n, None if s.desync is None else s.desync.to_json(),
-             [[d.group, d.first, pack_codes(d.codes)] for d in s.digests], list(s.epoch_steps)]
+             [[d.group, d.first, pack_codes(d.codes)] for d in s.digests]]
         v.append([list(x) for x in self.sites])
         return v
 
@@ -140,7 +140,6 @@ _DECODE = {
     "deadline": lambda v, t: None if v is None else Deadline(int(v[0]), _coll_of(v[1:], t), float(v[7])),
     "desync": lambda v, t: Verdict.from_json(v),
     "digests": lambda v, t: tuple(Digests(g, int(first), unpack_codes(c)) for g, first, c in v),
-    "epoch_steps": lambda v, t: tuple(v),
 }
 
 

@@ -85,8 +85,9 @@ class JobEvidence:
 class Verdict:
     """The watcher's live decision: why it stopped looking (``reason`` exit | desync | hang).
 
-    desync: ``kind`` op | shape | site | steps, at (``group``, ``seq``) with each rank's ``calls``, or
-    per-epoch ``steps`` that differ in ``epoch``, or ``cycle`` (two ranks blocked in collectives of
+    desync: ``kind`` op | shape, at (``group``, ``seq``) with each rank's ``calls`` (and ``parted``: each
+    rank's call at the first earlier position where they came from different training positions or lines,
+    an explanation, never a proof), or ``cycle`` (two ranks blocked in collectives of
     different groups, each waiting for the other: ``calls`` holds both); exit: ``rank`` (``finished`` when it ended normally
     while the others wait); hang: ``stalled_s`` against ``limit_s`` (``limit_how``), ``busy`` ranks,
     ``kind`` "pg-timeout" when a collective had waited almost the process group's own timeout.
@@ -97,8 +98,7 @@ class Verdict:
     group: str | None = None
     seq: int | None = None
     calls: Mapping[int, Collective] = field(default_factory=dict)
-    epoch: int | None = None
-    steps: Mapping[int, int] = field(default_factory=dict)
+    parted: Mapping[int, Collective] = field(default_factory=dict)
     rank: int | None = None
     finished: bool = False
     stalled_s: float | None = None
@@ -118,10 +118,8 @@ class Verdict:
         d: dict[str, Any] = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name == "calls":
+            if f.name in ("calls", "parted"):
                 v = {str(r): c.to_json() for r, c in v.items()}
-            elif f.name == "steps":
-                v = {str(r): n for r, n in v.items()}
             elif isinstance(v, tuple):
                 v = list(v)
             d[f.name] = v
@@ -132,8 +130,8 @@ class Verdict:
         if not d:
             return None
         kw = {f.name: d[f.name] for f in fields(cls) if f.name in d}
-        kw["calls"] = {int(r): Collective.from_json(c) for r, c in (d.get("calls") or {}).items()}
-        kw["steps"] = {int(r): n for r, n in (d.get("steps") or {}).items()}
+        for name in ("calls", "parted"):
+            kw[name] = {int(r): Collective.from_json(c) for r, c in (d.get(name) or {}).items()}
         kw["busy"] = _tuple(d.get("busy"))
         return cls(**kw)
 

@@ -146,7 +146,6 @@ class NodeSummary:
     step_n: int = 0                    # how many step times that p90 is of
     desync: Verdict | None = None      # proven among this node's own ranks
     digests: tuple[Digests, ...] = ()  # positions reached since the previous summary (and a few before)
-    epoch_steps: tuple[int, ...] = ()  # steps per training epoch every rank here finished (-1: not compared)
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {}
@@ -169,8 +168,7 @@ class NodeSummary:
             tuple(Outside.from_json(x) for x in d.get("outside") or ()), tuple(d.get("busy") or ()),
             d.get("progress_age_s"), d.get("active_age_s"), d.get("first_t"), int(d.get("progress") or 0),
             Deadline.from_json(d.get("deadline")), d.get("step_p90_s"), int(d.get("step_n") or 0),
-            Verdict.from_json(d.get("desync")), tuple(Digests.from_json(x) for x in d.get("digests") or ()),
-            tuple(d.get("epoch_steps") or ()))
+            Verdict.from_json(d.get("desync")), tuple(Digests.from_json(x) for x in d.get("digests") or ()))
 
     def with_(self, **kw) -> "NodeSummary":
         return replace(self, **kw)

@@ -26,7 +26,7 @@ def _with_late_desync(decision: Verdict | None, late: Verdict) -> Verdict:
     if decision is None:
         return late
     return decision.with_(reason=late.reason, kind=late.kind, group=late.group, seq=late.seq, calls=late.calls,
-                          epoch=late.epoch, steps=late.steps)
+                          parted=late.parted)
 
 
 def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
@@ -205,7 +205,9 @@ def lint_mark(f: Finding) -> LintMark:
 def confirm_lint(runtime: list[dict[str, Any]], lint: list[dict[str, Any]]) -> None:
     """A runtime finding on a line lint flagged with the same hazard: the static warning came true.
 
-    The lint finding becomes an error and both say so (report/v1 finding dicts, changed in place)."""
+    The lint finding takes the runtime finding's severity when that is graver (a DDP101 seen happen is an
+    error; a DDP403 seen happen stays advice) and both say so (report/v1 finding dicts, changed in place)."""
+    grave = {"error": 0, "warning": 1, "info": 2}
     for rf in runtime:
         loc = rf.get("location")
         if not loc:
@@ -214,7 +216,8 @@ def confirm_lint(runtime: list[dict[str, Any]], lint: list[dict[str, Any]]) -> N
             ll = lf.get("location") or {}
             if same_line(ll.get("path"), ll.get("line"), loc["path"], loc.get("line")) \
                     and same_hazard(lf["code"], rf["code"]):
-                lf["severity"] = "error"
+                if grave.get(rf["severity"], 2) < grave.get(lf["severity"], 2):
+                    lf["severity"] = rf["severity"]
                 lf["confirmed_by_runtime"] = rf["code"]
                 rf["evidence"]["lint"] = {"code": lf["code"], "message": lf["message"]}
                 rf["message"] += (f" ddp-doctor lint flagged this line before the run ({lf['code']}): "

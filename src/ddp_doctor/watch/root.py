@@ -155,7 +155,7 @@ class Root:
         sl.raw, sl.summary, sl.t = raw, s, now
         sl.offset = now - s.t if sl.offset is None else min(sl.offset, now - s.t)
         self.lost.pop(k, None)
-        if before is None or s.digests is not before.digests or s.epoch_steps is not before.epoch_steps:
+        if before is None or s.digests is not before.digests:
             self._suspect(self.cross.feed(s))
 
     def _suspect(self, found) -> None:
@@ -316,7 +316,7 @@ class Root:
         if self.world_size <= DETAIL_ALL:
             return {k for k in self.slots if k not in self.lost}
         node = self.node_of()
-        ranks: set[int] = set(job.failed) | set(decision.calls) | set(decision.steps)
+        ranks: set[int] = set(job.failed) | set(decision.calls)
         if decision.rank is not None:
             ranks.add(decision.rank)
         ranks |= {o.rank for o in job.outside()}

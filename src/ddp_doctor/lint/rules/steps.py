@@ -131,7 +131,7 @@ class UnevenSteps(Rule):
                 if jump.kind == "raise" or A.single_process_only(m, jump.conds, scope):
                     continue  # a crash stops every rank; `rank == -1` code never runs under DDP
                 for loop in loops:
-                    if loop not in jump.loops:
+                    if loop not in jump.loops or A.under_join(m, scope, loop):
                         continue
                     level = jump.loops.index(loop)
                     if jump.kind in ("continue", "break") and jump.loops[-1] is not loop:
@@ -209,7 +209,7 @@ class UnevenSteps(Rule):
         m = ctx.model
         seen = set()
         for use in A.loader_uses(m):
-            if not use.training or use.loader in seen:
+            if not use.training or use.loader in seen or A.under_join(m, use.scope, use.loop):
                 continue
             seen.add(use.loader)
             call = use.loader
