@@ -146,8 +146,10 @@ PATTERNS = {
     "save_rank0": _save_rank0, "local_optimizer": _local_optimizer, "finish_late": _finish_late,
 }
 # training loops: plain DDP, no_sync accumulation, DDP's Join over uneven data (map-style / iterable with
-# workers / with ZeRO), FSDP2 (fully_shard) with every rank evaluating
-MODES = ("ddp", "no_sync", "join_map", "join_iterable", "join_zero", "fsdp2")
+# workers / with ZeRO), FSDP2 (fully_shard) with every rank evaluating, accelerate's Accelerator and Lightning
+# Fabric (under torchrun: they adopt its process group and shard the loader themselves)
+MODES = ("ddp", "no_sync", "join_map", "join_iterable", "join_zero", "fsdp2", "accelerate", "fabric")
+FRAMEWORKS = ("accelerate", "fabric")  # the framework prepares the model, the optimizer and the loader
 
 HEADER = '''\
 import datetime, os, time
@@ -212,6 +214,9 @@ def generate(seed: int, nproc: int | None = None) -> Program:
         add(f"    n = {r.randint(60, 100)} + 16 * rank  # this rank's own shard: uneven by design")
         add("    x = torch.randn(n, 16)")
         add("    loader = DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=8, shuffle=True)")
+    elif mode in FRAMEWORKS:
+        add("    x = torch.randn(256, 16)")
+        add("    loader = DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=8, shuffle=True)")
     else:
         add("    x = torch.randn(256, 16)")
         add("    ds = TensorDataset(x, (x[:, 0] > 0).long())")
@@ -224,9 +229,21 @@ def generate(seed: int, nproc: int | None = None) -> Program:
         add("        if isinstance(layer, nn.Linear):")
         add("            fully_shard(layer)")
         add("    model = fully_shard(net)")
+    elif mode == "accelerate":
+        add("    from accelerate import Accelerator")
+        add("    accelerator = Accelerator(cpu=True)")
+        add("    model, opt, loader = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.05), loader)")
+    elif mode == "fabric":
+        add("    from lightning.fabric import Fabric")
+        add("    fabric = Fabric(accelerator='cpu', strategy='ddp', devices=world)")
+        add("    fabric.launch()  # under torchrun: adopts its ranks")
+        add("    model, opt = fabric.setup(net, torch.optim.SGD(net.parameters(), lr=0.05))")
+        add("    loader = fabric.setup_dataloaders(loader)")
     else:
         add("    model = DDP(net)")
-    if mode == "join_zero":
+    if mode in FRAMEWORKS:
+        pass
+    elif mode == "join_zero":
         add("    from torch.distributed.optim import ZeroRedundancyOptimizer")
         add("    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.05)")
     else:
@@ -235,7 +252,9 @@ def generate(seed: int, nproc: int | None = None) -> Program:
     for line in parts["setup"]:
         add("    " + line)
     add(f"    for epoch in range({epochs}):")
-    if not join:
+    if mode in FRAMEWORKS:
+        add("        loader.sampler.set_epoch(epoch) if hasattr(loader.sampler, 'set_epoch') else None")
+    elif not join:
         add("        sampler.set_epoch(epoch)")
     if mode == "join_zero":
         add("        from torch.distributed.algorithms.join import Join")
@@ -252,8 +271,10 @@ def generate(seed: int, nproc: int | None = None) -> Program:
         add("                    opt.step()")
         add("                    opt.zero_grad()")
     else:
+        backward = {"accelerate": "accelerator.backward", "fabric": "fabric.backward"}.get(mode)
         add("                opt.zero_grad()")
-        add("                nn.functional.cross_entropy(model(xb), yb).backward()")
+        add("                loss = nn.functional.cross_entropy(model(xb), yb)")
+        add(f"                {backward}(loss)" if backward else "                loss.backward()")
         add("                opt.step()")
     for line in parts["step"]:
         add("                " + line)
@@ -262,6 +283,14 @@ def generate(seed: int, nproc: int | None = None) -> Program:
         add("            model(torch.randn(8, 16)).sum()")
     for line in parts["epoch"]:
         add("        " + line)
+    if mode == "accelerate":  # the framework's own rank-zero-only forms
+        add("        accelerator.wait_for_everyone()")
+        add("        if accelerator.is_main_process:")
+        add("            torch.save(accelerator.unwrap_model(model).state_dict(), os.path.join(OUT, 'acc.pt'))")
+    elif mode == "fabric":
+        add("        fabric.barrier()")
+        add("        if fabric.global_rank == 0:")
+        add("            fabric.print('epoch', epoch, 'done')")
     for line in parts["after"]:
         add("    " + line)
     add("    dist.barrier()")
