@@ -63,7 +63,7 @@ trap 'rm -rf "$WORK"' EXIT
 : >"$WORK/status.tsv"
 rm -f "$OUTDIR/summary.txt" "$OUTDIR/summary.json" "$OUTDIR/log.txt" "$OUTDIR/artefacts.tar.gz"
 
-# the test files holding the gpu-marked tests (tests/test_gpu_check.py checks that none is missing)
+# the test files holding the gpu-marked tests (tests/perf/test_gpu_check.py checks that none is missing)
 GPU_TEST_FILES="tests/perf/test_perf_gpu.py tests/perf/test_perf_gpu_e2e.py tests/fixes/test_prefetcher.py tests/run/test_probe_gpu.py"
 H=benchmarks/gpu_check.py
 if [ "$DRY" = 1 ]; then
