@@ -44,8 +44,15 @@ def _write(path: str, data: dict) -> None:
 
 
 def _ddp_doctor(*args: str, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddp_doctor", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env or _env())
+    """``python -m ddp_doctor ARGS``; one that runs out of time comes back with exit code 124 (as timeout(1))."""
+    cmd = [sys.executable, "-m", "ddp_doctor", *args]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or _env())
+    except subprocess.TimeoutExpired as e:
+        def text(b):
+            return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+        return subprocess.CompletedProcess(cmd, 124, text(e.stdout), text(e.stderr) + f"\n(timed out after {timeout} s)")
 
 
 # ---------------------------------------------------------------- env
@@ -63,9 +70,13 @@ def cmd_env(a) -> int:
         out.update(torch=torch.__version__, torch_cuda=torch.version.cuda, cuda_available=torch.cuda.is_available(),
                    cuda_devices=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
                    if torch.cuda.is_available() else [])
-        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
     except Exception as e:  # reported, and the step fails below
         out["torch_error"] = repr(e)
+    try:
+        v = torch.cuda.nccl.version() if out.get("cuda_available") else None
+        out["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else v
+    except Exception as e:
+        out["nccl"] = f"unknown ({e!r})"
     snap = gpu.snapshot()
     out["nvml_devices"] = [{k: d[k] for k in ("index", "name", "uuid", "total_mib")} for d in snap["devices"]] \
         if snap else None
@@ -78,6 +89,8 @@ def cmd_env(a) -> int:
     names = [d["name"] for d in out["nvml_devices"] or []] or out.get("cuda_devices") or []
     out["gpu_name"] = ", ".join(names) if names else None
     problems = [f"missing Python modules: {', '.join(missing)}"] if missing else []
+    if "torch_error" in out:
+        problems.append(f"torch failed: {out['torch_error']}")
     if not a.dry_run:
         if not out.get("cuda_available"):
             problems.append(f"torch {out.get('torch')} at {sys.executable} sees no CUDA device (a CPU build? "

@@ -73,7 +73,7 @@ if [ "$DRY" = 1 ]; then
         "env|60|$PY $H env $WORK/env.json --dry-run"
         "tests|90|$PY $H tests $WORK/tests.json --dry-run $GPU_TEST_FILES"
         "overhead|90|$PY benchmarks/overhead.py --backend gloo --nproc 1 --reps 1 --n 50 --steps 30 --variants a_doctor --micro-calls 2000 --json $WORK/overhead.json"
-        "prefetch|60|$PY benchmarks/data_wait.py --device cpu --prefetch-only --prefetch-samples 128 --prefetch-side 8 --prefetch-batch 16 --prefetch-workers 0 --json $WORK/prefetch.json"
+        "prefetch|60|$PY benchmarks/data_wait.py --device cpu --prefetch-only --prefetch-samples 128 --prefetch-side 8 --prefetch-batch 16 --prefetch-workers 0 --prefetch-epochs 1 --json $WORK/prefetch.json"
         "check|90|$PY $H check $WORK/check.json --dry-run --timeout 80"
         "ddp401|90|$PY $H starved $WORK/ddp401.json --dry-run --device cpu --seconds 0.5 --min-steps 15 --width 8 --batch 4 --delay 0.05 --no-control --timeout 80"
     )
@@ -83,9 +83,9 @@ else
     STEPS=(
         "env|20|$PY $H env $WORK/env.json"
         "tests|130|$PY $H tests $WORK/tests.json $GPU_TEST_FILES"
-        "overhead|110|$PY benchmarks/overhead.py --backend nccl --nproc 1 --reps 3 --n 2000 --steps 300 --variants a_torchrun,a_doctor,b_torchrun,b_doctor --json $WORK/overhead.json"
-        "prefetch|60|$PY benchmarks/data_wait.py --device cuda --prefetch-only --json $WORK/prefetch.json"
-        "check|60|$PY $H check $WORK/check.json --timeout 55"
+        "overhead|140|$PY benchmarks/overhead.py --backend nccl --nproc 1 --reps 3 --n 2000 --steps 300 --variants a_torchrun,a_doctor,b_torchrun,b_doctor --json $WORK/overhead.json"
+        "prefetch|45|$PY benchmarks/data_wait.py --device cuda --prefetch-only --json $WORK/prefetch.json"
+        "check|45|$PY $H check $WORK/check.json --timeout 40"
         "ddp401|80|$PY $H starved $WORK/ddp401.json --device cuda --seconds 8 --timeout 38"
     )
 fi
