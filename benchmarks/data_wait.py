@@ -140,7 +140,8 @@ class PrefetchRates:
             "device cpu: CUDAPrefetcher is a pass-through here, a check of the script, not a GPU figure"
         return (f"CUDAPrefetcher samples/s ({where}; batch {self.batch}, {self.workers} workers, "
                 f"{self.epochs} passes over {self.samples} samples): "
-                f"loader alone {self.loader_only:,.0f}, off {self.off:,.0f}, on {self.on:,.0f} (x{self.on / self.off:.2f})")
+                f"loader alone {self.loader_only:,.0f}, off {self.off:,.0f}, on {self.on:,.0f} "
+                f"(x{self.on / self.off:.2f})")
 
 
 def prefetch_rates(device: str, samples: int = 4096, side: int = 64, batch: int = 256,

@@ -22,14 +22,13 @@ import sys
 import tempfile
 import textwrap
 import threading
-import time
 import xml.etree.ElementTree as ET
 from importlib.util import find_spec
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
-sys.path.insert(0, str(SRC))
+sys.path[:0] = [str(SRC), str(ROOT / "benchmarks")]
 
 # the one skip a single-GPU machine may report: the DDP301 run needs two GPUs
 ALLOWED_GPU_SKIP = "needs >= 2 CUDA GPUs"
@@ -52,7 +51,8 @@ def _ddp_doctor(*args: str, timeout: float, env: dict[str, str] | None = None) -
         def text(b):
             return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
 
-        return subprocess.CompletedProcess(cmd, 124, text(e.stdout), text(e.stderr) + f"\n(timed out after {timeout} s)")
+        return subprocess.CompletedProcess(cmd, 124, text(e.stdout),
+                                           text(e.stderr) + f"\n(timed out after {timeout} s)")
 
 
 # ---------------------------------------------------------------- env
@@ -242,9 +242,17 @@ def utilization_stats(samples, t_start: float, t_end: float) -> dict | None:
     vals = [s.gpu_pct[0] for s in samples or [] if t_start <= s.t <= t_end and s.gpu_pct]
     if not vals:
         return None
-    return {"n": len(vals), "mean_pct": round(statistics.fmean(vals), 1), "median_pct": statistics.median(vals),
-            "min_pct": min(vals), "max_pct": max(vals), "share_at_most_5_pct": round(sum(v <= 5 for v in vals) / len(vals), 3),
-            "share_at_least_90_pct": round(sum(v >= 90 for v in vals) / len(vals), 3), "readings": vals}
+    n = len(vals)
+    return {"n": n, "mean_pct": round(statistics.fmean(vals), 1), "median_pct": statistics.median(vals),
+            "min_pct": min(vals), "max_pct": max(vals), "share_at_most_5_pct": round(sum(v <= 5 for v in vals) / n, 3),
+            "share_at_least_90_pct": round(sum(v >= 90 for v in vals) / n, 3), "readings": vals}
+
+
+def utilization_text(u: dict | None, note: str | None = None) -> str:
+    if not u:
+        return note or "not measured"
+    return (f"mean {u['mean_pct']}%, median {u['median_pct']}%, {u['share_at_most_5_pct']:.0%} of readings <= 5%, "
+            f"{u['share_at_least_90_pct']:.0%} >= 90% ({u['n']} readings)")
 
 
 def starved_run(a, delay: float, seconds: float, tmp: str) -> dict:
@@ -256,8 +264,8 @@ def starved_run(a, delay: float, seconds: float, tmp: str) -> dict:
     tag = f"delay{delay:g}"
     script, report, truth = (os.path.join(tmp, f"{tag}{ext}") for ext in ("_job.py", "_report.json", "_job.json"))
     Path(script).write_text(STARVED_JOB)
-    env = dict(_env(), BENCH_DELAY=str(delay), BENCH_SECONDS=str(seconds), BENCH_MIN_STEPS=str(a.min_steps), BENCH_WIDTH=str(a.width),
-               BENCH_BATCH=str(a.batch), BENCH_DEVICE=a.device, BENCH_OUT=truth)
+    env = dict(_env(), BENCH_DELAY=str(delay), BENCH_SECONDS=str(seconds), BENCH_MIN_STEPS=str(a.min_steps),
+               BENCH_WIDTH=str(a.width), BENCH_BATCH=str(a.batch), BENCH_DEVICE=a.device, BENCH_OUT=truth)
     stop, box = threading.Event(), {}
     sampler = threading.Thread(target=lambda: box.update(s=gpu.sample_utilization(stop, 0.1)), daemon=True)
     sampler.start()
@@ -275,7 +283,8 @@ def starved_run(a, delay: float, seconds: float, tmp: str) -> dict:
     split = rank_split(rep["ranks"][0]) or {}
     ddp401 = [f for f in rep["findings"] if f["code"] == "DDP401"]
     out.update(verdict=rep["verdict"], steps=job["steps"], seconds=round(job["t_end"] - job["t_start"], 2),
-               codes=sorted({f["code"] for f in rep["findings"]}), ddp401_message=ddp401[0]["message"] if ddp401 else None,
+               codes=sorted({f["code"] for f in rep["findings"]}),
+               ddp401_message=ddp401[0]["message"] if ddp401 else None,
                split_ms={k: round(v * 1000, 2) for k, v in split.items() if k.endswith("_s")},
                utilization=utilization_stats(box.get("s"), job["t_start"], job["t_end"]),
                utilization_note=None if box.get("s") else "not measured: NVML unavailable (no GPU driver here)")
@@ -300,11 +309,9 @@ def cmd_starved(a) -> int:
             problems.append(f"{name}: fewer than 5 NVML readings inside the training window")
     _write(a.out, {"device": a.device, "width": a.width, "batch": a.batch, "runs": runs, "problems": problems})
     for name, r in runs.items():
-        u = r.get("utilization")
         print(f"{name}: {r.get('steps')} steps in {r.get('seconds')} s, split (ms/step) {r.get('split_ms')}, "
               f"codes {r.get('codes')}; GPU utilisation (NVML): "
-              + (f"mean {u['mean_pct']}%, median {u['median_pct']}%, {u['share_at_most_5_pct']:.0%} of readings <= 5%, "
-                 f"{u['share_at_least_90_pct']:.0%} >= 90% ({u['n']} readings)" if u else str(r.get("utilization_note"))))
+              f"{utilization_text(r.get('utilization'), r.get('utilization_note'))}")
     for pr in problems:
         print(f"FAIL: {pr}")
     return 1 if problems else 0
@@ -329,9 +336,9 @@ def headline(step: str, fig: dict | None) -> str:
             return f"{fig['backend']}, {fig['nproc']} rank(s): " + ", ".join(parts) + \
                 f"; bookkeeping {fig['bookkeeping_us']:.2f} us"
         if step == "prefetch":
-            p = fig.get("prefetch")
-            return "not measured" if not p else (f"{p['device_name']}: samples/s loader alone {p['loader_only']:,.0f}, "
-                                                  f"off {p['off']:,.0f}, on {p['on']:,.0f} (x{p['on'] / p['off']:.2f})")
+            from data_wait import PrefetchRates  # benchmarks/, beside this script
+
+            return PrefetchRates(**fig["prefetch"]).line() if fig.get("prefetch") else "not measured"
         if step == "check":
             rep = fig.get("report") or {}
             r0 = (rep.get("ranks") or [{}])[0]
@@ -340,10 +347,9 @@ def headline(step: str, fig: dict | None) -> str:
         if step == "ddp401":
             out = []
             for name, r in fig["runs"].items():
-                u = r.get("utilization")
-                out.append(f"{name}: codes {r.get('codes')}, data {r.get('split_ms', {}).get('data_s')} of "
-                           f"{r.get('split_ms', {}).get('step_s')} ms/step, NVML util "
-                           + (f"mean {u['mean_pct']}% median {u['median_pct']}%" if u else "not measured"))
+                split = r.get("split_ms") or {}
+                out.append(f"{name}: codes {r.get('codes')}, data {split.get('data_s')} of {split.get('step_s')} "
+                           f"ms/step, NVML utilisation {utilization_text(r.get('utilization'))}")
             return "; ".join(out)
     except (KeyError, TypeError, ZeroDivisionError) as e:
         return f"figures unreadable ({e!r})"

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).parent / "gpu_scripts"
 
 pytestmark = [pytest.mark.gpu, pytest.mark.scenario, pytest.mark.timeout(300),
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the real-GPU probe tests need one")]
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="no CUDA device: the real-GPU probe tests need one")]
 
 
 def _run(tmp_path, script: str, nproc: int, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -43,7 +44,8 @@ def test_nccl_world_size_one(tmp_path):
     v = json.loads(view.read_text())
     assert v["backend"] == "nccl" and v["sum"] == [2.0] * 4
     assert v["after_sync"] is None
-    assert v["last"]["op"] == "all_reduce" and v["last"]["site"]["line"] == _line("nccl_one_rank.py", "synchronous call")
+    assert v["last"]["op"] == "all_reduce"
+    assert v["last"]["site"]["line"] == _line("nccl_one_rank.py", "synchronous call")
     r0 = rep["ranks"][0]
     assert r0["state"] == "finished" and r0["step"] == 30
     assert [f["code"] for f in rep["findings"] if f["severity"] == "error"] == []
