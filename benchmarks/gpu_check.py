@@ -370,7 +370,8 @@ def cmd_summary(a) -> int:
             except ValueError:
                 fig = None
         steps.append({"name": name, "status": status, "seconds": float(secs), "limit_s": int(limit),
-                      "exit_code": int(rc), "headline": headline(name, fig), "figures": fig})
+                      "exit_code": int(rc), "figures": fig,
+                      "headline": "not run (not selected)" if status == "not-selected" else headline(name, fig)})
     env = next((s["figures"] for s in steps if s["name"] == "env"), None) or {}
     summary = {"schema": "ddp-doctor/gpu-check/v1", "mode": a.mode, "gpu": env.get("gpu_name"),
                "measured_on_gpu": a.mode == "gpu" and bool(env.get("cuda_available")),
