@@ -79,25 +79,32 @@ if [ "$DRY" = 1 ]; then
     )
 else
     MODE=gpu
-    # limits add up to 460 s: the whole run stays under 8 minutes even if every step runs out of time
+    # limits add up to 445 s (+ 5 s each to kill): the run stays under 8 minutes even if every step runs out of time
     STEPS=(
         "env|20|$PY $H env $WORK/env.json"
-        "tests|130|$PY $H tests $WORK/tests.json $GPU_TEST_FILES"
-        "overhead|140|$PY benchmarks/overhead.py --backend nccl --nproc 1 --reps 3 --n 2000 --steps 300 --variants a_torchrun,a_doctor,b_torchrun,b_doctor --json $WORK/overhead.json"
+        "tests|125|$PY $H tests $WORK/tests.json $GPU_TEST_FILES"
+        "overhead|135|$PY benchmarks/overhead.py --backend nccl --nproc 1 --reps 3 --n 2000 --steps 300 --variants a_torchrun,a_doctor,b_torchrun,b_doctor --json $WORK/overhead.json"
         "prefetch|45|$PY benchmarks/data_wait.py --device cuda --prefetch-only --json $WORK/prefetch.json"
         "check|45|$PY $H check $WORK/check.json --timeout 40"
-        "ddp401|80|$PY $H starved $WORK/ddp401.json --device cuda --seconds 8 --timeout 38"
+        "ddp401|75|$PY $H starved $WORK/ddp401.json --device cuda --seconds 8 --timeout 36"
     )
 fi
 
 selected() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
+NAMES=",$(for spec in "${STEPS[@]}"; do printf '%s,' "${spec%%|*}"; done)"
+for want in ${ONLY//,/ }; do
+    if [[ "$NAMES" != *",$want,"* ]]; then
+        echo "gpu_check.sh: no step '$want' (steps: ${NAMES:1:-1})" >&2
+        exit 2
+    fi
+done
 
 # run_step NAME LIMIT COMMAND: the command's output, exit code and seconds go to $WORK/NAME.{log,rc,secs}
 run_step() {
     local name="$1" limit="$2" cmd="$3" t0 rc
     t0=$(date +%s.%N)
     # shellcheck disable=SC2086  # the command line is split on purpose
-    timeout -k 10 "$limit" $cmd >"$WORK/$name.log" 2>&1
+    timeout -k 5 "$limit" $cmd >"$WORK/$name.log" 2>&1
     rc=$?
     echo "$rc" >"$WORK/$name.rc"
     awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }' >"$WORK/$name.secs"

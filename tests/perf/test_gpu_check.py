@@ -106,6 +106,8 @@ def test_failing_step_fails_the_script(tmp_path):
 
 def test_usage_errors(tmp_path):
     assert _run(tmp_path, "--no-such-option").returncode == 2
+    p = _run(tmp_path, "--steps", "env,nope")
+    assert p.returncode == 2 and "no step 'nope'" in p.stderr
     env = dict(os.environ, PYTHON=sys.executable)
     env.pop("OUT", None)
     p = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
