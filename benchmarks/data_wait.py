@@ -13,8 +13,13 @@ With num_workers=0 the injected wait per step is batch_size x delay; with W
 workers the loader works ahead, and the expected wait is about
 max(0, batch_size x delay / W - rest of the step).
 
-Where CUDA is available it also measures ddp_doctor.fixes.CUDAPrefetcher on/off
-samples/s; on a CPU-only machine it says that this was not measured.
+Then it measures ddp_doctor.fixes.CUDAPrefetcher on/off samples/s on a loader-bound loop (the loader
+alone, the loop with ``.to(device)``, the loop with the prefetcher) on ``--device``: CUDA where
+available; on a CPU-only machine it says that this was not measured, and ``--device cpu`` runs the same
+loop on the CPU (the prefetcher is a pass-through there: a check of the script, not a GPU figure).
+``--prefetch-only`` skips the data-wait sweep (which is a CPU gloo job whatever ``--device`` says).
+
+    PYTHONPATH=src python benchmarks/data_wait.py --device cuda --prefetch-only --json out.json
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,52 +121,100 @@ def run_one(delay: float, workers: int, steps: int, tmp: Path) -> dict:
     return {"delay": delay, "workers": workers, "rows": rows}
 
 
-def prefetcher_line() -> str:
-    try:
-        import torch
-    except ImportError:
-        return "CUDAPrefetcher on/off: not measured (torch not installed)"
-    if not torch.cuda.is_available():
-        return "CUDAPrefetcher on/off samples/s: not measured (no CUDA device on this machine)"
+@dataclass(frozen=True)
+class PrefetchRates:
+    """Samples/s of one loader-bound loop three ways: the loader alone, with ``.to(device)``, with the prefetcher."""
+
+    device: str
+    device_name: str
+    samples: int
+    batch: int
+    workers: int
+    epochs: int
+    loader_only: float
+    off: float
+    on: float
+
+    def line(self) -> str:
+        where = self.device_name if self.device.startswith("cuda") else \
+            "device cpu: CUDAPrefetcher is a pass-through here, a check of the script, not a GPU figure"
+        return (f"CUDAPrefetcher samples/s ({where}; batch {self.batch}, {self.workers} workers, "
+                f"{self.epochs} passes over {self.samples} samples): "
+                f"loader alone {self.loader_only:,.0f}, off {self.off:,.0f}, on {self.on:,.0f} "
+                f"(x{self.on / self.off:.2f})")
+
+
+def prefetch_rates(device: str, samples: int = 4096, side: int = 64, batch: int = 256,
+                   workers: int = 2, epochs: int = 3) -> PrefetchRates:
+    """The loop: ``epochs`` passes over ``samples`` 3 x side x side images collated by ``workers`` (persistent)
+    loader processes into pinned memory, one small MLP forward/backward per batch.  Timed from the second
+    batch (worker start-up out)."""
+    import torch
     from torch.utils.data import DataLoader, TensorDataset
 
     from ddp_doctor.fixes import CUDAPrefetcher
 
-    dev = torch.device("cuda", 0)
-    ds = TensorDataset(torch.randn(4096, 3, 64, 64), torch.randint(0, 10, (4096,)))
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 64 * 64, 1024), torch.nn.ReLU(),
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    ds = TensorDataset(torch.randn(samples, 3, side, side), torch.randint(0, 10, (samples,)))
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * side * side, 1024), torch.nn.ReLU(),
                                 torch.nn.Linear(1024, 10)).to(dev)
 
-    def rate(prefetch: bool) -> float:
-        loader = DataLoader(ds, batch_size=256, pin_memory=True, num_workers=2)
-        it = CUDAPrefetcher(loader, dev) if prefetch else ((x.to(dev), y.to(dev)) for x, y in loader)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        n = 0
-        for x, y in it:
-            model(x).sum().backward()
-            n += len(x)
-        torch.cuda.synchronize()
+    def rate(mode: str) -> float:
+        loader = DataLoader(ds, batch_size=batch, pin_memory=cuda, num_workers=workers,
+                            persistent_workers=workers > 0)
+
+        def batches():
+            for _ in range(epochs):
+                if mode == "on":
+                    yield from CUDAPrefetcher(loader, dev)
+                elif mode == "off":
+                    yield from ((x.to(dev), y.to(dev)) for x, y in loader)
+                else:
+                    yield from loader
+
+        n, t = 0, None
+        for i, (x, y) in enumerate(batches()):
+            if mode != "loader":
+                model(x).sum().backward()
+            if i == 0:
+                sync()
+                t = time.perf_counter()
+            else:
+                n += len(x)
+        sync()
         return n / (time.perf_counter() - t)
 
-    off, on = rate(False), rate(True)
-    return f"CUDAPrefetcher samples/s: off {off:,.0f}, on {on:,.0f} (x{on / off:.2f})"
+    name = torch.cuda.get_device_name(dev) if cuda else "cpu"
+    return PrefetchRates(str(dev), name, samples, batch, workers, epochs, rate("loader"), rate("off"), rate("on"))
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--delays", default="0.002,0.005", help="per-sample delays in seconds (comma-separated)")
-    ap.add_argument("--workers", default="0,2", help="num_workers values (comma-separated)")
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--json", help="also write the rows as JSON here")
-    a = ap.parse_args(argv)
+def prefetcher_line(device: str | None, **sizes) -> tuple[str, PrefetchRates | None]:
+    """The prefetcher's line of the output, and its rates where it was measured."""
+    try:
+        import torch
+    except ImportError:
+        return "CUDAPrefetcher on/off: not measured (torch not installed)", None
+    if device is None and not torch.cuda.is_available():
+        return "CUDAPrefetcher on/off samples/s: not measured (no CUDA device on this machine)", None
+    r = prefetch_rates(device or "cuda", **sizes)
+    return r.line(), r
+
+
+def sweep(delays: str, workers_list: str, steps: int) -> list[dict]:
+    """The data-wait table: one 2-rank gloo job per (delay, num_workers), printed."""
     results = []
     with tempfile.TemporaryDirectory(prefix="ddpd_bench_") as tmp:
-        for delay in [float(x) for x in a.delays.split(",") if x]:
-            for workers in [int(x) for x in a.workers.split(",") if x]:
-                results.append(run_one(delay, workers, a.steps, Path(tmp)))
+        for delay in [float(x) for x in delays.split(",") if x]:
+            for workers in [int(x) for x in workers_list.split(",") if x]:
+                results.append(run_one(delay, workers, steps, Path(tmp)))
     batch = 8
-    print(f"data wait per training step (2 ranks, batch {batch}, {a.steps} steps, {os.cpu_count()} CPUs)")
+    print(f"data wait per training step (2 ranks, batch {batch}, {steps} steps, {os.cpu_count()} CPUs)")
     hdr = (f"{'delay/sample':>12} {'workers':>7} {'rank':>4} {'injected':>9} {'in getitem':>10} "
            f"{'stopwatch':>9} {'ddp-doctor':>10} {'error':>7}  findings")
     print(hdr)
@@ -184,9 +238,35 @@ def main(argv=None) -> int:
           "(main process, num_workers=0); stopwatch = the training loop's own timing of next(); "
           "error = ddp-doctor vs stopwatch.")
     print(f"largest |error| where the wait is >= 5 ms per step: {worst:.1%}")
-    print(prefetcher_line())
+    return results
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--delays", default="0.002,0.005", help="per-sample delays in seconds (comma-separated)")
+    ap.add_argument("--workers", default="0,2", help="num_workers values (comma-separated)")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--json", help="also write the rows (and the prefetcher's rates) as JSON here")
+    ap.add_argument("--device", help="where the CUDAPrefetcher loop runs: cuda[:N] or cpu "
+                    "(default: cuda where available, else not measured)")
+    ap.add_argument("--prefetch-only", action="store_true", help="skip the data-wait sweep")
+    ap.add_argument("--prefetch-samples", type=int, default=4096)
+    ap.add_argument("--prefetch-side", type=int, default=64, help="images are 3 x side x side")
+    ap.add_argument("--prefetch-batch", type=int, default=256)
+    ap.add_argument("--prefetch-workers", type=int, default=2)
+    ap.add_argument("--prefetch-epochs", type=int, default=3)
+    a = ap.parse_args(argv)
+    if a.device and a.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            ap.error(f"--device {a.device}: no CUDA device here")
+    results = [] if a.prefetch_only else sweep(a.delays, a.workers, a.steps)
+    line, r = prefetcher_line(a.device, samples=a.prefetch_samples, side=a.prefetch_side, batch=a.prefetch_batch,
+                              workers=a.prefetch_workers, epochs=a.prefetch_epochs)
+    print(line)
     if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=1))
+        Path(a.json).write_text(json.dumps({"rows": results, "prefetch": asdict(r) if r else None}, indent=1))
     return 0
 
 

@@ -1,12 +1,14 @@
 """GPU memory per process through NVML (nvidia-ml-py), and which rank holds memory on another rank's GPU.
 
-Two parts:
+Three parts:
 
 - :func:`snapshot` reads NVML: every device (index, UUID, memory) and every
   process with a context on it (pid, used memory).  Works without torch.
 - :func:`foreign_contexts` matches those processes to ranks and returns the
   ranks that hold memory / a CUDA context on a GPU that is not their own
   (seed 002: every rank's checkpoint landing on GPU 0).
+- :func:`sample_utilization` reads NVML's GPU utilisation over time (seed 004:
+  a data-starved GPU idling while the loader works).
 
 Matching PIDs robustly: NVML reports PIDs of the *host* PID namespace; inside
 a container a rank knows only its namespaced PID.  We match (1) directly, (2)
@@ -18,6 +20,9 @@ and the rank whose device that is owns the process.
 from __future__ import annotations
 
 import os
+import threading
+import time
+from dataclasses import dataclass
 from typing import Any
 
 MIB = 1024 * 1024
@@ -69,6 +74,41 @@ def snapshot(nvml=None, host: str | None = None) -> dict[str, Any] | None:
         return {"host": host or _hostname(), "devices": devices, "processes": procs}
     except Exception:
         return None
+    finally:
+        try:
+            nv.nvmlShutdown()
+        except Exception:
+            pass
+
+
+@dataclass(frozen=True)
+class UtilizationSample:
+    """NVML's utilisation of every device at one moment: % of its last sample period with a kernel running."""
+
+    t: float  # time.time()
+    gpu_pct: tuple[int, ...]  # per device index
+
+
+def sample_utilization(stop: threading.Event, period_s: float = 0.1, nvml=None) -> list[UtilizationSample] | None:
+    """NVML's GPU utilisation of every device every ``period_s`` until ``stop`` is set; None without NVML.
+
+    NVML averages over its own sample period (1/6 s to 1 s, by product), so a GPU that alternates between
+    waiting for data and computing shows as values between 0 and 100 rather than as the two extremes."""
+    try:
+        nv = nvml or _nvml()
+        nv.nvmlInit()
+    except Exception:
+        return None
+    out: list[UtilizationSample] = []
+    try:
+        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+        while True:
+            out.append(UtilizationSample(time.time(), tuple(int(nv.nvmlDeviceGetUtilizationRates(h).gpu)
+                                                            for h in handles)))
+            if stop.wait(period_s):
+                return out
+    except Exception:
+        return out or None
     finally:
         try:
             nv.nvmlShutdown()

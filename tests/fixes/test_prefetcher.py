@@ -1,6 +1,6 @@
 """CUDAPrefetcher: the CUDA protocol checked against an honest fake of the CUDA calls.
 
-A real GPU test runs where CUDA exists (skipped visibly here).
+Real-GPU tests run where CUDA exists (skipped visibly here; benchmarks/gpu_check.sh runs them).
 """
 import collections
 import contextlib
@@ -117,9 +117,38 @@ def test_move_to_nested():
     assert isinstance(out["p"], P) and out["p"].b[1] == 3
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the real-GPU prefetcher test needs one")
 def test_real_cuda_prefetch():
     loader = torch.utils.data.DataLoader(torch.arange(64.0).reshape(16, 4), batch_size=4, pin_memory=True)
     out = [b.clone() for b in CUDAPrefetcher(loader, torch.device("cuda", 0))]
     assert all(b.is_cuda for b in out)
     assert torch.equal(torch.cat(out).cpu(), torch.arange(64.0).reshape(16, 4))
+
+
+class _Filled(torch.utils.data.Dataset):
+    """Batch i is a large tensor full of i: a batch read before its copy ended would hold other values."""
+
+    def __len__(self):
+        return 48
+
+    def __getitem__(self, i):
+        return torch.full((1 << 20,), float(i))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the real-GPU prefetcher test needs one")
+def test_real_cuda_prefetch_under_load():
+    """Copies on the side stream race with heavy work on the compute stream: every batch must still be whole
+    when read (wait_stream) and not be overwritten while read (record_stream)."""
+    dev = torch.device("cuda", 0)
+    loader = torch.utils.data.DataLoader(_Filled(), batch_size=None, pin_memory=True)
+    w = torch.randn(2048, 2048, device=dev)
+    seen = []
+    for i, batch in enumerate(CUDAPrefetcher(loader, dev)):
+        for _ in range(4):  # keep the compute stream busy while the next copy is in flight
+            w = (w @ w).clamp_(-1, 1)
+        seen.append(torch.stack([batch.min(), batch.max()]))
+        del batch  # its memory may be reused only once the compute stream is done with it
+    got = torch.stack(seen).cpu()
+    assert torch.equal(got, torch.arange(48, dtype=torch.float32).repeat_interleave(2).reshape(48, 2))

@@ -10,8 +10,11 @@ class NVMLError(Exception):
 
 class FakeNVML:
     def __init__(self, gpus, fail_init=False):
-        """gpus: list of {"uuid": str, "total_mib": int, "procs": [(pid, used_mib or None)]}"""
+        """gpus: list of {"uuid": str, "total_mib": int, "procs": [(pid, used_mib or None)], "util": [pct, ...]}
+
+        ``util`` (optional): the utilisation readings of that device, one per call, the last one repeated."""
         self.gpus = gpus
+        self.util_calls = [0] * len(gpus)
         self.fail_init = fail_init
         self.inited = 0
         self.NVMLError = NVMLError
@@ -52,6 +55,13 @@ class FakeNVML:
     def nvmlDeviceGetComputeRunningProcesses(self, h):
         return [SimpleNamespace(pid=pid, usedGpuMemory=None if u is None else u * MIB, gpuInstanceId=0xFFFFFFFF,
                                 computeInstanceId=0xFFFFFFFF) for pid, u in self.gpus[h.index]["procs"]]
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        self._check()
+        readings = self.gpus[h.index].get("util") or [0]
+        i = min(self.util_calls[h.index], len(readings) - 1)
+        self.util_calls[h.index] += 1
+        return SimpleNamespace(gpu=readings[i], memory=0)  # nvmlUtilization_t: .gpu and .memory, in %
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, h):
         return []

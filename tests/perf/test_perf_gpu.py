@@ -1,4 +1,7 @@
-"""DDP301/302 logic against a fake NVML (no GPU here); a real NVML test where a GPU exists (skipped visibly)."""
+"""DDP301/302 logic against a fake NVML (no GPU here); real NVML tests where a GPU exists (skipped visibly)."""
+import threading
+import time
+
 import pytest
 
 from ddp_doctor import gpu
@@ -93,6 +96,29 @@ def test_cuda_visible_devices_mapping():
     assert gpu.own_gpu({"local_rank": 1}, devices) == 1
 
 
+def test_utilization_sampled_until_stopped():
+    stop = threading.Event()
+    nv = FakeNVML([{"uuid": "GPU-aaaa", "total_mib": 1, "procs": [], "util": [0, 100, 0, 100]},
+                   {"uuid": "GPU-bbbb", "total_mib": 1, "procs": [], "util": [7]}])
+    orig = nv.nvmlDeviceGetUtilizationRates
+
+    def reading(h):  # the 4th reading of device 1 stops the sampler
+        if h.index == 1 and nv.util_calls[1] == 3:
+            stop.set()
+        return orig(h)
+
+    nv.nvmlDeviceGetUtilizationRates = reading
+    t0 = time.time()
+    samples = gpu.sample_utilization(stop, period_s=0.01, nvml=nv)
+    assert [s.gpu_pct for s in samples] == [(0, 7), (100, 7), (0, 7), (100, 7)]
+    assert all(t0 <= a.t <= b.t for a, b in zip(samples, samples[1:]))
+    assert nv.inited == 0  # NVML shut down again
+
+
+def test_utilization_without_nvml():
+    assert gpu.sample_utilization(threading.Event(), nvml=FakeNVML([], fail_init=True)) is None
+
+
 def test_other_host_ignored():
     states = _ranks()
     states[1]["host"] = "node1"
@@ -105,10 +131,41 @@ def _real_nvml():
     return gpu.snapshot() is not None
 
 
-@pytest.mark.skipif(not _real_nvml(), reason="no NVML (no NVIDIA driver/GPU here): the real-NVML test needs one")
+NO_NVML = "no NVML (no NVIDIA driver/GPU here): the real-NVML test needs one"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _real_nvml(), reason=NO_NVML)
 def test_real_nvml_snapshot():
     snap = gpu.snapshot()
     assert snap["devices"] and all("uuid" in d for d in snap["devices"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _real_nvml(), reason=NO_NVML)
+def test_real_nvml_utilization():
+    """Real readings: one per device per sample, each a percentage; busy work on cuda:0 shows above 0 on some device."""
+    import torch
+
+    stop = threading.Event()
+    box: dict = {}
+    sampler = threading.Thread(target=lambda: box.update(s=gpu.sample_utilization(stop, period_s=0.05)))
+    sampler.start()
+    try:
+        a = torch.randn(4096, 4096, device="cuda:0")
+        t_end = time.time() + 2.0
+        while time.time() < t_end:  # about 2 s of back-to-back matrix products
+            for _ in range(20):
+                a = (a @ a).clamp_(-1, 1)
+            torch.cuda.synchronize()
+    finally:
+        stop.set()
+        sampler.join(10)
+    samples = box["s"]
+    n = len(gpu.snapshot()["devices"])
+    assert len(samples) >= 10 and all(len(s.gpu_pct) == n and all(0 <= p <= 100 for p in s.gpu_pct)
+                                      for s in samples)
+    assert max(max(s.gpu_pct) for s in samples) > 0
 
 
 def test_snapshot_published_by_the_probe():

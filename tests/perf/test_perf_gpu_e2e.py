@@ -16,6 +16,7 @@ SRC = HERE.parents[1] / "src"
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2 or gpu.snapshot() is None,
                     reason="needs >= 2 CUDA GPUs and NVML: the real DDP301 run is skipped on this machine")
+@pytest.mark.gpu
 @pytest.mark.scenario  # a real 2-rank job
 @pytest.mark.timeout(300)
 def test_checkpoint_on_gpu0_is_ddp301(tmp_path):
