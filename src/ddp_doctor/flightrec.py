@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ddp_doctor.attach.classify import Activity, classify, where
-from ddp_doctor.evidence import Site
+from ddp_doctor.evidence import Collective, Site
 from ddp_doctor.findings import Finding, Location, runtime_fix
 
 DEFAULT_PREFIX_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
@@ -51,8 +51,10 @@ class Entry:
     frames: tuple[Site, ...]  # outermost first
 
     def signature(self) -> tuple:
-        """What must agree across ranks at one sequence number."""
-        return (self.op, self.input_sizes, self.input_dtypes)
+        """What must agree across ranks at one sequence number: the one definition the live watcher uses
+        (``Collective.must_agree``: no per-rank sizes of all_to_all, gather/scatter or object collectives)."""
+        shapes = tuple("x".join(map(str, s)) if isinstance(s, tuple) else str(s) for s in self.input_sizes)
+        return Collective(self.group, self.seq, self.op, shapes, self.input_dtypes).must_agree()
 
     @property
     def activity(self) -> Activity:

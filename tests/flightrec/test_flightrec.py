@@ -129,3 +129,22 @@ def test_empty_dir_is_a_clear_error(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(flightrec.FlightRecorderError, match="no Flight Recorder dump"):
         flightrec.read_dir(tmp_path)
+
+
+def test_per_rank_split_sizes_are_no_mismatch_but_other_sizes_are(tmp_path):
+    """Flight Recorder entries are judged by the live watcher's rule (``Collective.must_agree``): an all_to_all
+    with per-rank split sizes agrees (torch allows it), an all_reduce of other sizes does not."""
+    cfg = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}}
+    for r in range(2):
+        entries = [_entry(1, "all_to_all_single", 10, sizes=((5 + r, 8),)), _entry(2, "all_reduce", 11)]
+        (tmp_path / f"nccl_trace_rank_{r}").write_text(json.dumps({"version": "2.10", "pg_config": cfg,
+                                                                    "entries": entries}))
+    verdict, findings, _ = flightrec.diagnose(flightrec.read_dir(tmp_path))
+    assert verdict == "ok" and findings == []
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for r in range(2):
+        entries = [_entry(1, "all_reduce", 10, sizes=((4 + r,),))]
+        (bad / f"nccl_trace_rank_{r}").write_text(json.dumps({"version": "2.10", "pg_config": cfg, "entries": entries}))
+    verdict, findings, _ = flightrec.diagnose(flightrec.read_dir(bad))
+    assert findings and findings[0].code == "DDP203"
