@@ -57,7 +57,8 @@ class Probe:
         if not addr:
             from ddp_doctor.probe import groups
 
-            groups.adopt(self.rec)
+            if not groups.adopt(self.rec) and "RANK" not in os.environ:
+                return  # which rank this is, torch only says once the group exists
             if self.rec.world_size <= 1 or os.environ.get("DDP_DOCTOR_EMBEDDED", "1") == "0":
                 return
             addr = self._embedded()

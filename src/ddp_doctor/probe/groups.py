@@ -37,8 +37,8 @@ def after_init(fn) -> None:
 def adopt(rec) -> bool:
     """The default group made before the probe was installed (``ddp_doctor.watch()`` called after
     ``init_process_group``): record it and its timeout, and take this rank's place in it from torch where no
-    launcher said (Lightning's ddp_spawn, ``mp.spawn`` set no RANK/WORLD_SIZE).  A WORLD_SIZE that was set
-    is kept: a group of 1 under it is the misconfiguration the watcher reports.  True when a group exists."""
+    launcher said (Lightning's ddp_spawn, ``mp.spawn`` set no RANK/WORLD_SIZE, its subprocess launch no
+    RANK).  A RANK/WORLD_SIZE that was set is kept: a group of 1 under it is the misconfiguration the watcher reports.  True when a group exists."""
     dist = sys.modules.get("torch.distributed")
     try:
         if dist is None or not dist.is_available() or not dist.is_initialized():
@@ -46,8 +46,10 @@ def adopt(rec) -> bool:
     except Exception:
         return False
     try:
+        if "RANK" not in os.environ:  # (Lightning's own launch sets WORLD_SIZE, not RANK)
+            rec.rank = dist.get_rank()
         if "WORLD_SIZE" not in os.environ:
-            rec.rank, rec.world_size = dist.get_rank(), dist.get_world_size()
+            rec.world_size = dist.get_world_size()
         note_group(rec)
         if rec.pg_timeout_s is None:
             import torch
