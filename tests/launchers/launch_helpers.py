@@ -86,7 +86,8 @@ def wait_report(path: Path, procs: Procs, timeout: float = 150) -> dict:
 
 
 def expect(rep: dict, script: Path, mode: str, launcher: str) -> None:
-    """``mode`` "ok": clean; "barrier": rank 0's lone barrier named at its line; "raise": rank 1's raise."""
+    """``mode`` "ok": clean; "barrier": rank 0's lone barrier named at its line; "main_only": the line where
+    rank 0 alone went on (the others finished); "raise": rank 1's raise."""
     assert rep["launcher"] == launcher, rep.get("launcher")
     errors = [f for f in rep["findings"] if f["severity"] == "error"]
     if mode == "ok":
@@ -97,6 +98,8 @@ def expect(rep: dict, script: Path, mode: str, launcher: str) -> None:
     assert f["location"]["path"].endswith(script.name) and f["location"]["line"] == line_of(script, f"expect: {mode}"), f
     if mode == "barrier":
         assert f["code"] in ("DDP201", "DDP203") and 0 in f["ranks"], f
+    elif mode == "main_only":  # rank 0 alone went on into a collective; rank 1 finished: that rank is named
+        assert f["code"] in ("DDP101", "DDP201", "DDP204") and "rank 0 waits" in f["message"], f
     else:
         assert (rep["verdict"], f["code"], f["ranks"]) == ("crash", "DDP204", [1]), f
         assert "RuntimeError" in f["message"], f["message"]

@@ -80,4 +80,4 @@ def test_hf_trainer_under_torchrun_watch(procs, tmp_path, mode):
                  f"127.0.0.1:{free_port()}", str(HF), mode, str(tmp_path / "out")],
                 rank_env(DDP_DOCTOR_REPORT=str(report)), cwd=tmp_path)
     rep = wait_report(report, procs)
-    expect(rep, HF, "barrier" if mode == "eval_main_only" else mode, "torchrun (transformers Trainer)")
+    expect(rep, HF, "main_only" if mode == "eval_main_only" else mode, "torchrun (transformers Trainer)")
