@@ -126,8 +126,29 @@ def split_address(address: str) -> tuple[str, int]:
 
 def embedded_address() -> str | None:
     """Where rank 0 hosts the store when no ``ddp-doctor run`` is around (another launcher started the
-    ranks): ``MASTER_ADDR:(MASTER_PORT+1)``, ``DDP_DOCTOR_PORT`` overrides the port."""
+    ranks): ``MASTER_ADDR:(MASTER_PORT+1)``, ``DDP_DOCTOR_PORT`` overrides the port.  Without MASTER_ADDR /
+    MASTER_PORT (``init_method="tcp://..."``, or set by the script only later) the rendezvous of the
+    default process group stands in for them once it exists; before that: None (the probe asks again
+    after ``init_process_group``)."""
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        addr, port = _rendezvous_of_default_group()
     if not addr or not port:
         return None
     return f"{addr}:{int(os.environ.get('DDP_DOCTOR_PORT') or int(port) + 1)}"
+
+
+def _rendezvous_of_default_group() -> tuple[str | None, int | None]:
+    """(host, port) of the TCPStore the default process group rendezvoused on, or (None, None)."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_initialized():
+            return None, None
+        tcp = dist.distributed_c10d._get_default_store()
+        while hasattr(tcp, "underlying_store") and not hasattr(tcp, "port"):
+            tcp = getattr(tcp, "_underlying_non_prefix_store", None) or tcp.underlying_store
+        return tcp.host, int(tcp.port)
+    except Exception:
+        return None, None

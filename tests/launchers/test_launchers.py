@@ -4,97 +4,25 @@ Lightning under torchrun and `accelerate launch` — each a real hung 2-rank job
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from launch_helpers import ROOT, Procs, rank_env, line_of, free_port
 
 pytestmark = pytest.mark.scenario
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-SRC = ROOT / "src"
 RUN_BARRIER = ROOT / "tests" / "run" / "scripts" / "barrier_rank0.py"  # rank 0 barrier at line 20
 ATTACH_BARRIER = ROOT / "tests" / "attach" / "scripts" / "barrier_rank0.py"
 LIGHTNING = HERE / "scripts" / "lightning_barrier.py"
 ACCELERATE = HERE / "scripts" / "accelerate_barrier.py"
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _line(script: Path, marker: str) -> int:
-    return next(i for i, s in enumerate(script.read_text().splitlines(), 1) if marker in s)
-
-
-class Procs:
-    """Processes started in their own sessions, output to files; all killed at teardown."""
-
-    def __init__(self, tmp: Path):
-        self.tmp, self.procs, self.logs = tmp, [], []
-
-    def start(self, cmd: list[str], env: dict, cwd: Path | None = None) -> subprocess.Popen:
-        log = self.tmp / f"p{len(self.procs)}.log"
-        self.logs.append(log)
-        p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                             start_new_session=True)
-        self.procs.append(p)
-        return p
-
-    def text(self) -> str:
-        return "".join(log.read_text(errors="replace") for log in self.logs)
-
-    def wait_for(self, marker: str, count: int, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while self.text().count(marker) < count:
-            assert time.monotonic() < deadline, self.text()[-3000:]
-            time.sleep(0.2)
-
-    def wait_all(self, timeout: float = 120) -> list[int]:
-        return [p.wait(timeout=timeout) for p in self.procs]
-
-    def kill(self) -> None:
-        import psutil
-
-        for p in self.procs:
-            try:
-                tree = psutil.Process(p.pid).children(recursive=True)  # ranks live in sessions of their own
-            except psutil.Error:
-                tree = []
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            for c in tree:
-                try:
-                    c.kill()
-                except psutil.Error:
-                    pass
-            p.wait(timeout=30)
-            psutil.wait_procs(tree, timeout=10)
-
-
-@pytest.fixture
-def procs(tmp_path):
-    ps = Procs(tmp_path)
-    yield ps
-    ps.kill()
-
-
-def _env(**extra) -> dict:
-    return dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1", NO_COLOR="1", **extra)
-
-
 def _srun_style(procs: Procs, script: Path, args: list[str], **extra) -> list[subprocess.Popen]:
-    port = _port()
-    return [procs.start([sys.executable, *args, str(script)], _env(
+    port = free_port()
+    return [procs.start([sys.executable, *args, str(script)], rank_env(
         RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **extra),
         cwd=script.parent) for r in (0, 1)]
 
@@ -104,7 +32,7 @@ def _attach(tmp_path: Path, *pids: int) -> dict:
     deadline = time.monotonic() + 60
     while True:
         p = subprocess.run([sys.executable, "-m", "ddp_doctor", "attach", *map(str, pids), "--report", str(out),
-                            "--samples", "3", "--interval", "0.5"], env=_env(), capture_output=True, text=True,
+                            "--samples", "3", "--interval", "0.5"], env=rank_env(), capture_output=True, text=True,
                            timeout=120)
         assert p.returncode in (0, 1), p.stderr
         rep = json.loads(out.read_text())
@@ -121,7 +49,7 @@ def _probe_report(report: Path) -> dict:
 def _ddp201(rep: dict, script: Path, marker: str) -> None:
     f = next(f for f in rep["findings"] if f["severity"] == "error")
     assert (f["code"], f["ranks"]) == ("DDP201", [0]), rep["findings"]
-    assert f["location"]["path"].endswith(script.name) and f["location"]["line"] == _line(script, marker)
+    assert f["location"]["path"].endswith(script.name) and f["location"]["line"] == line_of(script, marker)
 
 
 def test_srun_style_probe_activation(procs, tmp_path):
@@ -143,7 +71,7 @@ def test_srun_style_attach(procs, tmp_path):
 
 
 def test_lightning_own_launcher_attach(procs, tmp_path):
-    p = procs.start([sys.executable, str(LIGHTNING)], _env(), cwd=LIGHTNING.parent)
+    p = procs.start([sys.executable, str(LIGHTNING)], rank_env(), cwd=LIGHTNING.parent)
     procs.wait_for("at batch 5", 2)
     rep = _attach(tmp_path, p.pid)
     _ddp201(rep, LIGHTNING, "dist.barrier()")
@@ -158,8 +86,8 @@ def test_lightning_under_torchrun_probe(procs, tmp_path):
     Lightning broadcast); Lightning's own signal handling keeps the ranks alive after the probe's stop."""
     report = tmp_path / "r.json"
     procs.start([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-endpoint",
-                 f"127.0.0.1:{_port()}", "-m", "ddp_doctor.probe", str(LIGHTNING)],
-                _env(DDP_DOCTOR_REPORT=str(report)), cwd=LIGHTNING.parent)
+                 f"127.0.0.1:{free_port()}", "-m", "ddp_doctor.probe", str(LIGHTNING)],
+                rank_env(DDP_DOCTOR_REPORT=str(report)), cwd=LIGHTNING.parent)
     deadline = time.monotonic() + 150
     while not report.exists():
         assert time.monotonic() < deadline, procs.text()[-3000:]
@@ -168,13 +96,13 @@ def test_lightning_under_torchrun_probe(procs, tmp_path):
     rep = _probe_report(report)
     f = next(f for f in rep["findings"] if f["severity"] == "error")
     assert f["code"] in ("DDP201", "DDP203") and 0 in f["ranks"], rep["findings"]
-    assert f["location"]["line"] == _line(LIGHTNING, "dist.barrier()")
+    assert f["location"]["line"] == line_of(LIGHTNING, "dist.barrier()")
 
 
 def _accelerate(procs: Procs, extra: list[str], **env) -> subprocess.Popen:
     return procs.start([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                        "--main_process_port", str(_port()), *extra, str(ACCELERATE)], _env(**env),
+                        "--main_process_port", str(free_port()), *extra, str(ACCELERATE)], rank_env(**env),
                        cwd=ACCELERATE.parent)
 
 
@@ -197,7 +125,7 @@ def test_accelerate_script_under_ddp_doctor_run(procs, tmp_path):
     """An accelerate script needs no `accelerate launch` to be watched: Accelerator reads torchrun's variables."""
     report = tmp_path / "r.json"
     procs.start([sys.executable, "-m", "ddp_doctor", "run", "--report", str(report), "--nproc-per-node", "2",
-                 "--rdzv-endpoint", f"127.0.0.1:{_port()}", str(ACCELERATE)], _env(), cwd=ACCELERATE.parent)
+                 "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(ACCELERATE)], rank_env(), cwd=ACCELERATE.parent)
     assert procs.wait_all(timeout=180) == [1], procs.text()[-3000:]
     _ddp201(_probe_report(report), ACCELERATE, "wait_for_everyone()")
 
@@ -207,7 +135,7 @@ def test_srun_style_stop_ends_only_the_ranks(procs, tmp_path):
     ps = _srun_style(procs, ATTACH_BARRIER, [])
     procs.wait_for("at step 5", 2)
     p = subprocess.run([sys.executable, "-m", "ddp_doctor", "attach", *(str(x.pid) for x in ps), "--stop",
-                        "--samples", "2", "--interval", "0.5"], env=_env(), capture_output=True, text=True, timeout=120)
+                        "--samples", "2", "--interval", "0.5"], env=rank_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode in (0, 1), p.stderr
     assert "stopped:" in p.stdout
     for x in ps:

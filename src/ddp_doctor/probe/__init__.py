@@ -8,6 +8,8 @@ It only records (no formatting, no CLI).  Entry points:
   Under another launcher (plain torchrun, srun) the same entry makes rank 0 host
   the side channel and a watcher (``ddp_doctor.session.embedded``, passed in by
   ``__main__`` so that the probe itself depends only on ``store``).
+- ``ddp_doctor.watch()`` — the same activation from inside the rank's program (``__main__.watch``),
+  before or after ``init_process_group``; :mod:`ddp_doctor.probe.ending` sees the program end.
 
 The watcher's side-channel store is named by ``DDP_DOCTOR_STORE=host:port``;
 without it the hooks still install (cheap) but nothing is published.
@@ -21,21 +23,45 @@ from typing import Callable
 from ddp_doctor.probe.recorder import Recorder
 
 _active: "Probe | None" = None
+# rank 0 under another launcher: (store address, world size) -> run after the rank finished, or None
+HostWatcher = Callable[[str, int], "Callable[[], None] | None"]
 
 
 class Probe:
     """The installed probe of this process: recorder + publisher."""
 
-    def __init__(self, host_watcher: Callable[[str], None] | None = None) -> None:
-        from ddp_doctor.probe import hooks, lifeline
+    def __init__(self, host_watcher: HostWatcher | None = None) -> None:
+        from ddp_doctor.probe import groups, hooks, lifeline
 
         lifeline.tie_to_launcher()
         self.rec = Recorder()
         hooks.install(self.rec)
         self.publisher = None
+        self.host_watcher = host_watcher
+        self.finished = False
+        self.after_finish: list[Callable[[], None]] = []  # rank 0's embedded watcher: the final report
+        if groups.adopt(self.rec):  # activated after init_process_group (ddp_doctor.watch())
+            from ddp_doctor.probe.adopt import adopt_existing
+
+            adopt_existing()
+        self.connect()
+        if self.publisher is None and not os.environ.get("DDP_DOCTOR_STORE"):
+            groups.after_init(self.connect)  # the store's address may only be known once the group is made
+
+    def connect(self) -> None:
+        """Join ``ddp-doctor run``'s store, or (another launcher) find or host the embedded one; a no-op once
+        connected, or while neither the environment nor a process group tells where the store is."""
+        if self.publisher is not None:
+            return
         addr = os.environ.get("DDP_DOCTOR_STORE")
-        if not addr and int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("DDP_DOCTOR_EMBEDDED", "1") != "0":
-            addr = self._embedded(host_watcher)
+        if not addr:
+            from ddp_doctor.probe import groups
+
+            if not groups.adopt(self.rec) and "RANK" not in os.environ:
+                return  # which rank this is, torch only says once the group exists
+            if self.rec.world_size <= 1 or os.environ.get("DDP_DOCTOR_EMBEDDED", "1") == "0":
+                return
+            addr = self._embedded()
         if addr:
             from ddp_doctor.probe.publisher import Publisher
 
@@ -43,14 +69,16 @@ class Probe:
             self.publisher.start()
             self.rec.flush = self.publisher.flush
 
-    def _embedded(self, host_watcher: Callable[[str], None] | None) -> str | None:
+    def _embedded(self) -> str | None:
         """No ddp-doctor launcher around us: rank 0 hosts the side channel and the watcher (``host_watcher``)."""
         try:
             from ddp_doctor.store import embedded_address
 
             addr = embedded_address()
-            if addr and self.rec.rank == 0 and host_watcher is not None:
-                host_watcher(addr)
+            if addr and self.rec.rank == 0 and self.host_watcher is not None:
+                final = self.host_watcher(addr, self.rec.world_size)
+                if final is not None:
+                    self.after_finish.append(final)
             if addr:
                 os.environ["DDP_DOCTOR_STORE_EMBEDDED"] = "1"
             return addr
@@ -94,7 +122,11 @@ class Probe:
             pass
 
     def finish(self, exit_code: int, exc: BaseException | None = None, exit_exc: BaseException | None = None) -> None:
-        """Publish the end of the rank; a failing rank waits (<= 3 s) for the watcher to snapshot the others."""
+        """Publish the end of the rank (once); a failing rank waits (<= 3 s) for the watcher to snapshot the
+        others; then ``after_finish`` (rank 0 hosting the watcher: the job's report)."""
+        if self.finished:
+            return
+        self.finished = True
         try:
             if exc is not None:
                 self.record_exception(exc)
@@ -110,10 +142,41 @@ class Probe:
                 self.publisher.final(wait_ack=3.0 if exc is not None else 0.0)
         except Exception:
             pass
+        for fn in self.after_finish:
+            try:
+                fn()
+            except Exception as e:
+                print(f"ddp-doctor probe: {e!r}", file=sys.stderr)
 
 
-def activate(host_watcher: Callable[[str], None] | None = None) -> Probe:
-    """Install the probe in this process (idempotent); ``host_watcher(address)`` starts the embedded watcher."""
+def active() -> "Probe | None":
+    """The probe installed in this process, if any."""
+    return _active
+
+
+# a launcher's word that this process is one of several ranks: torch's, Open MPI's / MPICH's, an srun step's
+WORLD_SIZE_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")
+
+
+def distributed() -> bool:
+    """Is this process a rank of a job of several?  A launcher's environment says so before the group
+    exists, an initialised default group after (Lightning's ddp_spawn sets no WORLD_SIZE).  Never imports torch."""
+    for name in WORLD_SIZE_ENV:
+        try:
+            if int(os.environ.get(name) or 1) > 1:
+                return True
+        except ValueError:
+            pass
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+    except Exception:
+        return False
+
+
+def activate(host_watcher: HostWatcher | None = None) -> Probe:
+    """Install the probe in this process (idempotent); ``host_watcher(address, world_size)`` starts the embedded
+    watcher and returns what to run once this rank finished (its final report), or None."""
     global _active
     if _active is None:
         _active = Probe(host_watcher)

@@ -1,6 +1,7 @@
 """``python -m ddp_doctor.probe [-m] SCRIPT|MODULE [ARGS...]``: install the probe, then run the user's program as __main__.
 
-The rank program's entry point, so the one place inside probe/ that wires in the session (the embedded
+Also :func:`watch` (``ddp_doctor.watch()``): the same activation from inside the rank's program.
+The rank program's entry points, so the one place inside probe/ that wires in the session (the embedded
 watcher rank 0 hosts under another launcher); the probe modules themselves depend only on ``store`` and ``evidence``.
 """
 from __future__ import annotations
@@ -10,11 +11,39 @@ import runpy
 import sys
 
 
-def _host_watcher(address: str) -> None:
-    """Rank 0 under another launcher: host the side channel and the watcher in this process."""
+def _host_watcher(address: str, world_size: int):
+    """Rank 0 under another launcher: host the side channel and the watcher in this process; returns the
+    job's final report, to run once this rank finished."""
     from ddp_doctor.session import embedded
 
-    embedded.start_in_rank0(address)
+    return embedded.start_in_rank0(address, world_size)
+
+
+def watch() -> bool:
+    """Watch this rank: install the probe and join (rank 0: host) the watcher, as ``-m ddp_doctor.probe``
+    does; a no-op under ``ddp-doctor run`` or ``-m ddp_doctor.probe`` (already installed), on a second
+    call, and in a process that is not a rank of a job of several.  Before or after ``init_process_group``.
+    True when this rank is watched."""
+    from ddp_doctor.probe import activate, active, distributed, ending
+
+    if active() is not None:
+        return True
+    if _reimported_main():
+        return False
+    if not distributed():
+        return False
+    probe = activate(_host_watcher)
+    ending.install(probe.finish)
+    return True
+
+
+def _reimported_main() -> bool:
+    """Called from the top of a script that a spawned child (a DataLoader worker, a ddp_spawn rank before its
+    function runs) re-imports as ``__mp_main__``: not where a rank starts."""
+    f = sys._getframe(1)
+    while f is not None and str(f.f_globals.get("__name__", "")).startswith("ddp_doctor"):
+        f = f.f_back
+    return f is not None and f.f_code.co_name == "<module>" and f.f_globals.get("__name__") == "__mp_main__"
 
 
 def main(argv: list[str]) -> int:

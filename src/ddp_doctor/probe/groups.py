@@ -26,6 +26,41 @@ from ddp_doctor.probe.recorder import user_site
 
 ERA = 1_000_000_000
 
+_after_init: list = []  # run once init_process_group returned (the probe's deferred connect)
+
+
+def after_init(fn) -> None:
+    """Call ``fn()`` after the user's ``init_process_group`` (exceptions in it are swallowed)."""
+    _after_init.append(fn)
+
+
+def adopt(rec) -> bool:
+    """The default group made before the probe was installed (``ddp_doctor.watch()`` called after
+    ``init_process_group``): record it and its timeout, and take this rank's place in it from torch where no
+    launcher said (Lightning's ddp_spawn, ``mp.spawn`` set no RANK/WORLD_SIZE, its subprocess launch no
+    RANK).  A RANK/WORLD_SIZE that was set is kept: a group of 1 under it is the misconfiguration the watcher reports.  True when a group exists."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return False
+    except Exception:
+        return False
+    try:
+        if "RANK" not in os.environ:  # (Lightning's own launch sets WORLD_SIZE, not RANK)
+            rec.rank = dist.get_rank()
+        if "WORLD_SIZE" not in os.environ:
+            rec.world_size = dist.get_world_size()
+        note_group(rec)
+        if rec.pg_timeout_s is None:
+            import torch
+
+            backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+            rec.pg_timeout_s = float(backend.options._timeout.total_seconds())
+            rec.version += 1
+    except Exception:
+        pass
+    return True
+
 
 def install(rec) -> None:
     patch_init(rec)
@@ -122,6 +157,11 @@ def patch_init(rec) -> None:
             rec.version += 1
         except Exception:
             pass
+        for fn in list(_after_init):
+            try:
+                fn()
+            except Exception:
+                pass
         return out
 
     init_process_group.__ddp_doctor_wrapped__ = orig

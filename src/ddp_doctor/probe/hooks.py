@@ -185,6 +185,28 @@ def _patch_group_creation() -> None:
     group_calls.patch(_wrap_collective)
 
 
+def note_ddp(model, site) -> None:
+    """Put a DDP model on record (made at ``site``; None: it existed before the probe)."""
+    try:
+        nbuf = sum(1 for _ in model.module.buffers())
+        if REC.group is None:
+            groups.note_group(REC)
+        rd = {
+            "site": site,
+            "find_unused_parameters": bool(getattr(model, "find_unused_parameters", False)),
+            "broadcast_buffers": bool(getattr(model, "forward_sync_buffers", getattr(model, "broadcast_buffers", False))),
+            "buffers": nbuf,
+            "params": sum(1 for _ in model.module.parameters()),
+            "unused_seen": None,
+            "reducer_params": ddp_params.reducer_names(model),  # kept in the rank, see ddp_params
+        }
+        model.__dict__["_ddpd_rec"] = rd  # the forward hook updates it in the user's thread
+        REC.ddps.append((rd, weakref.ref(model)))
+        REC.version += 1
+    except Exception:
+        pass
+
+
 def _patch_ddp() -> None:
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -202,24 +224,7 @@ def _patch_ddp() -> None:
         except Exception:
             entry = None
         _inside(entry, orig_init, self, *args, **kwargs)
-        try:
-            nbuf = sum(1 for _ in self.module.buffers())
-            if REC.group is None:
-                groups.note_group(REC)
-            rd = {
-                "site": site,
-                "find_unused_parameters": bool(getattr(self, "find_unused_parameters", False)),
-                "broadcast_buffers": bool(getattr(self, "forward_sync_buffers", getattr(self, "broadcast_buffers", False))),
-                "buffers": nbuf,
-                "params": sum(1 for _ in self.module.parameters()),
-                "unused_seen": None,
-                "reducer_params": ddp_params.reducer_names(self),  # kept in the rank, see ddp_params
-            }
-            self.__dict__["_ddpd_rec"] = rd  # the forward hook updates it in the user's thread
-            REC.ddps.append((rd, weakref.ref(self)))
-            REC.version += 1
-        except Exception:
-            pass
+        note_ddp(self, site)
 
     @functools.wraps(orig_forward)
     def forward(self, *args, **kwargs):
@@ -294,6 +299,23 @@ def _sampler_of(loader):
     return s
 
 
+def note_loader(loader, site) -> None:
+    """Put a DataLoader on record (made at ``site``; None: it existed before the probe)."""
+    try:
+        settings = {
+            "num_workers": loader.num_workers, "pin_memory": bool(loader.pin_memory),
+            "persistent_workers": bool(loader.persistent_workers), "prefetch_factor": loader.prefetch_factor,
+            "batch_size": loader.batch_size,
+        }
+        rec = LoaderRec(REC.loaders_made, site, settings, _sampler_of(loader))
+        REC.loaders_made += 1
+        REC.loaders.append(rec)
+        object.__setattr__(loader, "_ddpd_rec", rec)
+        REC.version += 1
+    except Exception:
+        pass
+
+
 def _patch_data() -> None:
     from torch.utils.data import dataloader as dl_mod
     from torch.utils.data import distributed as dist_mod
@@ -310,18 +332,9 @@ def _patch_data() -> None:
         orig_init(self, *args, **kwargs)
         try:
             site = user_site(sys._getframe(1))
-            settings = {
-                "num_workers": self.num_workers, "pin_memory": bool(self.pin_memory),
-                "persistent_workers": bool(self.persistent_workers), "prefetch_factor": self.prefetch_factor,
-                "batch_size": self.batch_size,
-            }
-            rec = LoaderRec(REC.loaders_made, site, settings, _sampler_of(self))
-            REC.loaders_made += 1
-            REC.loaders.append(rec)
-            object.__setattr__(self, "_ddpd_rec", rec)
-            REC.version += 1
         except Exception:
-            pass
+            site = None
+        note_loader(self, site)
 
     @functools.wraps(orig_iter)
     def __iter__(self):

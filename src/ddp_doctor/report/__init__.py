@@ -60,6 +60,10 @@ REPORT_JSON_SCHEMA: dict[str, Any] = {
         "verdict": {"enum": ["ok", "hang", "crash", "desync", "interrupted"]},
         "exit_code": {"type": "integer"},
         "world_size": {"type": "integer", "minimum": 0},
+        # how the ranks were started ("ddp-doctor run", "torchrun", "lightning (subprocess)", "ray train"...:
+        # ddp_doctor.session.launcher), and where the embedded watcher wrote this report (absolute)
+        "launcher": {"type": "string"},
+        "report_path": {"type": "string"},
         "findings": {
             "type": "array",
             "items": {

@@ -93,6 +93,8 @@ def render_html(report: dict[str, Any]) -> str:
             facts.append(f"hang timeout {_e(report['hang_timeout_s'])} s")
         if report.get("started_at"):
             facts.append("started " + _e(report["started_at"]))
+        if report.get("launcher"):
+            facts.append("launched by " + _e(report["launcher"]))
     n_err = sum(1 for f in runtime + lint if f.get("severity") == "error")
     facts.append(f"{len(runtime) + len(lint)} finding{'s' if len(runtime) + len(lint) != 1 else ''}"
                  + (f" ({n_err} error{'s' if n_err != 1 else ''})" if n_err else ""))

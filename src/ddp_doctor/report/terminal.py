@@ -142,6 +142,11 @@ def _banner(con: Console, report: dict[str, Any]) -> None:
     con.print(line)
     if report.get("command"):
         con.print(Text("command: " + " ".join(map(str, report["command"])), style="dim"))
+    where = [f"launcher: {report['launcher']}"] if report.get("launcher") else []
+    if report.get("report_path"):
+        where.append(f"report: {report['report_path']}")
+    if where:
+        con.print(Text(" | ".join(where), style="dim"))
     con.rule(style=rule_style, characters="=")
     con.print()
 

@@ -72,6 +72,7 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
         "findings": runtime,
         "ranks": [rank_entry(r, st, job.failures, lost) for r, st in sorted(evidence.ranks.items())],
         "command": ["ddp-doctor", "run", *job.argv],
+        "launcher": "ddp-doctor run",
         "started_at": job.started_at,
         "duration_s": round(time.time() - job.t0, 3),
         "hang_timeout_s": evidence.hang_limit_s,

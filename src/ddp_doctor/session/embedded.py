@@ -1,12 +1,16 @@
 """The watcher inside rank 0, for jobs started by another launcher (plain torchrun, mpirun, SLURM srun...).
 
-Activation: put ``-m ddp_doctor.probe`` in front of the script (``torchrun --nproc-per-node 2 -m
-ddp_doctor.probe train.py``).  Without ``ddp-doctor run`` around it, there is no launcher-side watcher,
-so rank 0 hosts the side-channel TCPStore on ``MASTER_ADDR:(MASTER_PORT+1)`` (``DDP_DOCTOR_PORT``
-overrides) and runs the same :class:`~ddp_doctor.watch.Watcher` in a thread; the other ranks publish to
-it.  On a diagnosis rank 0 writes the report (``DDP_DOCTOR_REPORT``, default ``ddp-doctor-report.json``;
-``DDP_DOCTOR_HTML`` optional), prints it, and sets ``ddpd/stop``: every probe then terminates its own rank
-and DataLoader workers, so the launcher sees the job fail instead of hanging until a timeout.
+Activation: ``ddp_doctor.watch()`` in the rank's program, or ``-m ddp_doctor.probe`` in front of the script
+(``torchrun --nproc-per-node 2 -m ddp_doctor.probe train.py``).  Without ``ddp-doctor run`` around it,
+there is no launcher-side watcher, so rank 0 hosts the side-channel TCPStore on
+``MASTER_ADDR:(MASTER_PORT+1)`` (``DDP_DOCTOR_PORT`` overrides; without MASTER_* the default group's
+rendezvous address, see ``store.embedded_address``) and runs the same :class:`~ddp_doctor.watch.Watcher`
+in a thread; the other ranks publish to it.  On a diagnosis rank 0 writes the report, prints it, and sets
+``ddpd/stop``: every probe then terminates its own rank and DataLoader workers, so the launcher sees the
+job fail instead of hanging until a timeout.  A job that ends without one gets its report once rank 0
+finished and the others posted their end (or ``FINAL_WAIT_S`` passed).  The report goes to
+``DDP_DOCTOR_REPORT`` (default ``ddp-doctor-report.json``) in the launch directory
+(``launcher.report_path``; ``DDP_DOCTOR_HTML`` optional), its absolute path printed.
 ``DDP_DOCTOR_HANG_TIMEOUT`` sets the hang limit (default adaptive).
 """
 from __future__ import annotations
@@ -21,13 +25,16 @@ import time
 from typing import Any
 
 
-def start_in_rank0(address: str) -> None:
-    """Host the store and start the watcher thread (called by the probe on global rank 0)."""
+FINAL_WAIT_S = 10.0  # rank 0 finished: how long its report waits for the other ranks' last posts
+
+
+def start_in_rank0(address: str, world: int):
+    """Host the store and start the watcher thread (called by the probe on global rank 0); returns what the
+    probe runs once rank 0 finished: the report of a job the watcher had no reason to stop."""
     from ddp_doctor.store import host_store
     from ddp_doctor.watch import Watcher
 
     store, _ = host_store(int(address.rpartition(":")[2]))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
     ht = os.environ.get("DDP_DOCTOR_HANG_TIMEOUT")
     own_dir = not os.environ.get("DDP_DOCTOR_DIR")
     run_dir = os.environ.get("DDP_DOCTOR_DIR") or tempfile.mkdtemp(prefix="ddp-doctor-")
@@ -35,10 +42,38 @@ def start_in_rank0(address: str) -> None:
         atexit.register(shutil.rmtree, run_dir, True)
     t0 = time.time()
     w = Watcher(store, world_size=world, hang_timeout=float(ht) if ht else None, run_dir=run_dir, is_host=True)
-    w.on_decision = lambda decision: _report_and_stop(w, store, decision, t0, run_dir if own_dir else None)
+    reported = threading.Event()
+    w.on_decision = lambda decision: _report_and_stop(w, store, t0, run_dir if own_dir else None, reported)
     w.start()
     threading.Thread(target=_warnings, args=(w,), name="ddp-doctor-warn", daemon=True).start()
     _keep.append((store, w))
+    return lambda: _final_report(w, t0, reported)
+
+
+def _ended(w) -> bool:
+    return all(v.state is not None and (v.state.done or v.state.exc is not None or v.state.exit_code is not None)
+               for v in w.views.values())
+
+
+def _final_report(w, t0: float, reported: threading.Event) -> None:
+    """Rank 0 finished: once every rank posted its end (at most FINAL_WAIT_S), the job's report, unless the
+    watcher decided (then wait for its report: the process may exit right after this)."""
+    end = time.monotonic() + FINAL_WAIT_S
+    while w.decision is None and time.monotonic() < end:
+        with w.lock:
+            w.read_states()
+        if _ended(w):
+            break
+        w.stopping.wait(0.2)
+    if w.decision is not None:
+        reported.wait(15.0)
+        return
+    w.stopping.set()
+    w.join(5.0)
+    if w.decision is not None:  # decided while stopping: its report is being written
+        reported.wait(15.0)
+        return
+    _write_report(w, t0)
 
 
 def _warnings(w) -> None:
@@ -56,20 +91,27 @@ def _warnings(w) -> None:
 _keep: list[Any] = []
 
 
-def _report_and_stop(w, store, decision, t0: float, scratch: str | None = None) -> None:
+def _write_report(w, t0: float) -> None:
     try:
-        from ddp_doctor.session import Job
+        from ddp_doctor.session import Job, launcher
 
-        time.sleep(0.5)  # let failing ranks post their final state
         w.read_states()
         job = Job.for_report(w, argv=list(sys.argv), script=sys.argv[0] if sys.argv else "", t0=t0)
         report = job.build_report(None, [], time.monotonic())
-        report["command"] = [sys.executable, "-m", "ddp_doctor.probe", *sys.argv]
-        job.own = {"--report": os.environ.get("DDP_DOCTOR_REPORT", "ddp-doctor-report.json"),
-                   "--html": os.environ.get("DDP_DOCTOR_HTML")}
-        job.emit(report, True)
+        report["command"] = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+        report["launcher"] = launcher.detect()
+        path = launcher.report_path()
+        report["report_path"] = path
+        job.own = {"--report": path, "--html": launcher.report_path("DDP_DOCTOR_HTML", None)}
+        job.emit(report, True)  # (prints where it wrote the report)
     except Exception as e:  # never let the watcher take the job down silently
         print(f"ddp-doctor: embedded watcher could not write the report: {e!r}", file=sys.stderr)
+
+
+def _report_and_stop(w, store, t0: float, scratch: str | None, reported: threading.Event) -> None:
+    time.sleep(0.5)  # let failing ranks post their final state
+    _write_report(w, t0)
+    reported.set()
     if scratch:
         shutil.rmtree(scratch, ignore_errors=True)
     try:

@@ -19,8 +19,10 @@ nodes it suspects through the control message each node reads.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
+import types
 from typing import Any, Callable
 
 import psutil
@@ -402,3 +404,16 @@ class Attempt:
         self.attempt = attempt
         self.evidence = evidence
         self.decision = decision
+
+
+class _CallablePackage(types.ModuleType):
+    """Importing this package makes it ddp_doctor's ``watch`` attribute, in place of the user's
+    ``ddp_doctor.watch()`` (:func:`ddp_doctor.watch_rank`): so calling the package watches the rank too."""
+
+    def __call__(self) -> bool:
+        import ddp_doctor
+
+        return ddp_doctor.watch_rank()
+
+
+sys.modules[__name__].__class__ = _CallablePackage

@@ -1,0 +1,105 @@
+"""What the launcher tests share: free ports, processes started in sessions of their own (all killed at
+teardown), the environment that runs this checkout's ddp_doctor, reports and the expected findings."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+SRC = ROOT / "src"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def line_of(script: Path, marker: str) -> int:
+    return next(i for i, s in enumerate(script.read_text().splitlines(), 1) if marker in s)
+
+
+class Procs:
+    """Processes started in their own sessions, output to files; all killed at teardown."""
+
+    def __init__(self, tmp: Path):
+        self.tmp, self.procs, self.logs = tmp, [], []
+
+    def start(self, cmd: list[str], env: dict, cwd: Path | None = None) -> subprocess.Popen:
+        log = self.tmp / f"p{len(self.procs)}.log"
+        self.logs.append(log)
+        p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def text(self) -> str:
+        return "".join(log.read_text(errors="replace") for log in self.logs)
+
+    def wait_for(self, marker: str, count: int, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while self.text().count(marker) < count:
+            assert time.monotonic() < deadline, self.text()[-3000:]
+            time.sleep(0.2)
+
+    def wait_all(self, timeout: float = 120) -> list[int]:
+        return [p.wait(timeout=timeout) for p in self.procs]
+
+    def kill(self) -> None:
+        import psutil
+
+        for p in self.procs:
+            try:
+                tree = psutil.Process(p.pid).children(recursive=True)  # ranks live in sessions of their own
+            except psutil.Error:
+                tree = []
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            for c in tree:
+                try:
+                    c.kill()
+                except psutil.Error:
+                    pass
+            p.wait(timeout=30)
+            psutil.wait_procs(tree, timeout=10)
+
+
+def rank_env(**extra) -> dict:
+    return dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1", NO_COLOR="1", **extra)
+
+
+def wait_report(path: Path, procs: Procs, timeout: float = 150) -> dict:
+    """The report once written (the embedded watcher replaces the file atomically)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, procs.text()[-4000:]
+        time.sleep(0.2)
+    return json.loads(path.read_text())
+
+
+def expect(rep: dict, script: Path, mode: str, launcher: str) -> None:
+    """``mode`` "ok": clean; "barrier": rank 0's lone barrier named at its line; "main_only": the line where
+    rank 0 alone went on (the others finished); "raise": rank 1's raise."""
+    assert rep["launcher"] == launcher, rep.get("launcher")
+    errors = [f for f in rep["findings"] if f["severity"] == "error"]
+    if mode == "ok":
+        assert (rep["verdict"], errors) == ("ok", []), rep["findings"]
+        return
+    assert errors, rep["verdict"]
+    f = errors[0]
+    assert f["location"]["path"].endswith(script.name) and f["location"]["line"] == line_of(script, f"expect: {mode}"), f
+    if mode == "barrier":
+        assert f["code"] in ("DDP201", "DDP203") and 0 in f["ranks"], f
+    elif mode == "main_only":  # rank 0 alone went on into a collective; rank 1 finished: that rank is named
+        assert f["code"] in ("DDP101", "DDP201", "DDP204") and "rank 0 waits" in f["message"], f
+    else:
+        assert (rep["verdict"], f["code"], f["ranks"]) == ("crash", "DDP204", [1]), f
+        assert "RuntimeError" in f["message"], f["message"]

@@ -1,0 +1,45 @@
+"""A plain DDP script with ddp_doctor.watch(), as under mpirun/srun: `watch_plain.py MODE WHEN [INIT_METHOD]`.
+
+MODE: ok | barrier (rank 0 alone calls a barrier at step 5) | raise (rank 1 raises at step 5).
+WHEN: before | after init_process_group.  INIT_METHOD: e.g. tcp://127.0.0.1:PORT (no MASTER_* needed)."""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ddp_doctor
+
+MODE, WHEN = sys.argv[1], sys.argv[2]
+INIT = sys.argv[3] if len(sys.argv) > 3 else "env://"
+
+
+def main():
+    if WHEN == "before":
+        ddp_doctor.watch()
+    if INIT.startswith("tcp://"):  # mpirun-style: the script passes its rank (no MASTER_* in the environment)
+        dist.init_process_group("gloo", init_method=INIT, rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]))
+    else:
+        dist.init_process_group("gloo")
+    model = DDP(torch.nn.Linear(8, 2))
+    if WHEN == "after":
+        assert ddp_doctor.watch() and ddp_doctor.watch()  # idempotent
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rank = dist.get_rank()
+    for step in range(20):
+        opt.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        if step == 5:
+            print(f"rank {rank} at step 5", flush=True)
+        if step == 5 and MODE == "barrier" and rank == 0:
+            dist.barrier()  # expect: barrier
+        if step == 5 and MODE == "raise" and rank == 1:
+            raise RuntimeError("rank 1 fails")  # expect: raise
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""`ddp_doctor.watch()` under every launcher, each a real 2-rank CPU job: a healthy run reported clean, a
+barrier rank 0 alone calls named with its rank and line, a raise on rank 1 named.  The report says which
+launcher started the ranks and lies where the user launched from.  (Ray Train's, slower: test_watch_ray.py.)"""
+from __future__ import annotations
+
+import sys
+
+import pytest
+from launch_helpers import HERE, expect, free_port, rank_env, wait_report
+
+pytestmark = pytest.mark.scenario
+SCRIPTS = HERE / "scripts"
+PLAIN = SCRIPTS / "watch_plain.py"
+LIGHTNING = SCRIPTS / "lightning_watch.py"
+ACCELERATE = SCRIPTS / "accelerate_watch.py"
+HF = SCRIPTS / "hf_trainer_watch.py"
+MODES = ["ok", "barrier", "raise"]
+
+
+def _srun_style(procs, tmp_path, args: list[str], **env) -> dict:
+    """One process per rank, RANK/WORLD_SIZE/LOCAL_RANK set by hand (as srun/mpirun wrappers do)."""
+    report = tmp_path / "r.json"
+    for r in (0, 1):
+        procs.start([sys.executable, str(PLAIN), *args], rank_env(
+            RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", DDP_DOCTOR_REPORT=str(report), **env), cwd=tmp_path)
+    return wait_report(report, procs)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_srun_style_watch(procs, tmp_path, mode):
+    rep = _srun_style(procs, tmp_path, [mode, "before"], MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    expect(rep, PLAIN, mode, "environment")
+
+
+def test_srun_style_watch_after_init(procs, tmp_path):
+    """watch() after init_process_group and DDP(): the group and the model are adopted (sequence numbers too)."""
+    rep = _srun_style(procs, tmp_path, ["barrier", "after"], MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    expect(rep, PLAIN, "barrier", "environment")
+    assert all(r.get("ddp") for r in rep["ranks"]), rep["ranks"]
+
+
+def test_mpirun_style_watch_without_master_port(procs, tmp_path):
+    """No MASTER_ADDR/MASTER_PORT at all (init_method="tcp://..."): the store joins once the group exists."""
+    rep = _srun_style(procs, tmp_path, ["raise", "before", f"tcp://127.0.0.1:{free_port()}"], OMPI_COMM_WORLD_SIZE="2")
+    expect(rep, PLAIN, "raise", "mpirun")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_lightning_watch(procs, tmp_path, strategy, mode):
+    """`python train.py`: Lightning starts rank 1 itself (ddp) or spawns both (ddp_spawn)."""
+    report = tmp_path / "r.json"
+    procs.start([sys.executable, str(LIGHTNING), mode, strategy], rank_env(DDP_DOCTOR_REPORT=str(report)), cwd=tmp_path)
+    expect(wait_report(report, procs), LIGHTNING, mode, f"lightning ({'subprocess' if strategy == 'ddp' else strategy})")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_accelerate_notebook_launcher_watch(procs, tmp_path, mode):
+    report = tmp_path / "r.json"
+    procs.start([sys.executable, str(ACCELERATE), mode, "notebook", str(free_port())],
+                rank_env(DDP_DOCTOR_REPORT=str(report)), cwd=tmp_path)
+    expect(wait_report(report, procs), ACCELERATE, mode, "accelerate notebook_launcher")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_accelerate_launch_watch(procs, tmp_path, mode):
+    report = tmp_path / "r.json"
+    procs.start([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+                 str(free_port()), str(ACCELERATE), mode], rank_env(DDP_DOCTOR_REPORT=str(report)), cwd=tmp_path)
+    expect(wait_report(report, procs), ACCELERATE, mode, "accelerate launch")
+
+
+@pytest.mark.parametrize("mode", ["ok", "eval_main_only", "raise"])
+def test_hf_trainer_under_torchrun_watch(procs, tmp_path, mode):
+    """The HF Trainer on a tiny randomly initialised model; the common hang: evaluating on the main process
+    only (its gather waits for a rank that went on)."""
+    report = tmp_path / "r.json"
+    procs.start([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-endpoint",
+                 f"127.0.0.1:{free_port()}", str(HF), mode, str(tmp_path / "out")],
+                rank_env(DDP_DOCTOR_REPORT=str(report)), cwd=tmp_path)
+    rep = wait_report(report, procs)
+    expect(rep, HF, "main_only" if mode == "eval_main_only" else mode, "torchrun (transformers Trainer)")

@@ -1,0 +1,20 @@
+"""`ddp_doctor.watch()` in a Ray Train TorchTrainer's training function (2 CPU workers on a local Ray).  Its
+own tier (`-m ray`; `make test` runs it): starting Ray costs tens of seconds.  The workers run in Ray's
+working directory; the report lands where the driver was launched (the PWD the workers inherit)."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+from launch_helpers import HERE, expect, rank_env, wait_report
+
+pytestmark = [pytest.mark.scenario, pytest.mark.ray]
+RAY = HERE / "scripts" / "ray_watch.py"
+
+
+@pytest.mark.parametrize("mode", ["ok", "barrier", "raise"])
+def test_ray_train_watch(procs, tmp_path, mode):
+    procs.start([sys.executable, str(RAY), mode, str(tmp_path / "ray")], rank_env(PWD=str(tmp_path)), cwd=tmp_path)
+    rep = wait_report(tmp_path / "ddp-doctor-report.json", procs, timeout=240)
+    expect(rep, RAY, mode, "ray train")
+    assert rep["report_path"] == str(tmp_path / "ddp-doctor-report.json")
