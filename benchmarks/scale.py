@@ -47,9 +47,9 @@ from ddp_doctor.diagnose.live import Judge  # noqa: E402
 from ddp_doctor.diagnose.summary import Summarizer  # noqa: E402
 from ddp_doctor.evidence import (Activity, Collective, JobEvidence, NodeDetail, RankState, Site,  # noqa: E402
                                  SiteCount, ThreadStack)
-from ddp_doctor.watch.root import Root, interval_for  # noqa: E402
-from ddp_doctor.watch.uplink import Uplink  # noqa: E402
-from ddp_doctor.watch.views import RankView  # noqa: E402
+from ddp_doctor.watcher.root import Root, interval_for  # noqa: E402
+from ddp_doctor.watcher.uplink import Uplink  # noqa: E402
+from ddp_doctor.watcher.views import RankView  # noqa: E402
 
 TRAIN = Site("/job/train.py", 41, "train_step")
 STEP = Site("/job/train.py", 44, "train_step")

@@ -8,22 +8,22 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "ddp_doctor"
 
 # package -> ddp_doctor packages/modules it must never import (directly or lazily)
 FORBIDDEN = {
-    "evidence": {"probe", "watch", "diagnose", "session", "report", "cli", "lint", "check", "store"},
-    "frames": {"probe", "watch", "diagnose", "session", "report", "cli", "evidence"},
-    "findings": {"probe", "watch", "diagnose", "session", "report", "cli", "evidence", "lint"},
-    "store": {"probe", "watch", "diagnose", "session", "report", "cli", "evidence"},
-    "probe": {"watch", "diagnose", "session", "report", "cli", "lint"},
-    "watch": {"session", "cli", "report", "probe", "lint"},
-    "diagnose": {"watch", "session", "cli", "report", "probe"},
-    "report": {"watch", "session", "cli", "probe", "diagnose"},
+    "evidence": {"probe", "watcher", "diagnose", "session", "report", "cli", "lint", "check", "store"},
+    "frames": {"probe", "watcher", "diagnose", "session", "report", "cli", "evidence"},
+    "findings": {"probe", "watcher", "diagnose", "session", "report", "cli", "evidence", "lint"},
+    "store": {"probe", "watcher", "diagnose", "session", "report", "cli", "evidence"},
+    "probe": {"watcher", "diagnose", "session", "report", "cli", "lint"},
+    "watcher": {"session", "cli", "report", "probe", "lint"},
+    "diagnose": {"watcher", "session", "cli", "report", "probe"},
+    "report": {"watcher", "session", "cli", "probe", "diagnose"},
     "session": {"cli"},
     # attach and Flight Recorder read a job from outside it: like the session, above report and diagnosis
-    "attach": {"probe", "watch", "session", "cli"},
-    "flightrec": {"probe", "watch", "session", "cli"},
-    "channel": {"probe", "watch", "diagnose", "session", "report", "cli", "evidence", "lint"},
+    "attach": {"probe", "watcher", "session", "cli"},
+    "flightrec": {"probe", "watcher", "session", "cli"},
+    "channel": {"probe", "watcher", "diagnose", "session", "report", "cli", "evidence", "lint"},
     # (lint takes its JSON schema id from report/, where every schema of ddp-doctor is defined)
-    "lint": {"probe", "watch", "diagnose", "session", "cli", "evidence", "check", "store"},
-    "fixes": {"probe", "watch", "diagnose", "session", "report", "cli", "evidence", "lint", "check", "store"},
+    "lint": {"probe", "watcher", "diagnose", "session", "cli", "evidence", "check", "store"},
+    "fixes": {"probe", "watcher", "diagnose", "session", "report", "cli", "evidence", "lint", "check", "store"},
 }
 # the rank program's entry wires the embedded watcher in (probe/__main__.py); nothing else may
 ENTRY_POINTS = {SRC / "probe" / "__main__.py"}

@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 
 
-def watch_rank() -> bool:
+def watch() -> bool:
     """Watch this rank of a distributed job: one call near the top of the training script, or inside the
     function a launcher runs per rank (before or after ``init_process_group``).
 
@@ -15,7 +15,3 @@ def watch_rank() -> bool:
 
     return _watch()
 
-
-# ``ddp_doctor.watch()``.  (Importing the watcher package ``ddp_doctor.watch`` replaces this attribute by the
-# package, which is callable to the same effect: ddp_doctor.watch._CallablePackage.)
-watch = watch_rank

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ddp_doctor import diagnose as _diagnose
 from ddp_doctor.evidence import ExitStatus, JobEvidence, Verdict
-from ddp_doctor.watch.stacks import parse_faulthandler
+from ddp_doctor.watcher.stacks import parse_faulthandler
 
 S = "/u/train.py"
 

@@ -16,9 +16,9 @@ from ddp_doctor.diagnose.jobview import LATE_S, LOST_S, CrossCheck, JobView, cod
 from ddp_doctor.diagnose.live import NO_PROGRESS_S, TRANSPORT_S, Judge, find_desync
 from ddp_doctor.diagnose.summary import Summarizer
 from ddp_doctor.evidence import Activity, Collective, ExitStatus, RankState, Site
-from ddp_doctor.watch.root import Root
-from ddp_doctor.watch.uplink import Uplink
-from ddp_doctor.watch.views import RankView
+from ddp_doctor.watcher.root import Root
+from ddp_doctor.watcher.uplink import Uplink
+from ddp_doctor.watcher.views import RankView
 
 TRAIN = Site("/u/train.py", 40, "main")
 EVAL = Site("/u/train.py", 27, "remote_eval")
@@ -169,7 +169,7 @@ def test_two_nodes_ranks_waiting_for_each_other_suspected_from_summaries_proven_
     the world's gradient all-reduce; each is a member of the other's group and never entered its call."""
     from ddp_doctor.diagnose.live import CYCLE_S, group_ranks
     from ddp_doctor.evidence import GROUP_CREATION, NodeDetail
-    from ddp_doctor.watch.root import Root
+    from ddp_doctor.watcher.root import Root
 
     sub = Collective("pg:0,2", 3, "all_reduce", site=BAR, waiting_s=2.0, blocking=True)
     ar = Collective("world", 10, "ddp.backward(allreduce_grads)", site=TRAIN, waiting_s=2.0, blocking=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ddp_doctor.diagnose.live import NO_PROGRESS_S, TRANSPORT_S, Judge, group_ranks
 from ddp_doctor.evidence import Activity, Collective, ExitStatus, RankState, Site
-from ddp_doctor.watch.views import RankView
+from ddp_doctor.watcher.views import RankView
 
 TRAIN = Site("/u/train.py", 40, "main")
 EVAL = Site("/u/train.py", 27, "remote_eval")
@@ -133,7 +133,7 @@ def test_a_calm_job_is_looked_at_less_often_and_a_stalling_one_at_once():
     """The watcher's full look (states, summary, verdict) costs the ranks' CPU: once a second while every
     rank progresses, every poll as soon as anything the policy acts on is under way."""
     from ddp_doctor.diagnose.summary import Summarizer, calm
-    from ddp_doctor.watch import CALM_POLL, POLL, Watcher
+    from ddp_doctor.watcher import CALM_POLL, POLL, Watcher
 
     job = Job(n=2).start()
     w = Watcher(None, world_size=2, hang_timeout=None, run_dir="/nonexistent")
@@ -159,7 +159,7 @@ def test_a_post_made_at_once_brings_the_next_look_forward():
     """A probe posts at once before a collective at a new line (where mismatches are born) and bumps NEWS:
     a calm watcher looks at the next poll instead of up to a second later."""
     from ddp_doctor import store as side
-    from ddp_doctor.watch import Watcher
+    from ddp_doctor.watcher import Watcher
 
     class Counters:
         def __init__(self):

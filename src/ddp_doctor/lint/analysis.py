@@ -31,20 +31,6 @@ def _cached(model: ModuleModel, key, fn):
 
 
 # ------------------------------------------------------------- helpers ---
-def under_join(model: ModuleModel, scope: Scope, node: ast.AST) -> bool:
-    """Is ``node`` inside ``with model.join():`` / ``with Join([...]):`` (DDP's Join for uneven inputs)?  There
-    the ranks legitimately run different numbers of steps: the joined rank shadows the others' all-reduces."""
-    def compute():
-        inside: set[int] = set()
-        for w in ast.walk(scope.node):
-            if isinstance(w, (ast.With, ast.AsyncWith)) and any(
-                    isinstance(it.context_expr, ast.Call) and final_name(it.context_expr.func) in ("join", "Join")
-                    for it in w.items):
-                inside.update(id(n) for stmt in w.body for n in ast.walk(stmt))
-        return inside
-    return id(node) in _cached(model, ("under_join", id(scope.node)), compute)
-
-
 def fn_direct_sites(model: ModuleModel, fn: ast.AST) -> list[Site]:
     return model.scopes[fn].sites if fn in model.scopes else []
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from typing import Iterator
 
-from ddp_doctor.lint.names import dotted
+from ddp_doctor.lint.names import dotted, final_name
 from ddp_doctor.lint.scopes import Cond, FuncNode, Jump, LoopNode, Scope, Site
 
 
@@ -150,3 +150,20 @@ class ControlFlow:
     def returns_of(self, fn: ast.AST) -> list[ast.Return]:
         scope = self.scopes.get(fn)
         return [j.stmt for j in scope.jumps if j.kind == "return"] if scope is not None else []
+
+
+def under_join(model, scope: Scope, node: ast.AST) -> bool:
+    """Is ``node`` inside ``with model.join():`` / ``with Join([...]):`` (DDP's Join for uneven inputs)?  There
+    the ranks legitimately run different numbers of steps: the joined rank shadows the others' all-reduces."""
+    def compute():
+        inside: set[int] = set()
+        for w in ast.walk(scope.node):
+            if isinstance(w, (ast.With, ast.AsyncWith)) and any(
+                    isinstance(it.context_expr, ast.Call) and final_name(it.context_expr.func) in ("join", "Join")
+                    for it in w.items):
+                inside.update(id(n) for stmt in w.body for n in ast.walk(stmt))
+        return inside
+    key = ("under_join", id(scope.node))
+    if key not in model._cache:
+        model._cache[key] = compute()
+    return id(node) in model._cache[key]

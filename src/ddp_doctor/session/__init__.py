@@ -1,7 +1,7 @@
 """One ``ddp-doctor run``: the side channel, the launch through torch's elastic agent, the watcher, the stop.
 
 Ranks are launched by torch's own elastic launcher with the probe (``python -m ddp_doctor.probe``) in
-front of the user's program; the :class:`~ddp_doctor.watch.Watcher` thread in this process reads every
+front of the user's program; the :class:`~ddp_doctor.watcher.Watcher` thread in this process reads every
 rank's state from the side-channel store and, on a decision of :mod:`ddp_doctor.diagnose.live`, takes
 the stacks; the job is then stopped through torch's own shutdown path and
 :mod:`ddp_doctor.session.assemble` builds and writes the report.
@@ -139,8 +139,8 @@ class Job:
             return {}
         from torch.distributed import run as torchrun
 
-        from ddp_doctor.watch.root import Root, interval_for
-        from ddp_doctor.watch.uplink import Uplink
+        from ddp_doctor.watcher.root import Root, interval_for
+        from ddp_doctor.watcher.uplink import Uplink
 
         local_world = max(1, int(torchrun.determine_local_world_size(self.args.nproc_per_node)))
         common = {"local_world": local_world, "poll": interval_for(self.nnodes)}
@@ -237,7 +237,7 @@ class Job:
     # -- the run ---------------------------------------------------------------------
     def run(self) -> int:
         from ddp_doctor import launch
-        from ddp_doctor.watch import Watcher
+        from ddp_doctor.watcher import Watcher
 
         a = self.args
         self.hook_interrupts()

@@ -18,7 +18,7 @@ from ddp_doctor.diagnose.live import find_desync
 from ddp_doctor.evidence import (EVIDENCE_OUT_ENV, Capture, ExitStatus, JobEvidence, LintMark, RankState, Site,
                                  Verdict)
 from ddp_doctor.findings import Finding, plain
-from ddp_doctor.watch import FATAL, stacks
+from ddp_doctor.watcher import FATAL, stacks
 
 
 def _with_late_desync(decision: Verdict | None, late: Verdict) -> Verdict:

@@ -4,7 +4,7 @@ Activation: ``ddp_doctor.watch()`` in the rank's program, or ``-m ddp_doctor.pro
 (``torchrun --nproc-per-node 2 -m ddp_doctor.probe train.py``).  Without ``ddp-doctor run`` around it,
 there is no launcher-side watcher, so rank 0 hosts the side-channel TCPStore on
 ``MASTER_ADDR:(MASTER_PORT+1)`` (``DDP_DOCTOR_PORT`` overrides; without MASTER_* the default group's
-rendezvous address, see ``store.embedded_address``) and runs the same :class:`~ddp_doctor.watch.Watcher`
+rendezvous address, see ``store.embedded_address``) and runs the same :class:`~ddp_doctor.watcher.Watcher`
 in a thread; the other ranks publish to it.  On a diagnosis rank 0 writes the report, prints it, and sets
 ``ddpd/stop``: every probe then terminates its own rank and DataLoader workers, so the launcher sees the
 job fail instead of hanging until a timeout.  A job that ends without one gets its report once rank 0
@@ -32,7 +32,7 @@ def start_in_rank0(address: str, world: int):
     """Host the store and start the watcher thread (called by the probe on global rank 0); returns what the
     probe runs once rank 0 finished: the report of a job the watcher had no reason to stop."""
     from ddp_doctor.store import host_store
-    from ddp_doctor.watch import Watcher
+    from ddp_doctor.watcher import Watcher
 
     store, _ = host_store(int(address.rpartition(":")[2]))
     ht = os.environ.get("DDP_DOCTOR_HANG_TIMEOUT")

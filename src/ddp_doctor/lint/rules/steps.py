@@ -5,6 +5,7 @@ import ast
 
 from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import ModuleModel
+from ddp_doctor.lint.flow import under_join
 from ddp_doctor.lint.names import arg_or_kw, final_name, kwarg
 from ddp_doctor.lint.scopes import Scope
 from ddp_doctor.lint.rules.base import Context, Rule
@@ -131,7 +132,7 @@ class UnevenSteps(Rule):
                 if jump.kind == "raise" or A.single_process_only(m, jump.conds, scope):
                     continue  # a crash stops every rank; `rank == -1` code never runs under DDP
                 for loop in loops:
-                    if loop not in jump.loops or A.under_join(m, scope, loop):
+                    if loop not in jump.loops or under_join(m, scope, loop):
                         continue
                     level = jump.loops.index(loop)
                     if jump.kind in ("continue", "break") and jump.loops[-1] is not loop:
@@ -209,7 +210,7 @@ class UnevenSteps(Rule):
         m = ctx.model
         seen = set()
         for use in A.loader_uses(m):
-            if not use.training or use.loader in seen or A.under_join(m, use.scope, use.loop):
+            if not use.training or use.loader in seen or under_join(m, use.scope, use.loop):
                 continue
             seen.add(use.loader)
             call = use.loader

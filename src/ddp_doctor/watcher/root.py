@@ -22,7 +22,7 @@ from ddp_doctor.diagnose.jobview import LATE_S, LOST_S, CrossCheck, JobView
 from ddp_doctor.diagnose.live import CYCLE_S, find_desync, group_ranks
 from ddp_doctor.evidence import GROUP_CREATION, Control, NodeDetail, NodeLoss, NodeSummary, Pull, RankState, Verdict
 from ddp_doctor.evidence.compact import Decoder
-from ddp_doctor.watch.views import RankView
+from ddp_doctor.watcher.views import RankView
 
 DETAIL_ALL = 64        # jobs up to this many ranks: every node's full states for the report
 SUSPECTS_MAX = 16      # larger jobs: full states from at most this many suspected nodes

@@ -19,10 +19,8 @@ nodes it suspects through the control message each node reads.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
-import types
 from typing import Any, Callable
 
 import psutil
@@ -33,9 +31,9 @@ from ddp_doctor.diagnose.jobview import JobView
 from ddp_doctor.diagnose.summary import Summarizer, calm
 from ddp_doctor.evidence import (JobEvidence, NodeDetail, NodeSummary, RankState, Verdict, WorkerStack,
                                  rank_state_from_wire, stacks_from_wire)
-from ddp_doctor.watch.root import DETAIL_ALL
-from ddp_doctor.watch.stacks import FATAL, fatal_stack, parse_faulthandler, peek_exit, signal_dumps, tore_down
-from ddp_doctor.watch.views import RankView
+from ddp_doctor.watcher.root import DETAIL_ALL
+from ddp_doctor.watcher.stacks import FATAL, fatal_stack, parse_faulthandler, peek_exit, signal_dumps, tore_down
+from ddp_doctor.watcher.views import RankView
 
 __all__ = ["Watcher", "RankView", "FATAL", "POLL", "parse_faulthandler", "Attempt"]
 
@@ -404,16 +402,3 @@ class Attempt:
         self.attempt = attempt
         self.evidence = evidence
         self.decision = decision
-
-
-class _CallablePackage(types.ModuleType):
-    """Importing this package makes it ddp_doctor's ``watch`` attribute, in place of the user's
-    ``ddp_doctor.watch()`` (:func:`ddp_doctor.watch_rank`): so calling the package watches the rank too."""
-
-    def __call__(self) -> bool:
-        import ddp_doctor
-
-        return ddp_doctor.watch_rank()
-
-
-sys.modules[__name__].__class__ = _CallablePackage
