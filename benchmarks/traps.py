@@ -63,13 +63,13 @@ class Outcome:
 
 def _peek(r: random.Random, w: int) -> dict:
     who = r.randrange(w)
-    return {"setup": [f"if rank == {who}:", "    xb, _ = next(iter(loader))", "    print('batch', tuple(xb.shape))"]}
+    return {"setup": [f"if rank == {who}:", "    xb, _ = next(iter(local_loader))", "    print('batch', tuple(xb.shape))"]}
 
 
 def _sample_preds(r: random.Random, w: int) -> dict:
     who, k = r.randrange(w), r.randint(1, 4)
     return {"epoch": [f"if rank == {who}:", "    with torch.no_grad():",
-                      "        for j, (xb, yb) in enumerate(loader):",
+                      "        for j, (xb, yb) in enumerate(local_loader):",
                       f"            if j >= {k}:", "                break",
                       "            acc = (net(xb).argmax(1) == yb).float().mean().item()",
                       "    print('sample accuracy', acc)"]}
@@ -78,7 +78,7 @@ def _sample_preds(r: random.Random, w: int) -> dict:
 def _nograd_pass(r: random.Random, w: int) -> dict:
     who = r.randrange(w)
     return {"epoch": [f"if rank == {who}:", "    with torch.no_grad():",
-                      "        total = sum(net(xb).sum().item() for xb, _ in loader)"]}
+                      "        total = sum(net(xb).sum().item() for xb, _ in local_loader)"]}
 
 
 def _metric_allreduce(r: random.Random, w: int) -> dict:
@@ -217,11 +217,16 @@ def generate(seed: int, nproc: int | None = None) -> Program:
     elif mode in FRAMEWORKS:
         add("    x = torch.randn(256, 16)")
         add("    loader = DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=8, shuffle=True)")
+        # a prepared loader's iteration is collective (accelerate broadcasts its RNG state): one rank's own
+        # passes go over a plain loader of the same data
+        add("    local_loader = DataLoader(loader.dataset, batch_size=8)")
     else:
         add("    x = torch.randn(256, 16)")
         add("    ds = TensorDataset(x, (x[:, 0] > 0).long())")
         add("    sampler = DistributedSampler(ds, seed=1)")
         add(f"    loader = DataLoader(ds, batch_size=8, sampler=sampler, num_workers={r.choice((0, 0, 2))})")
+    if mode not in FRAMEWORKS:
+        add("    local_loader = loader  # one rank's extra passes go over the training loader itself")
     add("    net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))")
     if mode == "fsdp2":
         add("    from torch.distributed.fsdp import fully_shard")
