@@ -338,7 +338,7 @@ def from_parted(ranks: dict[int, RankState], parted: dict[int, Collective], show
             return finding_for_calls(code, fault, site, parted, ranks, first.group, first.seq,
                                      f"The ranks parted there; {showed}")
     labels = {r: (c.epoch, c.step_in_epoch) for r, c in parted.items()}
-    if len(set(labels.values())) < 2 or any(e is None for e, _ in labels.values()):
+    if len({e for e, _ in labels.values()}) < 2 or any(e is None for e, _ in labels.values()):
         return None
     behind = sorted(parted, key=lambda r: labels[r])
     site = parted[behind[0]].site

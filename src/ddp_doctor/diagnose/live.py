@@ -213,7 +213,7 @@ def parted_calls(fps: dict[int, Any], group: str | None = None, before: int | No
                  ) -> dict[int, Collective]:
     """Where the ranks parted before a mismatch showed: each rank's call at the first position (of ``group``,
     before ``before``; any when None) whose calls agree as torch sees them but come from different training
-    positions (epoch, step) or, for the DDP model, different lines.  ``fps``: rank -> {(group, seq):
+    epochs or, for the DDP model, different lines.  ``fps``: rank -> {(group, seq):
     fingerprint}.  Inferred: it explains a proof, it never makes one."""
     keys = sorted({k for m in fps.values() for k in m
                    if (group is None or k[0] == group) and (before is None or k[1] < before)},
@@ -225,8 +225,8 @@ def parted_calls(fps: dict[int, Any], group: str | None = None, before: int | No
         vals = list(calls.values())
         if len({c.must_agree() for c in vals}) > 1:
             return {}  # the ranks disagree here already: that is the proof, not a parting before it
-        if len({(c.epoch, c.step_in_epoch) for c in vals}) > 1 and all(c.epoch is not None for c in vals):
-            return calls
+        if len({c.epoch for c in vals}) > 1 and all(c.epoch is not None for c in vals):
+            return calls  # a rank already in the next training epoch: it ran fewer steps in this one
         if vals[0].op.startswith("ddp.") and len({c.site.key() if c.site else None for c in vals}) > 1:
             return calls
     return {}
