@@ -256,3 +256,23 @@ def test_an_abort_after_every_step_while_the_others_finished_is_teardown():
     ev["ranks"][1]["step"] = 15
     verdict, fs = diagnose(ev, {"reason": "exit", "rank": 1}, {1: {"exit_code": -6, "signal": "SIGABRT"}})
     assert not fs[0].evidence.get("finished_program")
+
+
+def test_a_collective_timeout_is_the_consequence_of_the_rank_it_waited_for():
+    """monitored_barrier (or a short process-group timeout) raised on rank 0 while rank 1 was outside every
+    collective: DDP205 on rank 1 at its line, not DDP204 on rank 0."""
+    barrier = {"group": "world", "seq": 18, "op": "monitored_barrier", "site": site(47)}
+    ev = {"ranks": {
+        0: rank(0, exc={"type": "RuntimeError", "message": "[Rank 0]: Rank 1 failed to pass monitoredBarrier in 8000 ms",
+                        "location": site(47), "collective": barrier, "in_collective": True, "t": 9.0},
+                exit={"exit_code": 1, "signal": None}),
+        1: rank(1, where=site(40), stack=[site(40)],  # it passed that barrier in the epoch before
+                sites_seen=[["monitored_barrier", ["train.py", 47, "main"]]])}}
+    verdict, fs = diagnose(ev, {"reason": "exit", "rank": 0})
+    assert verdict == "hang"
+    assert [(f.code, f.ranks, f.location.line) for f in fs] == [("DDP205", [1], 40)]
+    assert "the consequence, not the cause" in fs[0].message
+    # an error of its own (not a timeout) stays the root cause
+    ev["ranks"][0]["exc"]["message"] = "CUDA error: an illegal memory access was encountered"
+    verdict, fs = diagnose(ev, {"reason": "exit", "rank": 0})
+    assert verdict == "crash" and fs[0].code == "DDP204" and fs[0].ranks == [0]

@@ -35,6 +35,13 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
     stale = exits.diagnose_restart_connect(evidence) if reason in ("exit", "hang") or failed else None
     if stale is not None:  # restarted ranks could not connect: nothing after that is its own cause
         return ("hang" if reason == "hang" else "crash"), [stale]
+    waited = exits.timeouts_as_waits(ranks) if reason != "desync" and (reason == "exit" or failed) else {}
+    if waited:  # a collective timed out waiting for a rank that never came: judge the wait, not the timeout
+        e = next(iter(ranks[r].exc for r in waited))
+        evidence = evidence.with_(ranks={**ranks, **waited})
+        ranks, failed = evidence.ranks, False
+        reason, decision = "hang", Verdict("hang", limit_how=f"{e.collective.op} timed out on rank "
+                                                              f"{', '.join(map(str, sorted(waited)))}: {e.type}")
     if reason == "desync":
         failed_then = decision.failed if decision.failed is not None else failed
         verdict = "crash" if failed_then else ("hang" if decision.blocked else "desync")

@@ -35,6 +35,30 @@ def _root_ranks(ranks: dict[int, RankState]) -> list[int]:
     return sorted(r for r, st in ranks.items() if st.signal)
 
 
+_TIMEOUT_WORDS = ("failed to pass monitoredbarrier", "timed out", "timeout")
+
+
+def timeouts_as_waits(ranks: dict[int, RankState]) -> dict[int, RankState]:
+    """Ranks whose only failure is a collective that timed out (``monitored_barrier``, a short process-group
+    timeout), as the waiting ranks they were -- when some other rank is alive and was not in that collective.
+    The timeout is the consequence; the cause is the rank it waited for (a dead thread, a stuck read)."""
+    failed = {r: st for r, st in ranks.items() if st.failed}
+    if not failed:
+        return {}
+    waits = {}
+    for r, st in failed.items():
+        e = st.exc
+        if e is None or e.collective is None or not any(w in (e.message or "").lower() for w in _TIMEOUT_WORDS):
+            return {}
+        if st.exit is not None and st.exit.killed:
+            return {}
+        waits[r] = st.with_(exc=None, exit=None, done=False, in_collective=e.collective)
+    pos = {(c.in_collective.group, c.in_collective.seq) for c in waits.values()}
+    apart = [r for r, st in ranks.items() if r not in failed and not st.missing and not st.done
+             and (st.in_collective is None or (st.in_collective.group, st.in_collective.seq) not in pos)]
+    return waits if apart else {}
+
+
 def _finished_with_the_others(r: int, ranks: dict[int, RankState]) -> bool:
     """Every other rank ended normally and rank ``r`` had run as many steps as they did: whatever killed it
     came after the training (freeing the DDP model as its main function returned, say)."""

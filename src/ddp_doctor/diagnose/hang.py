@@ -114,14 +114,18 @@ def stall_finding(ranks: dict[int, RankState], stuck: dict[int, RankState], stal
     if idle and min(idle.values()) >= 1:
         life = (f" Rank {', '.join(map(str, sorted(idle)))} showed no sign of life (CPU, I/O, Python stack) "
                 f"for {min(idle.values()):.0f}s.")
+    if stall["stalled_s"] is not None:
+        ended = f"for {stall['stalled_s']}s."
+    else:  # the others' collective timed out first (monitored_barrier, a short process-group timeout)
+        ended = f"until {stall['hang_limit_how']} -- the consequence, not the cause."
     if partial:
         waits = "; ".join(f"rank {r} waits in {c.op} (#{c.seq} on {c.group}) at {where(c.site)}"
                           for r, c in sorted(partial.items()))
         msg = (f"Rank {', '.join(map(str, sorted(stuck)))} is stuck outside collectives: {'; '.join(parts)}, "
-               f"while {waits} for it.{life} No step progressed for {stall['stalled_s']}s.")
+               f"while {waits} for it.{life} No step progressed {ended}")
     else:
         msg = (f"No rank progresses and the stuck ones are not in a collective: {'; '.join(parts)}.{life} "
-               f"Nothing moved for {stall['stalled_s']}s.")
+               f"Nothing moved {ended}")
     fix = fix or runtime_fix("DDP205.stall")
     return Finding("DDP205", msg, fix, location=loc(site), ranks=sorted(stuck),
                    evidence={**stall, "where": {str(r): rank_site(st) for r, st in stuck.items()},
