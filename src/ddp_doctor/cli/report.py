@@ -128,6 +128,12 @@ def _gather(args) -> dict | None:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    from ddp_doctor.report.files import refuse_unwritable
+
+    refused = refuse_unwritable("ddp-doctor report", {"--output": args.output, "--html": args.html})
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
     data = _gather(args)
     if data is None:
         return 2
@@ -145,10 +151,9 @@ def main(argv: list[str]) -> int:
 
 
 def _render(args: argparse.Namespace, data: dict) -> int:
-    if args.output:
-        from ddp_doctor.report import write_json
+    from ddp_doctor.report.files import save_reports
 
-        write_json(data, args.output)
+    failed = [s for s in save_reports(data, args.output, None) if not s.ok]
     if not args.no_snippets:
         from ddp_doctor.report.snippets import attach_snippets
         attach_snippets(data)
@@ -169,11 +174,11 @@ def _render(args: argparse.Namespace, data: dict) -> int:
             from ddp_doctor.report.terminal import print_report
             print_report(data, color=color)
     if args.html:
-        from ddp_doctor.report.html import write_html
-        try:
-            write_html(data, args.html)
-        except OSError as exc:
-            print(f"ddp-doctor report: cannot write {args.html}: {exc}", file=sys.stderr)
-            return 2
-        print(f"HTML report: {args.html}", file=sys.stderr if args.format == "json" else sys.stdout)
-    return 0
+        html = save_reports(data, None, args.html)[0]
+        if html.ok:
+            print(f"HTML report: {args.html}", file=sys.stderr if args.format == "json" else sys.stdout)
+        else:
+            failed.append(html)
+    for s in failed:
+        print(s.notice(), file=sys.stderr)
+    return 2 if failed else 0

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 LINT_SCHEMA_ID = "ddp-doctor/lint/v1"
@@ -92,9 +91,14 @@ REPORT_JSON_SCHEMA: dict[str, Any] = {
 }
 
 
+def report_json(data: dict[str, Any]) -> str:
+    """A report as the text its JSON file holds."""
+    return json.dumps(data, indent=2, sort_keys=False) + "\n"
+
+
 def write_json(data: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    """Write a report atomically (a half-written report is worse than none)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """Write a report atomically (a half-written report is worse than none); OSError is the caller's
+    (commands use :func:`ddp_doctor.report.files.save`, which falls back and never raises)."""
+    from ddp_doctor.report.files import write_atomic
+
+    write_atomic(path, report_json(data))

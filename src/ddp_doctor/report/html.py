@@ -12,7 +12,6 @@ import json
 import os
 from html import escape
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from ddp_doctor.report import _view
@@ -290,10 +289,7 @@ def _dash(v: Any) -> Any:
 
 
 def write_html(report: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    """Write the report as one self-contained HTML file (atomically)."""
-    path = Path(path)
-    if path.parent and not path.parent.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render_html(report), encoding="utf-8")
-    os.replace(tmp, path)
+    """Write the report as one self-contained HTML file (atomically; OSError is the caller's)."""
+    from ddp_doctor.report.files import write_atomic
+
+    write_atomic(path, render_html(report))

@@ -278,8 +278,6 @@ def rank_entry(r: int, st: RankState, failures: dict[int, ExitStatus], lost: set
 
 
 def emit(job, report: dict[str, Any], is_host: bool) -> int:
-    from ddp_doctor.report import write_json
-
     if not is_host and job.store is not None:
         # one job, one diagnosis: take the hosting node's report (it names global ranks)
         end = time.monotonic() + 20
@@ -308,18 +306,15 @@ def emit(job, report: dict[str, Any], is_host: bool) -> int:
         report = attach_snippets(report, allowed=set(report.get("sources") or ()))
     except Exception:
         pass
-    if job.own.get("--report"):
-        write_json(report, job.own["--report"])
-    if job.own.get("--html"):
-        try:
-            from ddp_doctor.report.html import write_html
+    from ddp_doctor.report.files import save_reports
 
-            write_html(report, job.own["--html"])
-        except ImportError:
-            print("ddp-doctor: HTML report not available in this build", file=sys.stderr)
-    if not job.own.get("--quiet"):
+    failed = [s for s in save_reports(report, job.own.get("--report"), job.own.get("--html")) if not s.ok]
+    if not job.own.get("--quiet") or failed:  # a report that went nowhere it was asked: the diagnosis is here
         print_text(report)
+    for s in failed:
+        print(s.notice(), file=sys.stderr)
     return int(report["exit_code"])
+
 
 
 

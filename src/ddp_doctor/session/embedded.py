@@ -27,6 +27,7 @@ def start_in_rank0(address: str) -> None:
     from ddp_doctor.watch import Watcher
 
     store, _ = host_store(int(address.rpartition(":")[2]))
+    _check_destinations()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     ht = os.environ.get("DDP_DOCTOR_HANG_TIMEOUT")
     own_dir = not os.environ.get("DDP_DOCTOR_DIR")
@@ -39,6 +40,21 @@ def start_in_rank0(address: str) -> None:
     w.start()
     threading.Thread(target=_warnings, args=(w,), name="ddp-doctor-warn", daemon=True).start()
     _keep.append((store, w))
+
+
+def _report_paths() -> dict[str, str | None]:
+    return {"DDP_DOCTOR_REPORT": os.environ.get("DDP_DOCTOR_REPORT", "ddp-doctor-report.json"),
+            "DDP_DOCTOR_HTML": os.environ.get("DDP_DOCTOR_HTML")}
+
+
+def _check_destinations() -> None:
+    """Say at the start, in one line, that the report cannot go where asked (the job is the user's: it runs
+    anyway, and a report written at the end goes to a fallback it names then)."""
+    from ddp_doctor.report.files import refuse_unwritable
+
+    problem = refuse_unwritable("ddp-doctor", _report_paths())
+    if problem:
+        print(f"{problem} (the job runs; a report would go to a fallback named then)", file=sys.stderr)
 
 
 def _warnings(w) -> None:
@@ -65,8 +81,8 @@ def _report_and_stop(w, store, decision, t0: float, scratch: str | None = None) 
         job = Job.for_report(w, argv=list(sys.argv), script=sys.argv[0] if sys.argv else "", t0=t0)
         report = job.build_report(None, [], time.monotonic())
         report["command"] = [sys.executable, "-m", "ddp_doctor.probe", *sys.argv]
-        job.own = {"--report": os.environ.get("DDP_DOCTOR_REPORT", "ddp-doctor-report.json"),
-                   "--html": os.environ.get("DDP_DOCTOR_HTML")}
+        paths = _report_paths()
+        job.own = {"--report": paths["DDP_DOCTOR_REPORT"], "--html": paths["DDP_DOCTOR_HTML"]}
         job.emit(report, True)
     except Exception as e:  # never let the watcher take the job down silently
         print(f"ddp-doctor: embedded watcher could not write the report: {e!r}", file=sys.stderr)
