@@ -9,28 +9,8 @@ import argparse
 import json
 import sys
 
-from ddp_doctor.report import LINT_JSON_SCHEMA, LINT_SCHEMA_ID, REPORT_JSON_SCHEMA, REPORT_SCHEMA_ID
-
-CHECK_SCHEMA_ID = "ddp-doctor/check/v1"
-# used when ddp_doctor.check does not publish its own schema: the keys every renderer needs
-_CHECK_MIN_SCHEMA = {
-    "type": "object",
-    "required": ["schema", "verdict", "exit_code", "world_size", "findings", "ranks"],
-    "properties": {
-        "schema": {"const": CHECK_SCHEMA_ID}, "verdict": {"enum": ["ok", "fail"]}, "exit_code": {"type": "integer"},
-        "world_size": {"type": "integer"},
-        "findings": {"type": "array", "items": {"type": "object", "required": ["code", "severity", "message"]}},
-        "ranks": {"type": "array", "items": {"type": "object", "required": ["rank"]}},
-    },
-}
-
-
-def _check_schema() -> dict:
-    try:
-        from ddp_doctor.check import CHECK_JSON_SCHEMA  # type: ignore[attr-defined]
-        return CHECK_JSON_SCHEMA
-    except ImportError:
-        return _CHECK_MIN_SCHEMA
+from ddp_doctor.report import CHECK_SCHEMA_ID
+from ddp_doctor.report.validate import validate
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,23 +27,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     p.add_argument("--no-snippets", action="store_true", help="do not read source files for snippets")
     return p
-
-
-def validate(data: object) -> list[str]:
-    """Problems that make ``data`` not a report (empty when it is one)."""
-    if not isinstance(data, dict):
-        return ["the top level is not a JSON object"]
-    kind = data.get("schema")
-    schema = (LINT_JSON_SCHEMA if kind == LINT_SCHEMA_ID else _check_schema() if kind == CHECK_SCHEMA_ID
-              else REPORT_JSON_SCHEMA)
-    try:
-        import jsonschema
-    except ImportError:  # jsonschema is a test extra; check the contract's required keys by hand
-        return [f"missing key {k!r}" for k in schema["required"] if k not in data] or \
-            ([f"schema is {kind!r}"] if kind not in (LINT_SCHEMA_ID, REPORT_SCHEMA_ID, CHECK_SCHEMA_ID) else [])
-    validator = jsonschema.Draft7Validator(schema)
-    errs = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
-    return [f"{'/'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message}" for e in errs[:10]]
 
 
 def _load(path: str) -> dict | None:
@@ -86,11 +49,10 @@ def _load(path: str) -> dict | None:
         print(f"ddp-doctor report: {path} is nested deeper than {MAX_DEPTH} levels: not a ddp-doctor report",
               file=sys.stderr)
         return None
-    problems = validate(data)
-    if problems:
-        print(f"ddp-doctor report: {path} is not a ddp-doctor report:", file=sys.stderr)
-        for p in problems:
-            print(f"  {clean_text(p)}", file=sys.stderr)
+    problems = validate(data, limit=3)
+    if problems:  # one line: the file and its first problems, first first
+        print(f"ddp-doctor report: {path} is not a ddp-doctor report: {clean_text('; '.join(problems))}",
+              file=sys.stderr)
         return None
     return data
 

@@ -53,8 +53,10 @@ def unwritable(path: str | os.PathLike[str]) -> str | None:
     if os.path.lexists(p) and not os.path.isfile(p):
         return "it exists and is not a regular file"
     parent = os.path.dirname(p)
+    while not os.path.lexists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)  # missing directories are made when writing: their first existing one counts
     if not os.path.isdir(parent):
-        return f"the directory {parent} does not exist" if not os.path.lexists(parent) else f"{parent} is not a directory"
+        return f"{parent} is not a directory"
     try:
         fd, probe = tempfile.mkstemp(prefix=".ddp-doctor-", suffix=".probe", dir=parent)
     except OSError as exc:
@@ -66,10 +68,12 @@ def unwritable(path: str | os.PathLike[str]) -> str | None:
 
 
 def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` through ``PATH.tmp`` and a rename (a half-written report is worse than
-    none); the temporary file is removed whatever fails, and the OSError is the caller's."""
+    """Write ``text`` to ``path`` (its missing directories made) through ``PATH.tmp`` and a rename (a
+    half-written report is worse than none); the temporary file is removed whatever fails, and the
+    OSError is the caller's."""
     p = os.fspath(path)
     tmp = p + ".tmp"
+    os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
     try:
         with open(tmp, "w", encoding="utf-8", errors="replace") as fh:
             fh.write(text)
