@@ -29,13 +29,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _load(path: str) -> dict | None:
-    """A validated report, or None after saying why on stderr (one line: odd input never gives a traceback)."""
+def _load(path: str, lean: bool = False, timelines: bool = True) -> dict | None:
+    """A validated report, or None after saying why on stderr (one line: odd input never gives a traceback).
+    ``lean``: only what rendering shows is kept of long timelines (``report.load``)."""
+    from ddp_doctor.report.load import TooLarge, load
     from ddp_doctor.report.safe import MAX_DEPTH, clean_text, depth
 
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = load(path, lean=lean, timelines=timelines)
+    except TooLarge as exc:
+        print(f"ddp-doctor report: {exc}", file=sys.stderr)
+        return None
     except OSError as exc:
         print(f"ddp-doctor report: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
         return None
@@ -74,7 +78,8 @@ def _gather(args) -> dict | None:
         print("ddp-doctor report: give a REPORT.json (or several attach reports, or --flight-recorder DIR)",
               file=sys.stderr)
         return None
-    loaded = [_load(p) for p in args.report]
+    lean = len(args.report) == 1 and args.format == "text" and not args.output  # only rendered, never re-written
+    loaded = [_load(p, lean, timelines=bool(args.html)) for p in args.report]
     if any(d is None for d in loaded):
         return None
     if len(loaded) == 1:

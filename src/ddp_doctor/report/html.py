@@ -16,7 +16,6 @@ from typing import Any
 
 from ddp_doctor.report import _view
 
-MAX_TIMELINE_EVENTS = 2000
 VERDICT_TEXT = {
     "ok": ("OK", "the job ran clean"),
     "hang": ("HANG", "the job stopped making progress"),
@@ -46,8 +45,9 @@ def _e(v: Any) -> str:
 def _view_data(report: dict[str, Any]) -> dict[str, Any]:
     ranks = []
     tmax = 0.0
+    cap = _view.timeline_cap(len(report.get("ranks") or []))
     for r in sorted(report.get("ranks") or [], key=lambda r: r.get("rank", 0)):
-        tl = [ev for ev in (r.get("timeline") or []) if isinstance(ev, dict)][-MAX_TIMELINE_EVENTS:]
+        tl = [ev for ev in (r.get("timeline") or []) if isinstance(ev, dict)][-cap:]
         stop_t = None
         for ev in tl:
             try:
@@ -71,8 +71,8 @@ def _view_data(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def render_html(report: dict[str, Any]) -> str:
-    """The whole page as a string."""
-    report = _view.normalize(report)
+    """The whole page as a string (it shows and embeds ``_view.for_display(report)``)."""
+    report = _view.normalize(_view.for_display(report))
     runtime, lint = _view.split_findings(report)
     verdict = report.get("verdict")
     word, sub = VERDICT_TEXT.get(verdict, (str(verdict).upper(), ""))

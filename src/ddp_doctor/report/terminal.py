@@ -64,10 +64,9 @@ def make_console(file: IO[str] | None = None, color: bool | None = None) -> Cons
 # ---------------------------------------------------------------- final report
 def print_report(report: dict[str, Any], file: IO[str] | None = None, color: bool | None = None) -> None:
     """Print a ``ddp-doctor/report/v1`` (or lint/v1) dict for people.  Never raises on odd data."""
-    from ddp_doctor.report.safe import clean
-
     con = make_console(file, color)
-    report = clean(report)  # no terminal control sequence from the job or a hostile file reaches the screen
+    # no terminal control sequence from the job or a hostile file reaches the screen; long strings are cut
+    report = _view.for_display(report)
     try:
         _print_report(con, report)
     except Exception as exc:  # a renderer bug must not hide the diagnosis: fall back to plain lines
