@@ -67,7 +67,7 @@ def print_check(report: dict[str, Any], console: Console | None = None) -> None:
     """Render a check report: ranks, one table per test, bandwidth, audit, findings, verdict."""
     from ddp_doctor.report._view import for_display
 
-    report = for_display(report)
+    report = for_display(report, timelines=False)
     c = _console(console)
     ranks = report.get("ranks", [])
     if ranks:

@@ -22,7 +22,7 @@ _CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 (but \t, \n), DEL, C1
 
 def clean_text(s: str) -> str:
     """``s`` without terminal control sequences or control characters (tabs and newlines kept)."""
-    if not isinstance(s, str):
+    if not isinstance(s, str) or (s.isascii() and s.isprintable()):  # the common case, at C speed
         return s
     return _CTRL.sub("", _SEQ.sub("", s))
 
@@ -37,9 +37,12 @@ def shorten(s: str, max_chars: int = MAX_DISPLAY_CHARS) -> str:
 def clean(obj: Any, max_chars: int | None = None) -> Any:
     """A copy of a JSON-like value with every string (keys too) cleaned, and cut to ``max_chars`` when given
     (cut first: cleaning and rendering then cost at most that much per string); iterative, any depth."""
-    if max_chars is not None:
-        return _walk(obj, lambda s: clean_text(shorten(s, max_chars)))
-    return _walk(obj, clean_text)
+    if max_chars is None:
+        return _walk(obj, clean_text)
+
+    def fix(s: str) -> str:
+        return clean_text(s if len(s) <= max_chars else shorten(s, max_chars))
+    return _walk(obj, fix)
 
 
 def _walk(obj: Any, fix) -> Any:

@@ -66,7 +66,7 @@ def print_report(report: dict[str, Any], file: IO[str] | None = None, color: boo
     """Print a ``ddp-doctor/report/v1`` (or lint/v1) dict for people.  Never raises on odd data."""
     con = make_console(file, color)
     # no terminal control sequence from the job or a hostile file reaches the screen; long strings are cut
-    report = _view.for_display(report)
+    report = _view.for_display(report, timelines=False)
     try:
         _print_report(con, report)
     except Exception as exc:  # a renderer bug must not hide the diagnosis: fall back to plain lines
