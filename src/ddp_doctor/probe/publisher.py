@@ -15,8 +15,8 @@ from typing import Any
 
 from ddp_doctor import store as side
 from ddp_doctor import frames as kinds
-from ddp_doctor.evidence import (Collective, DataWait, DdpModel, GroupInit, LoaderState, RankState, SamplerState, Site,
-                                 SiteCount, SkippedSync, ThreadStack, TimelineEvent, Timing, stacks_to_json)
+from ddp_doctor.evidence import (Collective, DataWait, DdpModel, GroupInit, LoaderState, RankState, Refused, SamplerState,
+                                 Site, SiteCount, SkippedSync, ThreadStack, TimelineEvent, Timing, stacks_to_json)
 from ddp_doctor.probe import activity, stackdump
 from ddp_doctor.probe.groups import note_group
 from ddp_doctor.probe.recorder import Recorder
@@ -264,7 +264,9 @@ class Publisher(threading.Thread):
 
     def _state_json(self, *, with_stack: bool) -> str:
         with no_gc():
-            state = snapshot(self.rec, with_stack=with_stack).to_json()
+            refused = tuple(Refused(k, why, n) for k, by in list(self.store.stats.rejected_by_key.items())
+                            for why, n in list(by.items()))
+            state = snapshot(self.rec, with_stack=with_stack).with_(refused=refused).to_json()
             state["side_channel"] = {"dropped": self.store.stats.dropped, "timeouts": self.store.stats.timeouts}
             return json.dumps(state, separators=(",", ":"), default=str)
 
@@ -350,9 +352,14 @@ class Publisher(threading.Thread):
         would look like ranks that ran different numbers of steps."""
         if self.is_alive() and threading.current_thread() is not self:
             self.join(DEADLINE_S)
+        stopping = False
+        try:  # before the final post, so a forged stop this refuses is counted in it
+            stopping = self.store.check([side.STOP])
+        except Exception:
+            pass
         try:
             self.publish(final=True)
-            if self.store.check([side.STOP]):
+            if stopping or self.store.check([side.STOP]):
                 wait_ack = 0.0  # the watcher has already decided; nobody will ack
             if wait_ack > 0:
                 end = time.monotonic() + wait_ack

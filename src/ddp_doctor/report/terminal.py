@@ -198,11 +198,17 @@ def _side_channel(con: Console, report: dict[str, Any]) -> None:
         notes.append(f"{'; '.join(map(str, side.get('unwatched_nodes') or []))}: no state ever arrived on the side "
                      "channel, so those ranks went unwatched")
     rejected = side.get("rejected") or {}
-    if rejected:
-        what = ", ".join(f"{n} {why}" for why, n in sorted(rejected.items()))
-        keys = ", ".join(map(str, (side.get("rejected_keys") or [])[:3]))
-        notes.append(f"dropped side-channel values not written by this job ({what}; under {keys}): someone else "
-                     "can reach the side-channel port")
+    by_key = side.get("rejected_by_key") if isinstance(side.get("rejected_by_key"), dict) else {}
+    if rejected or by_key:
+        if by_key:
+            items = list(by_key.items())
+            what = "; ".join(f"under {k}: " + ", ".join(f"{n} {why}" for why, n in sorted(by.items()))
+                             for k, by in items[:6] if isinstance(by, dict)) + ("; ..." if len(items) > 6 else "")
+        else:
+            what = ", ".join(f"{n} {why}" for why, n in sorted(rejected.items())) + \
+                "; under " + ", ".join(map(str, (side.get("rejected_keys") or [])[:3]))
+        notes.append(f"dropped side-channel values not written by this job ({what}): someone else can reach the "
+                     "side-channel port; the job was not stopped by them")
     if not notes:
         return
     con.print(Text("Side channel", style="bold underline"))
