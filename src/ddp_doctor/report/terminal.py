@@ -201,7 +201,7 @@ def _side_channel(con: Console, report: dict[str, Any]) -> None:
     by_key = side.get("rejected_by_key") if isinstance(side.get("rejected_by_key"), dict) else {}
     if rejected or by_key:
         if by_key:
-            items = list(by_key.items())
+            items = sorted(by_key.items())
             what = "; ".join(f"under {k}: " + ", ".join(f"{n} {why}" for why, n in sorted(by.items()))
                              for k, by in items[:6] if isinstance(by, dict)) + ("; ..." if len(items) > 6 else "")
         else:
