@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
             report[key] = path
     saved = save_reports(report, args.report, args.html)
     for s in saved:
-        key = "html_path" if s.requested == args.html and s.what.startswith("HTML") else "report_path"
+        key = "html_path" if s.what == "HTML report" else "report_path"
         if s.path:
             report[key] = s.path  # "written: ..." names where it really went
         else:
