@@ -270,6 +270,9 @@ class Publisher(threading.Thread):
             state["side_channel"] = {"dropped": self.store.stats.dropped, "timeouts": self.store.stats.timeouts}
             return json.dumps(state, separators=(",", ":"), default=str)
 
+    def _refused(self) -> int:
+        return sum(n for by in list(self.store.stats.rejected_by_key.values()) for n in list(by.values()))
+
     def publish(self, *, final: bool = False) -> None:
         self.store.set(self.key, self._state_json(with_stack=final))
 
@@ -352,14 +355,13 @@ class Publisher(threading.Thread):
         would look like ranks that ran different numbers of steps."""
         if self.is_alive() and threading.current_thread() is not self:
             self.join(DEADLINE_S)
-        stopping = False
-        try:  # before the final post, so a forged stop this refuses is counted in it
-            stopping = self.store.check([side.STOP])
-        except Exception:
-            pass
         try:
             self.publish(final=True)
-            if stopping or self.store.check([side.STOP]):
+            refused = self._refused()
+            stopping = self.store.check([side.STOP])
+            if self._refused() != refused:  # a forged stop refused just now: the final state must count it
+                self.publish(final=True)
+            if stopping:
                 wait_ack = 0.0  # the watcher has already decided; nobody will ack
             if wait_ack > 0:
                 end = time.monotonic() + wait_ack
