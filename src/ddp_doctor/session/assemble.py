@@ -337,7 +337,6 @@ def emit(job, report: dict[str, Any], is_host: bool) -> int:
 
 
 
-
 def live_rows(watcher) -> list[dict[str, Any]]:
     """LiveView rows from the watcher's latest states (plain data; the view formats)."""
     rows = []
