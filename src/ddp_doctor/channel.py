@@ -33,6 +33,8 @@ from typing import Any, Callable
 
 SECRET_ENV = "DDP_DOCTOR_SECRET"
 _MAGIC = b"ddpd1"
+MAX_KEYS_COUNTED = 256
+OTHER_KEYS = "(other keys)"
 _ABSENT, _NEVER = b"\x00", b"\x01"   # peek: no sealed value is b"\x00", so compare_set never writes
 
 
@@ -86,6 +88,7 @@ class ChannelStats:
     authenticated: bool
     rejected: dict[str, int] = field(default_factory=dict)   # reason -> distinct values dropped
     rejected_keys: list[str] = field(default_factory=list)   # first few keys a bad value was found under
+    rejected_by_key: dict[str, dict[str, int]] = field(default_factory=dict)  # key -> reason -> values dropped
     dropped: int = 0      # calls not made because the channel was behind, overdue or lost
     timeouts: int = 0     # calls that overran their deadline
     lost: bool = False    # gave up connecting: this side is unwatched
@@ -96,7 +99,8 @@ class ChannelStats:
 
     def to_dict(self) -> dict[str, Any]:
         return {"authenticated": self.authenticated, "rejected": dict(self.rejected),
-                "rejected_keys": list(self.rejected_keys), "dropped": self.dropped,
+                "rejected_keys": list(self.rejected_keys),
+                "rejected_by_key": {k: dict(v) for k, v in self.rejected_by_key.items()}, "dropped": self.dropped,
                 "timeouts": self.timeouts, "lost": self.lost or not self.connected}
 
 
@@ -284,6 +288,11 @@ class SideChannel:
             return
         self._seen_bad.add(mark)
         self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
+        # by key too (the keys read are this job's: ranks, stacks, stop, node summaries); past a few
+        # hundred keys the rest share one entry
+        by_key = self.stats.rejected_by_key
+        slot = key if key in by_key or len(by_key) < MAX_KEYS_COUNTED else OTHER_KEYS
+        by_key.setdefault(slot, {})[reason] = by_key.get(slot, {}).get(reason, 0) + 1
         if key not in self.stats.rejected_keys:
             if len(self.stats.rejected_keys) < 20:
                 self.stats.rejected_keys.append(key)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from ddp_doctor.evidence import (SCHEMA, Activity, Capture, Collective, DataWait, DdpModel, DdpParam, ExitStatus,
-                                 GroupInit, JobEvidence, LintMark, LoaderState, RaisedError, RankState, SamplerState,
+                                 GroupInit, JobEvidence, LintMark, LoaderState, RaisedError, RankState, Refused,
+                                 SamplerState,
                                  Site, SiteCount, Suspicion, ThreadStack, TimelineEvent, Timing, Verdict, WorkerExit,
                                  WorkerStack, rank_state_from_wire, to_wire)
 from ddp_doctor.report._view import collective_text
@@ -41,6 +42,7 @@ def _full_state() -> RankState:
         exc=RaisedError("RuntimeError", "boom", "builtins", S, (Site("/u/train.py", 30, "<module>"), S), True, c, 2.0),
         done=False, teardown=True, exit_code=1, exit_site=None, timeline=(TimelineEvent(0.1, "step", 0.2, "step 2"),),
         perf={"loadavg": [1.0, 1.0, 1.0], "cpu_count": 8},
+        refused=(Refused("ddpd/stop", "bad signature", 2), Refused("ddpd/stop", "unsigned", 1)),
         stack=(S,), threads=(ThreadStack("MainThread", True, (S,)),), workers=(WorkerStack(77, (S,)),),
         exit=ExitStatus(-9, "SIGKILL"), busy=True, stalled_s=3.5, idle_s=3.0,
         sites_seen=frozenset({("all_gather", S.key()), ("barrier", None)}), fatal_stack=True)

@@ -103,3 +103,40 @@ class Blackhole:
         for c in self.conns:
             c.close()
         self.sock.close()
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(options) -> a fresh tmpfs directory (``ro``: read-only; ``size=64k`` then filled: a full disk).
+    A condition that cannot be made fails the test (these faults are the point of it, never skipped);
+    every mount is undone at the end."""
+    import subprocess as sp
+
+    mounted: list[Path] = []
+
+    def mount(options: str = "size=64k", fill: bool = False) -> Path:
+        d = tmp_path / f"mnt{len(mounted)}"
+        d.mkdir()
+        r = sp.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(d)], capture_output=True, text=True)
+        assert r.returncode == 0, f"cannot mount a tmpfs (needs root): {r.stderr.strip()}"
+        mounted.append(d)
+        if fill:
+            with open(d / "filler", "wb", buffering=0) as fh:
+                try:
+                    while True:
+                        fh.write(b"\0" * 4096)
+                except OSError:
+                    pass
+            assert os.statvfs(d).f_bavail == 0, "the tmpfs could not be filled"
+        return d
+
+    yield mount
+    for d in reversed(mounted):
+        sp.run(["umount", "-l", str(d)], capture_output=True)
+
+
+def remount_ro(d: Path) -> None:
+    import subprocess as sp
+
+    r = sp.run(["mount", "-o", "remount,ro", str(d)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

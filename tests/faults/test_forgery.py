@@ -55,7 +55,7 @@ def test_forged_rank_state_does_not_stop_the_job(tmp_path, cleanup):
                          (2.5, lambda: (evil.set("ddpd/rank/1", b"ddpd1|99999999999999999999999|" + b"0" * 64 + b"|"
                                                  + forged_json),                                  # bad signature
                                         evil.set("ddpd/stop", json.dumps({"reason": "hang"})))),
-                         (2.5, lambda: None),                                                     # quiet
+                         (2.5, lambda: evil.set("ddpd/stop", b"ddpd1|1|" + b"0" * 64 + b"|{}")),  # quiet (for rank 1)
                          (3.0, lambda: evil.set("ddpd/rank/1", old))):                           # a genuine replay
         end = time.monotonic() + phase
         while time.monotonic() < end and run.poll() is None:
@@ -74,5 +74,10 @@ def test_forged_rank_state_does_not_stop_the_job(tmp_path, cleanup):
     # (a forged exit status under ddpd/exit/... is not even read: a rank's exit is seen by its own node's
     # launcher, never taken from the store)
     assert "ddpd/rank/1" in side["rejected_keys"], side
+    # every refused value is counted by key, the forged stop included (the ranks read it, and report it)
+    by_key = side["rejected_by_key"]
+    assert {"unsigned", "bad signature", "replayed"} <= set(by_key["ddpd/rank/1"]), by_key
+    assert by_key["ddpd/stop"].get("bad signature", 0) >= 1, by_key
+    assert sum(side["rejected"].values()) == sum(n for by in by_key.values() for n in by.values())
     assert "dropped a side-channel value under 'ddpd/rank/1'" in out
     assert not [p for p in ranks if alive(p)]

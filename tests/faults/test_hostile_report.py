@@ -65,3 +65,49 @@ def test_deep_or_odd_input_gives_one_line(tmp_path):
         lines = [x for x in r.stderr.splitlines() if x.strip()]
         assert len(lines) == 1 and lines[0].startswith("ddp-doctor report:"), r.stderr[-2000:]
         assert "Traceback" not in r.stderr and "RecursionError" not in r.stderr
+
+
+def test_wrong_types_are_refused_in_one_line_without_jsonschema(tmp_path):
+    """A plain install (no jsonschema) refuses a report whose fields have the wrong types: exit 2, one line
+    naming the file and the first problem; never "renderer failed" with exit 0."""
+    rank = {"rank": 0, "state": "crashed", "epoch": None, "step": 1, "last_collective": None, "stack": [],
+            "exit_code": 1, "signal": None}
+    cases = {
+        "findings": _report("not a list"),
+        "findings/0/ranks": _report([dict(_finding(), ranks="0")]),
+        "findings/0/location": _report([dict(_finding(), location=7)]),
+        "ranks/0/timeline": _report([], ranks=[dict(rank, timeline="x")]),
+        "ranks/0/stack/0": _report([], ranks=[dict(rank, stack=["x"])]),
+        "exit_code": dict(_report([]), exit_code="1"),
+        "lint/findings": _report([], lint={"path": "t.py", "findings": {}}),
+    }
+    p = tmp_path / "typed.json"
+    for where, doc in cases.items():
+        p.write_text(json.dumps(doc))
+        code = ("import sys; sys.modules['jsonschema'] = None; from ddp_doctor.cli import main; "
+                f"sys.exit(main(['report', {str(p)!r}, '--color', 'never']))")
+        r = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True, timeout=120)
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert r.returncode == 2 and r.stdout == "", (where, r.returncode, r.stdout[-300:], r.stderr[-500:])
+        assert len(lines) == 1, lines
+        assert lines[0].startswith(f"ddp-doctor report: {p} is not a ddp-doctor report: {where}: "), lines[0]
+
+
+def test_a_long_message_renders_in_linear_time_cut_for_display(tmp_path):
+    """Rendering a 16 MB message was quadratic (> 120 s); now the screen and the page show its first
+    characters and say how many are left out, and the saved JSON keeps them."""
+    import resource
+
+    msg = "word " * ((16 << 20) // 5)
+    p = tmp_path / "long.json"
+    p.write_text(json.dumps(_report([_finding(message=msg, path="x.py")])))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    r = _show(tmp_path, json.loads(p.read_text()), "--color", "never", "--html", str(tmp_path / "r.html"))
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    assert r.returncode == 0, r.stderr[-500:]
+    assert cpu < 20, cpu  # was minutes
+    assert "more characters in the JSON report]" in r.stdout and len(r.stdout) < 100_000
+    assert (tmp_path / "r.html").stat().st_size < 200_000
+    r = _show(tmp_path, json.loads(p.read_text()), "--format", "json")
+    assert json.loads(r.stdout)["findings"][0]["message"] == msg

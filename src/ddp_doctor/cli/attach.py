@@ -25,28 +25,37 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     from ddp_doctor.attach import AttachError, attach, stop_job
+    from ddp_doctor.report.files import refuse_unwritable, save_reports
+
+    refused = refuse_unwritable("ddp-doctor attach", {"--report": args.report, "--html": args.html})
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
 
     try:
         report = attach(args.pids or None, samples=args.samples, interval_s=args.interval)
     except AttachError as e:
         print(f"ddp-doctor attach: {e}", file=sys.stderr)
         return 2
-    from ddp_doctor.report import write_json
     from ddp_doctor.report.snippets import attach_snippets
 
     attach_snippets(report)
     for key, path in (("report_path", args.report), ("html_path", args.html)):
         if path:
             report[key] = path
+    saved = save_reports(report, args.report, args.html)
+    for s in saved:
+        key = "html_path" if s.what == "HTML report" else "report_path"
+        if s.path:
+            report[key] = s.path  # "written: ..." names where it really went
+        else:
+            report.pop(key, None)
     from ddp_doctor.report.terminal import print_report
 
     print_report(report, color={"auto": None, "always": True, "never": False}[args.color])
-    if args.report:
-        write_json(report, args.report)
-    if args.html:
-        from ddp_doctor.report.html import write_html
-
-        write_html(report, args.html)
+    for s in saved:
+        if not s.ok:
+            print(s.notice(), file=sys.stderr)
     if args.stop:
         how = stop_job(report)
         print("stopped: " + ", ".join(f"{pid} ({h})" for pid, h in sorted(how.items())))

@@ -155,6 +155,12 @@ def main(argv: list[str]) -> int:
     except (UsageError, ValueError) as exc:
         print(f"{USAGE}\nddp-doctor check: error: {exc}", file=sys.stderr)
         return 2
+    from ddp_doctor.report.files import refuse_unwritable
+
+    refused = refuse_unwritable("ddp-doctor check", {"--report": ours["report"]})
+    if refused:  # before any rank starts
+        print(refused, file=sys.stderr)
+        return 2
     return run_check(rest, deadline=deadline, sizes=sizes, workers=workers, batch_bytes=int(batch_mb * 1024 ** 2),
                      backend=ours["backend"], report_path=ours["report"], verbose=bool(ours["verbose"]),
                      rendezvous_timeout=rdzv_timeout)
@@ -239,17 +245,12 @@ def run_check(rest: list[str], *, deadline: float = 10.0, sizes=None, workers: i
     if snapshot.get("watchdog"):
         report["watchdog"] = snapshot["watchdog"]
     shutil.rmtree(logdir, ignore_errors=True)
-    write_error = None
-    if report_path:
-        from ddp_doctor.report import write_json
+    from ddp_doctor.report.files import save_reports
 
-        try:
-            write_json(report, report_path)
-        except OSError as exc:
-            write_error = f"ddp-doctor check: cannot write {report_path}: {exc.strerror or exc}"
+    saved = save_reports(report, report_path, None)
     check_view.print_check(report, console=console)
     signal.signal(signal.SIGTERM, saved_sigterm if saved_sigterm is not None else signal.SIG_DFL)
-    if write_error:
-        print(write_error, file=sys.stderr)
-        return 2
+    for s in saved:
+        if not s.ok:
+            print(s.notice(), file=sys.stderr)
     return int(report["exit_code"])

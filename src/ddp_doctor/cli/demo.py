@@ -102,11 +102,21 @@ def main(argv: list[str]) -> int:
         print("ddp-doctor demo needs torch (CPU is enough): pip install torch", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ddp-doctor-demo-"))
-    out.mkdir(parents=True, exist_ok=True)
-    scripts = {}
-    for which, name in SCRIPTS.items():
-        scripts[which] = out / name
-        scripts[which].write_text(script_source(which), encoding="utf-8")
+    from ddp_doctor.report.files import refuse_unwritable, save_reports
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        scripts = {}
+        for which, name in SCRIPTS.items():
+            scripts[which] = out / name
+            scripts[which].write_text(script_source(which), encoding="utf-8")
+    except OSError as exc:
+        print(f"ddp-doctor demo: cannot write into --out {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    refused = refuse_unwritable("ddp-doctor demo", {"--out": str(out / "buggy-report.json")})
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
 
     t0 = time.monotonic()
     con.rule("ddp-doctor demo", characters="=")
@@ -132,10 +142,11 @@ def main(argv: list[str]) -> int:
         rc, data = _run(con, scripts[which], report, args.hang_timeout)
         html = None
         if data and not args.no_html:
-            from ddp_doctor.report.html import write_html
             from ddp_doctor.report.snippets import attach_snippets
-            html = out / f"{which}-report.html"
-            write_html(attach_snippets(data), html)
+            saved = save_reports(attach_snippets(data), None, str(out / f"{which}-report.html"))[0]
+            html = Path(saved.path) if saved.path else None
+            if not saved.ok:
+                con.print(saved.notice(), markup=False, highlight=False)
         results[which] = (rc, data, report if data else None, html)
         con.print()
 

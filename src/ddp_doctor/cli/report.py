@@ -9,28 +9,8 @@ import argparse
 import json
 import sys
 
-from ddp_doctor.report import LINT_JSON_SCHEMA, LINT_SCHEMA_ID, REPORT_JSON_SCHEMA, REPORT_SCHEMA_ID
-
-CHECK_SCHEMA_ID = "ddp-doctor/check/v1"
-# used when ddp_doctor.check does not publish its own schema: the keys every renderer needs
-_CHECK_MIN_SCHEMA = {
-    "type": "object",
-    "required": ["schema", "verdict", "exit_code", "world_size", "findings", "ranks"],
-    "properties": {
-        "schema": {"const": CHECK_SCHEMA_ID}, "verdict": {"enum": ["ok", "fail"]}, "exit_code": {"type": "integer"},
-        "world_size": {"type": "integer"},
-        "findings": {"type": "array", "items": {"type": "object", "required": ["code", "severity", "message"]}},
-        "ranks": {"type": "array", "items": {"type": "object", "required": ["rank"]}},
-    },
-}
-
-
-def _check_schema() -> dict:
-    try:
-        from ddp_doctor.check import CHECK_JSON_SCHEMA  # type: ignore[attr-defined]
-        return CHECK_JSON_SCHEMA
-    except ImportError:
-        return _CHECK_MIN_SCHEMA
+from ddp_doctor.report import CHECK_SCHEMA_ID
+from ddp_doctor.report.validate import validate
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,30 +29,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def validate(data: object) -> list[str]:
-    """Problems that make ``data`` not a report (empty when it is one)."""
-    if not isinstance(data, dict):
-        return ["the top level is not a JSON object"]
-    kind = data.get("schema")
-    schema = (LINT_JSON_SCHEMA if kind == LINT_SCHEMA_ID else _check_schema() if kind == CHECK_SCHEMA_ID
-              else REPORT_JSON_SCHEMA)
-    try:
-        import jsonschema
-    except ImportError:  # jsonschema is a test extra; check the contract's required keys by hand
-        return [f"missing key {k!r}" for k in schema["required"] if k not in data] or \
-            ([f"schema is {kind!r}"] if kind not in (LINT_SCHEMA_ID, REPORT_SCHEMA_ID, CHECK_SCHEMA_ID) else [])
-    validator = jsonschema.Draft7Validator(schema)
-    errs = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
-    return [f"{'/'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message}" for e in errs[:10]]
-
-
-def _load(path: str) -> dict | None:
-    """A validated report, or None after saying why on stderr (one line: odd input never gives a traceback)."""
+def _load(path: str, lean: bool = False, timelines: bool = True) -> dict | None:
+    """A validated report, or None after saying why on stderr (one line: odd input never gives a traceback).
+    ``lean``: only what rendering shows is kept of long timelines (``report.load``)."""
+    from ddp_doctor.report.load import TooLarge, load
     from ddp_doctor.report.safe import MAX_DEPTH, clean_text, depth
 
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = load(path, lean=lean, timelines=timelines)
+    except TooLarge as exc:
+        print(f"ddp-doctor report: {exc}", file=sys.stderr)
+        return None
     except OSError as exc:
         print(f"ddp-doctor report: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
         return None
@@ -86,11 +53,10 @@ def _load(path: str) -> dict | None:
         print(f"ddp-doctor report: {path} is nested deeper than {MAX_DEPTH} levels: not a ddp-doctor report",
               file=sys.stderr)
         return None
-    problems = validate(data)
-    if problems:
-        print(f"ddp-doctor report: {path} is not a ddp-doctor report:", file=sys.stderr)
-        for p in problems:
-            print(f"  {clean_text(p)}", file=sys.stderr)
+    problems = validate(data, limit=3)
+    if problems:  # one line: the file and its first problems, first first
+        print(f"ddp-doctor report: {path} is not a ddp-doctor report: {clean_text('; '.join(problems))}",
+              file=sys.stderr)
         return None
     return data
 
@@ -112,7 +78,8 @@ def _gather(args) -> dict | None:
         print("ddp-doctor report: give a REPORT.json (or several attach reports, or --flight-recorder DIR)",
               file=sys.stderr)
         return None
-    loaded = [_load(p) for p in args.report]
+    lean = len(args.report) == 1 and args.format == "text" and not args.output  # only rendered, never re-written
+    loaded = [_load(p, lean, timelines=bool(args.html)) for p in args.report]
     if any(d is None for d in loaded):
         return None
     if len(loaded) == 1:
@@ -128,6 +95,12 @@ def _gather(args) -> dict | None:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    from ddp_doctor.report.files import refuse_unwritable
+
+    refused = refuse_unwritable("ddp-doctor report", {"--output": args.output, "--html": args.html})
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
     data = _gather(args)
     if data is None:
         return 2
@@ -145,10 +118,9 @@ def main(argv: list[str]) -> int:
 
 
 def _render(args: argparse.Namespace, data: dict) -> int:
-    if args.output:
-        from ddp_doctor.report import write_json
+    from ddp_doctor.report.files import save_reports
 
-        write_json(data, args.output)
+    failed = [s for s in save_reports(data, args.output, None) if not s.ok]
     if not args.no_snippets:
         from ddp_doctor.report.snippets import attach_snippets
         attach_snippets(data)
@@ -169,11 +141,11 @@ def _render(args: argparse.Namespace, data: dict) -> int:
             from ddp_doctor.report.terminal import print_report
             print_report(data, color=color)
     if args.html:
-        from ddp_doctor.report.html import write_html
-        try:
-            write_html(data, args.html)
-        except OSError as exc:
-            print(f"ddp-doctor report: cannot write {args.html}: {exc}", file=sys.stderr)
-            return 2
-        print(f"HTML report: {args.html}", file=sys.stderr if args.format == "json" else sys.stdout)
-    return 0
+        html = save_reports(data, None, args.html)[0]
+        if html.ok:
+            print(f"HTML report: {args.html}", file=sys.stderr if args.format == "json" else sys.stdout)
+        else:
+            failed.append(html)
+    for s in failed:
+        print(s.notice(), file=sys.stderr)
+    return 2 if failed else 0

@@ -6,6 +6,7 @@ job's own when it is healthy; non-zero when ddp-doctor diagnosed a failure.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 OWN_USAGE = """usage: ddp-doctor run [--hang-timeout S] [--report PATH] [--html PATH] [--no-lint]
@@ -80,6 +81,12 @@ def main(argv: list[str]) -> int:
     from ddp_doctor import launch
 
     own, rest = split_argv(argv)
+    from ddp_doctor.report.files import refuse_unwritable
+
+    refused = refuse_unwritable("ddp-doctor run", {"--report": own.get("--report"), "--html": own.get("--html")})
+    if refused:  # before any rank runs: a diagnosis with nowhere to go is found out now, not at the end
+        print(refused, file=sys.stderr)
+        return 2
     try:
         args = launch.parse_torchrun_args(rest)
     except SystemExit as e:

@@ -23,7 +23,8 @@ from ddp_doctor.evidence.job import (EVIDENCE_OUT_ENV, Capture, JobEvidence, Lin
                                      exit_from_wire, rank_state_from_wire, stacks_from_wire, to_wire)
 from ddp_doctor.evidence.rank import PERF_KEYS, RankState, missing_rank
 from ddp_doctor.evidence.records import (GROUP_CREATION, SCHEMA, Activity, Collective, DataWait, DdpModel, DdpParam,
-                                         ExitStatus, GroupInit, LoaderState, RaisedError, SamplerState, Site, SiteCount,
+                                         ExitStatus, GroupInit, LoaderState, RaisedError, Refused, SamplerState, Site,
+                                         SiteCount,
                                          SkippedSync, ThreadStack, TimelineEvent, Timing, WorkerExit, WorkerStack,
                                          stacks_from_json, stacks_to_json)
 from ddp_doctor.evidence.summary import (Control, Deadline, Digests, Finished, NodeDetail, NodeSummary, Outside, Pull,
@@ -32,7 +33,7 @@ from ddp_doctor.evidence.summary import (Control, Deadline, Digests, Finished, N
 __all__ = ["GROUP_CREATION", "SCHEMA", "PERF_KEYS", "EVIDENCE_OUT_ENV", "Activity", "Site", "Collective", "ExitStatus",
            "RaisedError", "DataWait", "SamplerState", "LoaderState", "DdpModel", "DdpParam", "GroupInit", "Timing",
            "TimelineEvent", "ThreadStack", "WorkerExit", "WorkerStack", "SkippedSync",
-           "SiteCount", "RankState", "missing_rank", "LintMark", "JobEvidence", "Suspicion", "Verdict", "Capture", "to_wire",
+           "SiteCount", "Refused", "RankState", "missing_rank", "LintMark", "JobEvidence", "Suspicion", "Verdict", "Capture", "to_wire",
            "NodeLoss", "NodeSummary", "Waiting", "Outside", "Finished", "Deadline", "Digests", "Control", "Pull",
            "NodeDetail", "rank_runs",
            "rank_state_from_wire", "exit_from_wire", "stacks_from_wire", "stacks_to_json", "stacks_from_json"]

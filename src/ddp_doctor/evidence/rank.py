@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
 from ddp_doctor.evidence.records import (SCHEMA, Activity, Collective, DataWait, DdpModel, ExitStatus, GroupInit,
-                                         LoaderState, RaisedError, SkippedSync, Site, SiteCount, ThreadStack, TimelineEvent, Timing,
+                                         LoaderState, RaisedError, Refused, SkippedSync, Site, SiteCount, ThreadStack, TimelineEvent, Timing,
                                          WorkerStack, _sites, _tuple)
 
 PERF_KEYS = ("loads", "cuda", "gpu", "h2d", "loadavg", "cpu_count")
@@ -60,6 +60,7 @@ class RankState:
     exit_site: Site | None = None    # where sys.exit() was called
     timeline: tuple[TimelineEvent, ...] | None = None  # only in full (final / on request) states
     perf: Mapping[str, Any] = field(default_factory=dict)
+    refused: tuple[Refused, ...] = ()  # side-channel values this rank's probe dropped (a forged stop)
     # launcher side
     stack: tuple[Site, ...] = ()
     threads: tuple[ThreadStack, ...] = ()
@@ -169,6 +170,7 @@ class RankState:
             exit_site=Site.from_json(d.get("exit_site")),
             timeline=None if tl is None else tuple(TimelineEvent.from_json(e) for e in tl),
             perf={k: d[k] for k in PERF_KEYS if k in d},
+            refused=tuple(Refused.from_json(x) for x in d.get("refused") or ()),
             stack=_sites(d.get("stack")), threads=tuple(ThreadStack.from_json(t) for t in d.get("threads") or ()),
             workers=tuple(WorkerStack.from_json(w) for w in d.get("workers") or ()),
             exit=ExitStatus.from_json(d.get("exit")), busy=bool(d.get("busy")), stalled_s=d.get("stalled_s"),
@@ -186,7 +188,7 @@ def missing_rank(rank: int) -> RankState:
 
 # newer fields, left out when unknown (older captures and states round-trip unchanged)
 _OMIT_WHEN_NONE = frozenset({"activity", "pg_timeout_s", "idle_s", "sync_forwards", "syncs_skipped", "skipped_syncs",
-                             "teardown"})
+                             "teardown", "refused"})
 # encoded field by field; the others have a compact encoding of their own in to_json
 _PLAIN_FIELDS = tuple(f.name for f in fields(RankState)
                       if f.name not in ("fingerprints", "site_counts", "perf", "sites_seen", "coll_count",

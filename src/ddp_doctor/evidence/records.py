@@ -489,3 +489,19 @@ class SiteCount:
     op: str
     site: Site | None
     calls: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Side-channel values a reader dropped under ``key`` for ``reason`` (unsigned, bad signature,
+    replayed, malformed): a rank reports those it refused (a forged ``ddpd/stop``), so the report counts them."""
+    key: str
+    reason: str
+    count: int
+
+    def to_json(self) -> list[Any]:
+        return [self.key, self.reason, self.count]
+
+    @classmethod
+    def from_json(cls, d) -> "Refused":
+        return cls(str(d[0]), str(d[1]), int(d[2]))

@@ -15,8 +15,8 @@ from typing import Any
 
 from ddp_doctor import store as side
 from ddp_doctor import frames as kinds
-from ddp_doctor.evidence import (Collective, DataWait, DdpModel, GroupInit, LoaderState, RankState, SamplerState, Site,
-                                 SiteCount, SkippedSync, ThreadStack, TimelineEvent, Timing, stacks_to_json)
+from ddp_doctor.evidence import (Collective, DataWait, DdpModel, GroupInit, LoaderState, RankState, Refused, SamplerState,
+                                 Site, SiteCount, SkippedSync, ThreadStack, TimelineEvent, Timing, stacks_to_json)
 from ddp_doctor.probe import activity, stackdump
 from ddp_doctor.probe.groups import note_group
 from ddp_doctor.probe.recorder import Recorder
@@ -264,9 +264,14 @@ class Publisher(threading.Thread):
 
     def _state_json(self, *, with_stack: bool) -> str:
         with no_gc():
-            state = snapshot(self.rec, with_stack=with_stack).to_json()
+            refused = tuple(Refused(k, why, n) for k, by in list(self.store.stats.rejected_by_key.items())
+                            for why, n in list(by.items()))
+            state = snapshot(self.rec, with_stack=with_stack).with_(refused=refused).to_json()
             state["side_channel"] = {"dropped": self.store.stats.dropped, "timeouts": self.store.stats.timeouts}
             return json.dumps(state, separators=(",", ":"), default=str)
+
+    def _refused(self) -> int:
+        return sum(n for by in list(self.store.stats.rejected_by_key.values()) for n in list(by.values()))
 
     def publish(self, *, final: bool = False) -> None:
         self.store.set(self.key, self._state_json(with_stack=final))
@@ -352,7 +357,11 @@ class Publisher(threading.Thread):
             self.join(DEADLINE_S)
         try:
             self.publish(final=True)
-            if self.store.check([side.STOP]):
+            refused = self._refused()
+            stopping = self.store.check([side.STOP])
+            if self._refused() != refused:  # a forged stop refused just now: the final state must count it
+                self.publish(final=True)
+            if stopping:
                 wait_ack = 0.0  # the watcher has already decided; nobody will ack
             if wait_ack > 0:
                 end = time.monotonic() + wait_ack

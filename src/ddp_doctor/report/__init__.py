@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 LINT_SCHEMA_ID = "ddp-doctor/lint/v1"
@@ -23,6 +22,45 @@ _FRAME = {
     "type": "object",
     "required": ["path", "line", "function"],
     "properties": {"path": {"type": "string"}, "line": _NULLABLE_INT, "function": _NULLABLE_STR},
+}
+
+_NULLABLE_NUM = {"type": ["number", "null"]}
+_SNIPPET = {"type": "object", "properties": {"start": _NULLABLE_INT, "lines": {"type": "array", "items": {"type": "string"}}}}
+_LOCATION = {**_FRAME, "properties": {**_FRAME["properties"], "snippet": _SNIPPET}}
+_FINDING = {
+    "type": "object",
+    "required": ["code", "name", "severity", "title", "message", "ranks", "location", "evidence", "fix"],
+    "properties": {
+        "code": _CODE, "name": {"type": "string"}, "severity": _SEVERITY,
+        "title": {"type": "string"}, "message": {"type": "string"},
+        "ranks": {"type": "array", "items": {"type": "integer"}},
+        "location": {"oneOf": [{"type": "null"}, _LOCATION]},
+        "evidence": {"type": "object"}, "fix": {"type": "string"}, "source": {"type": "string"},
+    },
+}
+_STACK = {"type": "array", "items": _FRAME}
+# the optional extensions renderers use (docs/report.md): absent is fine, present must have this shape
+_RANK_EXTRAS = {
+    "host": _NULLABLE_STR, "pid": _NULLABLE_INT, "local_rank": _NULLABLE_INT,
+    "where": {"oneOf": [{"type": "null"}, _FRAME]},
+    "workers": {"type": "array", "items": {"type": "object", "properties": {"pid": _NULLABLE_INT, "stack": _STACK}}},
+    "timing": {"type": ["object", "null"], "properties": {k: _NULLABLE_NUM for k in (
+        "steps", "step_time_s", "data_wait_s", "compute_s", "collective_s")}},
+    "timeline": {"type": "array", "items": {"type": "object", "required": ["t", "kind"], "properties": {
+        "t": {"type": "number"}, "kind": {"type": "string"}, "dur": _NULLABLE_NUM, "label": _NULLABLE_STR}}},
+    "exc": {"type": ["object", "null"]},
+}
+_REPORT_EXTRAS = {
+    "command": {"type": "array"}, "started_at": _NULLABLE_STR, "duration_s": _NULLABLE_NUM,
+    "hang_timeout_s": _NULLABLE_NUM, "nnodes": {"type": ["string", "integer", "null"]},
+    "lint": {"type": ["object", "null"], "properties": {"path": _NULLABLE_STR,
+                                                        "findings": {"type": "array", "items": _FINDING}}},
+    "sources": {"type": "array", "items": {"type": "string"}},
+    "side_channel": {"type": ["object", "null"]}, "detection": {"type": ["object", "null"]},
+    "attempt": _NULLABLE_INT,
+    "restarts": {"type": "array", "items": {"type": "object", "properties": {
+        "findings": {"type": "array", "items": _FINDING}, "ranks": {"type": "array"}}}},
+    "errors": {"type": "array", "items": {"type": "object"}},
 }
 
 LINT_JSON_SCHEMA: dict[str, Any] = {
@@ -64,20 +102,7 @@ REPORT_JSON_SCHEMA: dict[str, Any] = {
         # ddp_doctor.session.launcher), and where the embedded watcher wrote this report (absolute)
         "launcher": {"type": "string"},
         "report_path": {"type": "string"},
-        "findings": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["code", "name", "severity", "title", "message", "ranks", "location", "evidence", "fix"],
-                "properties": {
-                    "code": _CODE, "name": {"type": "string"}, "severity": _SEVERITY,
-                    "title": {"type": "string"}, "message": {"type": "string"},
-                    "ranks": {"type": "array", "items": {"type": "integer"}},
-                    "location": {"oneOf": [{"type": "null"}, _FRAME]},
-                    "evidence": {"type": "object"}, "fix": {"type": "string"},
-                },
-            },
-        },
+        "findings": {"type": "array", "items": _FINDING},
         "ranks": {
             "type": "array",
             "items": {
@@ -87,18 +112,55 @@ REPORT_JSON_SCHEMA: dict[str, Any] = {
                     "rank": {"type": "integer"}, "state": {"type": "string"},
                     "epoch": _NULLABLE_INT, "step": _NULLABLE_INT,
                     "last_collective": {"type": ["object", "null"]},
-                    "stack": {"type": "array", "items": _FRAME},
+                    "stack": _STACK,
                     "exit_code": _NULLABLE_INT, "signal": _NULLABLE_STR,
+                    **_RANK_EXTRAS,
                 },
             },
         },
+        **_REPORT_EXTRAS,
     },
 }
 
 
+def _check_json_schema() -> dict[str, Any]:
+    """``ddp-doctor check --report``: report/v1's keys plus tests, bandwidth and audit."""
+    import copy
+
+    schema = copy.deepcopy(REPORT_JSON_SCHEMA)
+    schema["required"] = schema["required"] + ["tests", "bandwidth", "audit", "nnodes", "deadline_s"]
+    props = schema["properties"]
+    props["schema"] = {"const": CHECK_SCHEMA_ID}
+    props["verdict"] = {"enum": ["ok", "fail"]}
+    props["findings"]["items"]["properties"]["source"] = {"const": "check"}
+    status = {"enum": ["pass", "skip", "fail", "not-run"]}
+    rank_status = {"enum": ["pass", "skip", "fail", "timeout", "error", "hung", "exited", "not-run"]}
+    props["tests"] = {"type": "array", "items": {
+        "type": "object", "required": ["name", "status", "ranks", "duration_s"],
+        "properties": {
+            "name": {"type": "string"}, "status": status, "duration_s": {"type": "number"},
+            "ranks": {"type": "array", "items": {"type": "object", "required": ["rank", "status"],
+                                                 "properties": {"rank": {"type": "integer"}, "status": rank_status}}},
+            "pairs": {"type": "array", "items": {"type": "object", "required": ["pair", "status"]}},
+        }}}
+    props["bandwidth"] = {"type": "array", "items": {
+        "type": "object", "required": ["bytes", "time_s", "algbw_GBps", "busbw_GBps", "ok"]}}
+    props["audit"] = {"type": "array", "items": {"type": "object", "required": ["node", "checks"]}}
+    return schema
+
+
+#: JSON Schema of ``ddp-doctor check --report``.
+CHECK_JSON_SCHEMA = _check_json_schema()
+
+
+def report_json(data: dict[str, Any]) -> str:
+    """A report as the text its JSON file holds."""
+    return json.dumps(data, indent=2, sort_keys=False) + "\n"
+
+
 def write_json(data: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    """Write a report atomically (a half-written report is worse than none)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """Write a report atomically (a half-written report is worse than none); OSError is the caller's
+    (commands use :func:`ddp_doctor.report.files.save`, which falls back and never raises)."""
+    from ddp_doctor.report.files import write_atomic
+
+    write_atomic(path, report_json(data))

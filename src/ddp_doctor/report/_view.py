@@ -13,6 +13,35 @@ GOOD_STATES = {"ok", "done", "finished", "completed", "exited_ok", "running", "t
 
 
 
+# a rank's timeline is drawn from its last events: 2,000 per rank, fewer when there are many ranks, so a
+# page never holds more than TIMELINE_BUDGET of them (the JSON report keeps them all)
+MAX_TIMELINE_EVENTS = 2000
+TIMELINE_BUDGET = 200_000
+
+
+def timeline_cap(lanes: int) -> int:
+    """How many of its last events each of ``lanes`` ranks shows."""
+    return max(50, min(MAX_TIMELINE_EVENTS, TIMELINE_BUDGET // max(1, lanes)))
+
+
+def for_display(report: dict[str, Any], timelines: bool = True) -> dict[str, Any]:
+    """The report as renderers show it: long strings cut (``safe.MAX_DISPLAY_CHARS``), control sequences
+    gone, each rank's timeline cut to its last ``timeline_cap`` events (none unless ``timelines``: the
+    terminal draws none).  A copy whose size is bounded per string and per rank, so rendering costs time
+    linear in the report's size."""
+    from ddp_doctor.report.safe import MAX_DISPLAY_CHARS, clean
+
+    ranks = report.get("ranks")
+    if isinstance(ranks, list):
+        cap = timeline_cap(len(ranks)) if timelines else 0
+        cut = []
+        for r in ranks:
+            tl = r.get("timeline") if isinstance(r, dict) else None
+            cut.append(dict(r, timeline=tl[len(tl) - cap:]) if isinstance(tl, list) and len(tl) > cap else r)
+        report = dict(report, ranks=cut)
+    return clean(report, max_chars=MAX_DISPLAY_CHARS)
+
+
 def normalize(report: dict[str, Any]) -> dict[str, Any]:
     """Turn a lint/v1 document into a report-shaped dict; pass report/v1 through unchanged."""
     if report.get("schema") != LINT_SCHEMA_ID:

@@ -65,9 +65,9 @@ def _table(title: str, *columns: str) -> Table:
 
 def print_check(report: dict[str, Any], console: Console | None = None) -> None:
     """Render a check report: ranks, one table per test, bandwidth, audit, findings, verdict."""
-    from ddp_doctor.report.safe import clean
+    from ddp_doctor.report._view import for_display
 
-    report = clean(report)
+    report = for_display(report, timelines=False)
     c = _console(console)
     ranks = report.get("ranks", [])
     if ranks:

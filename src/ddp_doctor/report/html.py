@@ -12,12 +12,10 @@ import json
 import os
 from html import escape
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from ddp_doctor.report import _view
 
-MAX_TIMELINE_EVENTS = 2000
 VERDICT_TEXT = {
     "ok": ("OK", "the job ran clean"),
     "hang": ("HANG", "the job stopped making progress"),
@@ -47,8 +45,9 @@ def _e(v: Any) -> str:
 def _view_data(report: dict[str, Any]) -> dict[str, Any]:
     ranks = []
     tmax = 0.0
+    cap = _view.timeline_cap(len(report.get("ranks") or []))
     for r in sorted(report.get("ranks") or [], key=lambda r: r.get("rank", 0)):
-        tl = [ev for ev in (r.get("timeline") or []) if isinstance(ev, dict)][-MAX_TIMELINE_EVENTS:]
+        tl = [ev for ev in (r.get("timeline") or []) if isinstance(ev, dict)][-cap:]
         stop_t = None
         for ev in tl:
             try:
@@ -72,8 +71,8 @@ def _view_data(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def render_html(report: dict[str, Any]) -> str:
-    """The whole page as a string."""
-    report = _view.normalize(report)
+    """The whole page as a string (it shows and embeds ``_view.for_display(report)``)."""
+    report = _view.normalize(_view.for_display(report))
     runtime, lint = _view.split_findings(report)
     verdict = report.get("verdict")
     word, sub = VERDICT_TEXT.get(verdict, (str(verdict).upper(), ""))
@@ -292,10 +291,7 @@ def _dash(v: Any) -> Any:
 
 
 def write_html(report: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    """Write the report as one self-contained HTML file (atomically)."""
-    path = Path(path)
-    if path.parent and not path.parent.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render_html(report), encoding="utf-8")
-    os.replace(tmp, path)
+    """Write the report as one self-contained HTML file (atomically; OSError is the caller's)."""
+    from ddp_doctor.report.files import write_atomic
+
+    write_atomic(path, render_html(report))

@@ -10,6 +10,9 @@ import re
 from typing import Any
 
 MAX_DEPTH = 64  # a real report nests about 8 deep
+# the most of one string a renderer shows (a real finding's message is under 2,000 characters); the JSON
+# report keeps every character, the screen and the HTML page say how many they left out
+MAX_DISPLAY_CHARS = 8000
 
 # OSC (ESC ] ... BEL | ESC \), CSI (ESC [ params final), other two-byte ESC sequences, and their C1 forms
 _SEQ = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x9d[^\x07\x9c]*[\x07\x9c]?"
@@ -19,15 +22,32 @@ _CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 (but \t, \n), DEL, C1
 
 def clean_text(s: str) -> str:
     """``s`` without terminal control sequences or control characters (tabs and newlines kept)."""
-    if not isinstance(s, str):
+    if not isinstance(s, str) or (s.isascii() and s.isprintable()):  # the common case, at C speed
         return s
     return _CTRL.sub("", _SEQ.sub("", s))
 
 
-def clean(obj: Any) -> Any:
-    """A copy of a JSON-like value with every string (keys too) cleaned; iterative, any depth."""
+def shorten(s: str, max_chars: int = MAX_DISPLAY_CHARS) -> str:
+    """``s`` cut to ``max_chars`` for display, saying how much is left out."""
+    if len(s) <= max_chars:
+        return s
+    return s[:max_chars] + f" … [{len(s) - max_chars} more characters in the JSON report]"
+
+
+def clean(obj: Any, max_chars: int | None = None) -> Any:
+    """A copy of a JSON-like value with every string (keys too) cleaned, and cut to ``max_chars`` when given
+    (cut first: cleaning and rendering then cost at most that much per string); iterative, any depth."""
+    if max_chars is None:
+        return _walk(obj, clean_text)
+
+    def fix(s: str) -> str:
+        return clean_text(s if len(s) <= max_chars else shorten(s, max_chars))
+    return _walk(obj, fix)
+
+
+def _walk(obj: Any, fix) -> Any:
     if isinstance(obj, str):
-        return clean_text(obj)
+        return fix(obj)
     if not isinstance(obj, (dict, list, tuple)):
         return obj
     root: list[Any] = [None]
@@ -37,13 +57,13 @@ def clean(obj: Any) -> Any:
         if isinstance(src, dict):
             dst: Any = {}
             for k, v in src.items():
-                stack.append((v, dst, clean_text(k) if isinstance(k, str) else k))
+                stack.append((v, dst, fix(k) if isinstance(k, str) else k))
         elif isinstance(src, (list, tuple)):
             dst = [None] * len(src)
             for i, v in enumerate(src):
                 stack.append((v, dst, i))
         else:
-            dst = clean_text(src) if isinstance(src, str) else src
+            dst = fix(src) if isinstance(src, str) else src
         parent[key] = dst
     return root[0]
 

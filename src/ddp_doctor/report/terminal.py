@@ -64,10 +64,9 @@ def make_console(file: IO[str] | None = None, color: bool | None = None) -> Cons
 # ---------------------------------------------------------------- final report
 def print_report(report: dict[str, Any], file: IO[str] | None = None, color: bool | None = None) -> None:
     """Print a ``ddp-doctor/report/v1`` (or lint/v1) dict for people.  Never raises on odd data."""
-    from ddp_doctor.report.safe import clean
-
     con = make_console(file, color)
-    report = clean(report)  # no terminal control sequence from the job or a hostile file reaches the screen
+    # no terminal control sequence from the job or a hostile file reaches the screen; long strings are cut
+    report = _view.for_display(report, timelines=False)
     try:
         _print_report(con, report)
     except Exception as exc:  # a renderer bug must not hide the diagnosis: fall back to plain lines
@@ -204,11 +203,17 @@ def _side_channel(con: Console, report: dict[str, Any]) -> None:
         notes.append(f"{'; '.join(map(str, side.get('unwatched_nodes') or []))}: no state ever arrived on the side "
                      "channel, so those ranks went unwatched")
     rejected = side.get("rejected") or {}
-    if rejected:
-        what = ", ".join(f"{n} {why}" for why, n in sorted(rejected.items()))
-        keys = ", ".join(map(str, (side.get("rejected_keys") or [])[:3]))
-        notes.append(f"dropped side-channel values not written by this job ({what}; under {keys}): someone else "
-                     "can reach the side-channel port")
+    by_key = side.get("rejected_by_key") if isinstance(side.get("rejected_by_key"), dict) else {}
+    if rejected or by_key:
+        if by_key:
+            items = sorted(by_key.items())
+            what = "; ".join(f"under {k}: " + ", ".join(f"{n} {why}" for why, n in sorted(by.items()))
+                             for k, by in items[:6] if isinstance(by, dict)) + ("; ..." if len(items) > 6 else "")
+        else:
+            what = ", ".join(f"{n} {why}" for why, n in sorted(rejected.items())) + \
+                "; under " + ", ".join(map(str, (side.get("rejected_keys") or [])[:3]))
+        notes.append(f"dropped side-channel values not written by this job ({what}): someone else can reach the "
+                     "side-channel port; the job was not stopped by them")
     if not notes:
         return
     con.print(Text("Side channel", style="bold underline"))

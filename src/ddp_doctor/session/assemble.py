@@ -150,10 +150,12 @@ def side_channel_section(job, evidence: JobEvidence | None = None) -> dict[str, 
     out = stats.to_dict()
     local = getattr(getattr(job, "local", None), "stats", None)
     if local is not None:  # several nodes: what this node's own store (its ranks' states) refused too
-        for reason, n in local.rejected.items():
-            out["rejected"][reason] = out["rejected"].get(reason, 0) + n
-        out["rejected_keys"] += [k for k in local.rejected_keys if k not in out["rejected_keys"]]
+        for key, by in local.rejected_by_key.items():
+            for reason, n in by.items():
+                mine = out["rejected_by_key"].setdefault(key, {})
+                mine[reason] = mine.get(reason, 0) + n
         out["dropped"] += local.dropped
+    _count_refused_by_ranks(out, evidence)
     try:
         from torch.distributed import run as torchrun
 
@@ -179,6 +181,23 @@ def side_channel_section(job, evidence: JobEvidence | None = None) -> dict[str, 
         out["unwatched_nodes"] += [f"node {n.node} on {n.host} (ranks {', '.join(map(str, n.ranks))}): its agent "
                                    f"went silent" for n in lost]
     return out
+
+
+def _count_refused_by_ranks(out: dict[str, Any], evidence: JobEvidence | None) -> None:
+    """Every refused value counted by key: the launcher's own refusals plus those the ranks reported (a forged
+    ``ddpd/stop`` is read by the ranks only).  Ranks reading the same key see the same values, so a key's
+    count is the most any one reader refused there; ``rejected`` (by reason) and ``rejected_keys`` follow."""
+    by_key = out["rejected_by_key"]
+    for st in (evidence.ranks.values() if evidence is not None else ()):
+        for r in st.refused:
+            mine = by_key.setdefault(r.key, {})
+            mine[r.reason] = max(mine.get(r.reason, 0), r.count)
+    reasons: dict[str, int] = {}
+    for by in by_key.values():
+        for reason, n in by.items():
+            reasons[reason] = reasons.get(reason, 0) + n
+    out["rejected"] = reasons
+    out["rejected_keys"] = list(by_key)[:20]
 
 
 def save_evidence(evidence: JobEvidence, decision: Verdict | None, failures: dict[int, ExitStatus]) -> None:
@@ -282,8 +301,6 @@ def rank_entry(r: int, st: RankState, failures: dict[int, ExitStatus], lost: set
 
 
 def emit(job, report: dict[str, Any], is_host: bool) -> int:
-    from ddp_doctor.report import write_json
-
     if not is_host and job.store is not None:
         # one job, one diagnosis: take the hosting node's report (it names global ranks)
         end = time.monotonic() + 20
@@ -312,17 +329,13 @@ def emit(job, report: dict[str, Any], is_host: bool) -> int:
         report = attach_snippets(report, allowed=set(report.get("sources") or ()))
     except Exception:
         pass
-    if job.own.get("--report"):
-        write_json(report, job.own["--report"])
-    if job.own.get("--html"):
-        try:
-            from ddp_doctor.report.html import write_html
+    from ddp_doctor.report.files import save_reports
 
-            write_html(report, job.own["--html"])
-        except ImportError:
-            print("ddp-doctor: HTML report not available in this build", file=sys.stderr)
-    if not job.own.get("--quiet"):
+    failed = [s for s in save_reports(report, job.own.get("--report"), job.own.get("--html")) if not s.ok]
+    if not job.own.get("--quiet") or failed:  # a report that went nowhere it was asked: the diagnosis is here
         print_text(report)
+    for s in failed:
+        print(s.notice(), file=sys.stderr)
     return int(report["exit_code"])
 
 

@@ -35,6 +35,7 @@ def start_in_rank0(address: str, world: int):
     from ddp_doctor.watcher import Watcher
 
     store, _ = host_store(int(address.rpartition(":")[2]))
+    _check_destinations()
     ht = os.environ.get("DDP_DOCTOR_HANG_TIMEOUT")
     own_dir = not os.environ.get("DDP_DOCTOR_DIR")
     run_dir = os.environ.get("DDP_DOCTOR_DIR") or tempfile.mkdtemp(prefix="ddp-doctor-")
@@ -76,6 +77,23 @@ def _final_report(w, t0: float, reported: threading.Event) -> None:
     _write_report(w, t0)
 
 
+def _report_paths() -> dict[str, str | None]:
+    """Where the report (and the HTML page) go: absolute, from the launch directory (``launcher``)."""
+    from ddp_doctor.session import launcher
+
+    return {"DDP_DOCTOR_REPORT": launcher.report_path(), "DDP_DOCTOR_HTML": launcher.report_path("DDP_DOCTOR_HTML", None)}
+
+
+def _check_destinations() -> None:
+    """Say at the start, in one line, that the report cannot go where asked (the job is the user's: it runs
+    anyway, and a report written at the end goes to a fallback it names then)."""
+    from ddp_doctor.report.files import refuse_unwritable
+
+    problem = refuse_unwritable("ddp-doctor", _report_paths())
+    if problem:
+        print(f"{problem} (the job runs; a report would go to a fallback named then)", file=sys.stderr)
+
+
 def _warnings(w) -> None:
     """The live warnings (a rank keeps the others waiting) on rank 0's stderr, a line when one starts or
     changes and every 15 s while it lasts: no live table inside the user's own output."""
@@ -100,9 +118,9 @@ def _write_report(w, t0: float) -> None:
         report = job.build_report(None, [], time.monotonic())
         report["command"] = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
         report["launcher"] = launcher.detect()
-        path = launcher.report_path()
-        report["report_path"] = path
-        job.own = {"--report": path, "--html": launcher.report_path("DDP_DOCTOR_HTML", None)}
+        paths = _report_paths()
+        report["report_path"] = paths["DDP_DOCTOR_REPORT"]
+        job.own = {"--report": paths["DDP_DOCTOR_REPORT"], "--html": paths["DDP_DOCTOR_HTML"]}
         job.emit(report, True)  # (prints where it wrote the report)
     except Exception as e:  # never let the watcher take the job down silently
         print(f"ddp-doctor: embedded watcher could not write the report: {e!r}", file=sys.stderr)
