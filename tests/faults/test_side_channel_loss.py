@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,21 @@ def _client(port: int):
     import torch.distributed as dist
 
     return dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=10))
+
+
+def _unread_by_server(port: int) -> int:
+    """Bytes clients sent that the server listening on ``port`` has not read (Linux: /proc/net/tcp*)."""
+    unread = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            local, state, queues = row.split()[1], row.split()[3], row.split()[4]
+            if int(local.rsplit(":", 1)[1], 16) == port and state == "01":  # the server's end, ESTABLISHED
+                unread += int(queues.split(":")[1], 16)
+    return unread
 
 
 def _exit_delay(tmp_path, fault: str, end: str) -> tuple[float, subprocess.Popen, str]:
@@ -48,7 +64,11 @@ def _exit_delay(tmp_path, fault: str, end: str) -> tuple[float, subprocess.Popen
             assert client.check(["ddpd/rank/0"]), "the probe never published"
             if fault == "stopped":
                 os.kill(server.pid, signal.SIGSTOP)
-            time.sleep(1.0)  # let the publisher's next call get stuck on the stopped server
+                # the publisher's next call is stuck: its request lies unread in the stopped server's socket
+                end_t = time.monotonic() + 30
+                while not _unread_by_server(port) and time.monotonic() < end_t:
+                    time.sleep(0.05)
+                assert _unread_by_server(port), "the probe made no call to the stopped store"
         go.touch()
         out = rank.communicate(timeout=60)[0]
         exited = time.time()

@@ -94,8 +94,11 @@ def _run(name: str, tmp: Path) -> dict:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         out, _ = proc.communicate()
-    time.sleep(0.5)
     left = _leftovers(str(SCRIPTS / f"{name}.py"))
+    end = time.monotonic() + 5.0  # torch's agent reaps its ranks as it exits: a moment's grace, then leftovers
+    while left and time.monotonic() < end:
+        time.sleep(0.2)
+        left = _leftovers(str(SCRIPTS / f"{name}.py"))
     for pid in left:
         try:
             os.kill(int(pid.split()[0]), 9)
