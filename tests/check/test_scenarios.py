@@ -27,7 +27,7 @@ def _env(fault=None, tag=None):
     env.pop("DDP_DOCTOR_CHECK_FAULT", None)
     if fault:
         env["DDP_DOCTOR_CHECK_FAULT"] = fault
-    env.setdefault("COLUMNS", "120")
+    env["COLUMNS"] = "120"  # the texts checked below, laid out at this width (a pytest-xdist worker sets 80)
     return env
 
 
