@@ -52,30 +52,31 @@ REPRESENTATIVE = ("sampler_pad_uneven", "rank_raises", "seed_000_val_rank0_bn", 
 
 
 @pytest.fixture(scope="module")
-def plain():
-    """{name: its plain-torchrun run, checked against its recorded outcome}: one run of each, concurrently."""
+def baseline():
+    """{name: its plain-torchrun run, checked against its recorded outcome}: one run of each, concurrently;
+    a run that fails its check fails only the test that reads it."""
     with ThreadPoolExecutor(len(REPRESENTATIVE)) as pool:
         futs = {name: pool.submit(_check_plain, name) for name in REPRESENTATIVE}
-    return {name: f.result() for name, f in futs.items()}
+    return {name: f.result for name, f in futs.items()}
 
 
-def test_twin_exits_zero(plain):
-    assert plain["sampler_pad_uneven"].returncode == 0
+def test_twin_exits_zero(baseline):
+    assert baseline["sampler_pad_uneven"]().returncode == 0
 
 
-def test_exception_on_one_rank_fails_the_job(plain):
-    assert "truncated file, cannot decode" in plain["rank_raises"].stderr
+def test_exception_on_one_rank_fails_the_job(baseline):
+    assert "truncated file, cannot decode" in baseline["rank_raises"]().stderr
 
 
-def test_seed_000_desyncs_silently_then_crashes(plain):
-    res = plain["seed_000_val_rank0_bn"]
+def test_seed_000_desyncs_silently_then_crashes(baseline):
+    res = baseline["seed_000_val_rank0_bn"]()
     # the rank-0-only validation ran in epochs 0 and 1 without any error: gloo paired the extra broadcasts silently
     assert "epoch 1 loss" in res.stdout, manifest.summarize(res)
     assert "Connection closed by peer" in res.stderr
 
 
-def test_rank0_only_barrier_hangs_until_the_process_group_timeout(plain):
-    res = plain["rank0_barrier"]
+def test_rank0_only_barrier_hangs_until_the_process_group_timeout(baseline):
+    res = baseline["rank0_barrier"]()
     assert res.duration_s < SHORT_PG_TIMEOUT_S + 60
 
 
