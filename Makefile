@@ -6,10 +6,9 @@ TORCH ?= torch==2.13.0
 
 .PHONY: demo test test-fast setup browser
 
+# One resolve for everything (the pin next to the extras keeps torch the CPU build).
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e '.[test]' "$(TORCH)"
 	touch $@
 
@@ -22,10 +21,16 @@ demo: setup
 browser:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || { echo "chromium could not be installed (needs root or: apt-get install chromium): the HTML report tests will fail"; exit 1; }
 
-test: setup browser
-	$(PY) -m pytest
+# Two pytest workers (pytest-xdist), a test module's tests on one worker so its shared fixture (one run of
+# a job, checked by several tests) runs once; the `timing` tests (perf measurements of real jobs: a loaded
+# machine changes what they measure) run afterwards, alone.
+PARALLEL := -n 2 --dist loadscope
 
-# The fast tier (< 2 minutes): everything that launches no multi-rank job (`scenario` marks those):
+test: setup browser
+	$(PY) -m pytest $(PARALLEL) -m "not timing"
+	$(PY) -m pytest -m timing
+
+# The fast tier (< 1 minute): everything that launches no multi-rank job (`scenario` marks those):
 # unit tests, lint fixtures, renderers fed with reports and evidence captured from real runs, golden texts.
 test-fast: setup browser
-	$(PY) -m pytest -m "not scenario" -q
+	$(PY) -m pytest $(PARALLEL) -m "not scenario" -q

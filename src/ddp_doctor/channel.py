@@ -188,6 +188,7 @@ class SideChannel:
         self._seq_lock = threading.Lock()
         self._last: dict[str, int] = {}     # key -> newest seq read (replay guard)
         self._seen_bad: set[tuple[str, bytes]] = set()
+        self._logged: set[tuple[str, str]] = set()  # (key, reason) already logged: each kind is said once
         self._log = log if log is not None else (lambda m: print(m, file=sys.stderr))
 
     @property
@@ -271,7 +272,7 @@ class SideChannel:
 
     # -- verification --------------------------------------------------------------------
     def verify(self, key: str, raw: bytes) -> bytes:
-        """The payload of a value read from ``key``; Rejected (counted, logged once per key) when it is bad."""
+        """The payload of a value read from ``key``; Rejected (counted; logged once per key and reason) if bad."""
         try:
             seq, payload = unseal(self.secret, key, raw)
             if seq < self._last.get(key, 0):
@@ -293,8 +294,9 @@ class SideChannel:
         by_key = self.stats.rejected_by_key
         slot = key if key in by_key or len(by_key) < MAX_KEYS_COUNTED else OTHER_KEYS
         by_key.setdefault(slot, {})[reason] = by_key.get(slot, {}).get(reason, 0) + 1
-        if key not in self.stats.rejected_keys:
-            if len(self.stats.rejected_keys) < 20:
-                self.stats.rejected_keys.append(key)
+        if key not in self.stats.rejected_keys and len(self.stats.rejected_keys) < 20:
+            self.stats.rejected_keys.append(key)
+        if (key, reason) not in self._logged and len(self._logged) < 20:
+            self._logged.add((key, reason))
             self._log(f"ddp-doctor: dropped a side-channel value under {key!r} ({reason}): it was not written "
                       "by this job's ranks or launcher — someone else can reach the side-channel port")

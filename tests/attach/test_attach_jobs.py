@@ -48,7 +48,8 @@ def _only(rep: dict, code: str) -> dict:
     return errors[0]
 
 
-def test_rank0_barrier(hung_job, tmp_path):
+def test_rank0_barrier_then_stop_only_when_asked(hung_job, tmp_path):
+    """One hung job: attach diagnoses it and leaves it exactly as it was; attach --stop then ends it."""
     job = hung_job("barrier_rank0.py")
     job.wait_for("at step 5", 2)
     rep = _diagnose(job, tmp_path)
@@ -60,6 +61,11 @@ def test_rank0_barrier(hung_job, tmp_path):
     states = {r["rank"]: r for r in rep["ranks"]}
     assert states[1]["last_collective"]["op"] == "ddp.backward(allreduce_grads)"
     assert "DDP201" in rep["_stdout"] and "barrier_rank0.py:" in rep["_stdout"]
+    # the same hung job, now with --stop: attach ends it only when asked
+    rep = _diagnose(job, tmp_path, "--stop")
+    assert rep["verdict"] == "hang"
+    job.proc.wait(timeout=30)
+    assert job.proc.returncode != 0
 
 
 def test_rank_stuck_in_data_loading(hung_job, tmp_path):
@@ -95,15 +101,6 @@ def test_mismatched_all_gather(hung_job, tmp_path):
     assert f["location"]["line"] == _line("allgather_mismatch.py", "dist.all_gather(")
     assert "barrier" in f["message"]
     assert "DDP201" in (tmp_path / "a.html").read_text()
-
-
-def test_stop_ends_the_job_only_when_asked(hung_job, tmp_path):
-    job = hung_job("barrier_rank0.py")
-    job.wait_for("at step 5", 2)
-    rep = _diagnose(job, tmp_path, "--stop")
-    assert rep["verdict"] == "hang"
-    job.proc.wait(timeout=30)
-    assert job.proc.returncode != 0
 
 
 def test_no_training_process(tmp_path):

@@ -104,10 +104,10 @@ def test_without_torch_lint_and_attach_work(tmp_path):
 @pytest.fixture
 def fake_rank():
     """A Python process that looks like rank 0 of a 1-rank job (RANK/WORLD_SIZE in its environment)."""
-    p = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.1)"],
+    p = subprocess.Popen([sys.executable, "-c", "import time\nprint('READY', flush=True)\nwhile True: time.sleep(0.1)"],
                          env=dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                                  MASTER_PORT="1"))
-    time.sleep(0.3)
+                                  MASTER_PORT="1"), stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "READY\n"  # in its loop: the stacks attach reads are the steady ones
     yield p
     p.kill()
     p.wait()

@@ -27,7 +27,7 @@ def _env(fault=None, tag=None):
     env.pop("DDP_DOCTOR_CHECK_FAULT", None)
     if fault:
         env["DDP_DOCTOR_CHECK_FAULT"] = fault
-    env.setdefault("COLUMNS", "120")
+    env["COLUMNS"] = "120"  # the texts checked below, laid out at this width (a pytest-xdist worker sets 80)
     return env
 
 
@@ -43,6 +43,14 @@ def _leftovers(tag):
     return left
 
 
+def _no_leftovers(tag, grace_s=2.0):
+    """True once no process of the run tagged ``tag`` is left (a moment's grace for their exit)."""
+    end = time.monotonic() + grace_s
+    while _leftovers(tag) and time.monotonic() < end:
+        time.sleep(0.1)
+    return _leftovers(tag) == []
+
+
 def run_check(tmp_path, *args, fault=None, timeout=120):
     tag = uuid.uuid4().hex
     report = tmp_path / f"report-{tag[:8]}.json"
@@ -50,8 +58,7 @@ def run_check(tmp_path, *args, fault=None, timeout=120):
     proc = subprocess.run([sys.executable, "-m", "ddp_doctor", "check", "--report", str(report), *args],
                           env=_env(fault, tag), capture_output=True, text=True, timeout=timeout)
     elapsed = time.monotonic() - t0
-    time.sleep(0.2)
-    assert _leftovers(tag) == [], "processes left behind"
+    assert _no_leftovers(tag), "processes left behind"
     data = json.loads(report.read_text()) if report.exists() else None
     assert data is not None, proc.stdout + proc.stderr
     return proc, data, elapsed
@@ -143,8 +150,7 @@ def _two_nodes(tmp_path, deadline, fault=None):
              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", tag[:8]],
             env=_env(fault, tag=tag), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=150)[0] for p in procs]
-    time.sleep(0.2)
-    assert _leftovers(tag) == []
+    assert _no_leftovers(tag)
     return [p.returncode for p in procs], [json.loads(p.read_text()) for p in paths], outs
 
 

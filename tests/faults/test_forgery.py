@@ -3,6 +3,7 @@ is dropped, counted and logged (values are signed with a per-job secret the wire
 from __future__ import annotations
 
 import json
+import threading
 import time
 from datetime import timedelta
 
@@ -25,6 +26,18 @@ def _store_of(ranks: list[psutil.Process]) -> str | None:
     return None
 
 
+class _Output:
+    """The run's output as it comes (a reader thread), so the test can wait for a line."""
+
+    def __init__(self, stream) -> None:
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(stream), daemon=True)
+        self.reader.start()
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
 def test_forged_rank_state_does_not_stop_the_job(tmp_path, cleanup):
     import torch.distributed as dist
 
@@ -32,6 +45,7 @@ def test_forged_rank_state_does_not_stop_the_job(tmp_path, cleanup):
     run = start_run(["--quiet", "--no-lint", "--report", str(report), "--nproc-per-node", "2",
                      str(SCRIPTS / "short_train.py")], env=env(STEPS="200"))
     cleanup.append(psutil.Process(run.pid))
+    log = _Output(run.stdout)
     ranks = poll(lambda: len(ranks_of(run.pid)) == 2 and ranks_of(run.pid), 90)
     assert ranks, run.poll()
     cleanup.extend(ranks)
@@ -47,21 +61,27 @@ def test_forged_rank_state_does_not_stop_the_job(tmp_path, cleanup):
                               "location": {"path": "/etc/passwd", "line": 1, "function": "x"}, "traceback": [],
                               "in_collective": False, "collective": None, "t": 1.0})
     forged_json = json.dumps(forged).encode()
-    # each kind of forgery in a phase of its own, re-posted faster than the rank's own posts, so the
-    # watcher (a look at least once a second) must read every kind; before the replay, a quiet phase in
-    # which the watcher reads the rank's own newer posts (a replay is an *older* genuine value than one read)
-    for phase, forge in ((2.5, lambda: (evil.set("ddpd/rank/1", forged_json),                    # unsigned
-                                        evil.set("ddpd/exit/0/1", json.dumps({"exit_code": 1, "signal": "SIGKILL"})))),
-                         (2.5, lambda: (evil.set("ddpd/rank/1", b"ddpd1|99999999999999999999999|" + b"0" * 64 + b"|"
-                                                 + forged_json),                                  # bad signature
-                                        evil.set("ddpd/stop", json.dumps({"reason": "hang"})))),
-                         (2.5, lambda: evil.set("ddpd/stop", b"ddpd1|1|" + b"0" * 64 + b"|{}")),  # quiet (for rank 1)
-                         (3.0, lambda: evil.set("ddpd/rank/1", old))):                           # a genuine replay
-        end = time.monotonic() + phase
-        while time.monotonic() < end and run.poll() is None:
+    # each kind of forgery in a phase of its own, re-posted faster than the rank's own posts (every 20 ms), until
+    # the watcher logs that it dropped that kind (it logs each kind once per key); the replay is re-posted more
+    # slowly (every 0.3 s), so the watcher also reads the rank's own newer posts in between: a replay is only
+    # recognisable as one once the watcher has read a newer genuine value
+    phases = (("unsigned", 0.02, lambda: (evil.set("ddpd/rank/1", forged_json),
+                                          evil.set("ddpd/exit/0/1", json.dumps({"exit_code": 1, "signal": "SIGKILL"})))),
+              ("bad signature", 0.02, lambda: (evil.set("ddpd/rank/1", b"ddpd1|99999999999999999999999|" + b"0" * 64
+                                                        + b"|" + forged_json),
+                                               evil.set("ddpd/stop", json.dumps({"reason": "hang"})))),
+              ("replayed", 0.3, lambda: evil.set("ddpd/rank/1", old)))
+    for reason, pace, forge in phases:
+        line = f"dropped a side-channel value under 'ddpd/rank/1' ({reason})"
+        end = time.monotonic() + 60
+        while line not in log.text() and time.monotonic() < end and run.poll() is None:
             forge()
-            time.sleep(0.02)
-    out = run.communicate(timeout=120)[0]
+            time.sleep(pace)  # (the pace of the attacker's posts, not a wait for anything)
+        assert line in log.text(), (reason, run.poll(), log.text()[-3000:])
+    evil.set("ddpd/stop", b"ddpd1|1|" + b"0" * 64 + b"|{}")  # badly signed: the ranks read it as they end
+    run.wait(timeout=120)
+    log.reader.join(timeout=30)
+    out = log.text()
     assert run.returncode == 0, out[-3000:]
     assert "TRAINING DONE" in out
     rep = json.loads(report.read_text())

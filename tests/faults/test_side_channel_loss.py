@@ -6,8 +6,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -23,8 +26,24 @@ def _client(port: int):
     return dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=10))
 
 
-def _exit_delay(tmp_path, fault: str, end: str) -> tuple[float, subprocess.Popen, str]:
-    """Seconds between the program's end and its process's exit, under the probe, with the store in state ``fault``."""
+def _unread_by_server(port: int) -> int:
+    """Bytes clients sent that the server listening on ``port`` has not read (Linux: /proc/net/tcp*)."""
+    unread = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            local, state, queues = row.split()[1], row.split()[3], row.split()[4]
+            if int(local.rsplit(":", 1)[1], 16) == port and state == "01":  # the server's end, ESTABLISHED
+                unread += int(queues.split(":")[1], 16)
+    return unread
+
+
+def _exit_delay(tmp_path, fault: str, end: str, together: threading.Barrier) -> tuple[float, subprocess.Popen, str]:
+    """Seconds between the program's end and its process's exit, under the probe, with the store in state ``fault``
+    (the program is told to end once every party of ``together`` is ready: its twin ends at the same moment)."""
     go = tmp_path / f"go-{fault}-{end}"
     server = hole = None
     if fault in ("stopped", "healthy"):
@@ -48,7 +67,12 @@ def _exit_delay(tmp_path, fault: str, end: str) -> tuple[float, subprocess.Popen
             assert client.check(["ddpd/rank/0"]), "the probe never published"
             if fault == "stopped":
                 os.kill(server.pid, signal.SIGSTOP)
-            time.sleep(1.0)  # let the publisher's next call get stuck on the stopped server
+                # the publisher's next call is stuck: its request lies unread in the stopped server's socket
+                end_t = time.monotonic() + 30
+                while not _unread_by_server(port) and time.monotonic() < end_t:
+                    time.sleep(0.05)
+                assert _unread_by_server(port), "the probe made no call to the stopped store"
+        together.wait(timeout=120)
         go.touch()
         out = rank.communicate(timeout=60)[0]
         exited = time.time()
@@ -65,19 +89,18 @@ def _exit_delay(tmp_path, fault: str, end: str) -> tuple[float, subprocess.Popen
             hole.close()
 
 
-@pytest.fixture(scope="module")
-def healthy_exit_s(tmp_path_factory) -> float:
-    """How long this (loaded) machine takes to end such a process when the store answers."""
-    delay, rank, out = _exit_delay(tmp_path_factory.mktemp("healthy"), "healthy", "exit")
-    assert rank.returncode == 0, out[-2000:]
-    return delay
-
-
 @pytest.mark.parametrize("fault,end", [("stopped", "exit"), ("stopped", "raise"), ("blackhole", "exit")])
-def test_rank_exits_at_once_when_the_store_does_not_answer(tmp_path, healthy_exit_s, fault, end):
-    delay, rank, out = _exit_delay(tmp_path, fault, end)
+def test_rank_exits_at_once_when_the_store_does_not_answer(tmp_path, fault, end):
+    # beside it, at the same moment, its twin with a store that answers: how long this (loaded) machine takes
+    # to end such a process right now
+    together = threading.Barrier(2)
+    with ThreadPoolExecutor(2) as pool:
+        faulty = pool.submit(_exit_delay, tmp_path, fault, end, together)
+        healthy = pool.submit(_exit_delay, tmp_path, "healthy", end, together)
+    (delay, rank, out), (healthy_s, twin, twin_out) = faulty.result(), healthy.result()
+    assert twin.returncode == (1 if end == "raise" else 0), twin_out[-2000:]
     # one store call's deadline (2 s) at most on top of a normal exit; it used to be 15-150 s
-    assert delay < healthy_exit_s + 3.0, f"exit took {delay:.1f}s (healthy {healthy_exit_s:.1f}s)\n{out[-2000:]}"
+    assert delay < healthy_s + 3.0, f"exit took {delay:.1f}s (healthy {healthy_s:.1f}s)\n{out[-2000:]}"
     assert rank.returncode == (1 if end == "raise" else 0), out[-2000:]
     if end == "raise":
         assert "the user's own error" in out

@@ -61,13 +61,22 @@ def test_srun_style_probe_activation(procs, tmp_path):
     assert ps
 
 
-def test_srun_style_attach(procs, tmp_path):
+def test_srun_style_attach_then_stop_ends_only_the_ranks(procs, tmp_path):
+    """One hung srun-style job: attach diagnoses it and leaves it running; then, with no elastic agent,
+    --stop signals the ranks themselves, never their parent (srun, a shell, this test)."""
     ps = _srun_style(procs, ATTACH_BARRIER, [])
     procs.wait_for("at step 5", 2)
     rep = _attach(tmp_path, *(p.pid for p in ps))
     _ddp201(rep, ATTACH_BARRIER, "dist.barrier()")
     assert rep["agent_pid"] is None and rep["partial"] is False  # no launcher: --stop would signal the ranks only
     assert all(p.poll() is None for p in ps)
+    p = subprocess.run([sys.executable, "-m", "ddp_doctor", "attach", *(str(x.pid) for x in ps), "--stop",
+                        "--samples", "2", "--interval", "0.5"], env=rank_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode in (0, 1), p.stderr
+    assert "stopped:" in p.stdout
+    for x in ps:
+        x.wait(timeout=30)
+    assert all(x.returncode != 0 for x in ps)
 
 
 def test_lightning_own_launcher_attach(procs, tmp_path):
@@ -89,10 +98,9 @@ def test_lightning_under_torchrun_probe(procs, tmp_path):
                  f"127.0.0.1:{free_port()}", "-m", "ddp_doctor.probe", str(LIGHTNING)],
                 rank_env(DDP_DOCTOR_REPORT=str(report)), cwd=LIGHTNING.parent)
     deadline = time.monotonic() + 150
-    while not report.exists():
+    while not report.exists():  # (written atomically: once it exists, it is whole)
         assert time.monotonic() < deadline, procs.text()[-3000:]
-        time.sleep(0.5)
-    time.sleep(0.5)  # written atomically; let the writer finish its rename
+        time.sleep(0.2)
     rep = _probe_report(report)
     f = next(f for f in rep["findings"] if f["severity"] == "error")
     assert f["code"] in ("DDP201", "DDP203") and 0 in f["ranks"], rep["findings"]
@@ -128,16 +136,3 @@ def test_accelerate_script_under_ddp_doctor_run(procs, tmp_path):
                  "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(ACCELERATE)], rank_env(), cwd=ACCELERATE.parent)
     assert procs.wait_all(timeout=180) == [1], procs.text()[-3000:]
     _ddp201(_probe_report(report), ACCELERATE, "wait_for_everyone()")
-
-
-def test_srun_style_stop_ends_only_the_ranks(procs, tmp_path):
-    """No elastic agent: --stop signals the ranks themselves, never their parent (srun, a shell, this test)."""
-    ps = _srun_style(procs, ATTACH_BARRIER, [])
-    procs.wait_for("at step 5", 2)
-    p = subprocess.run([sys.executable, "-m", "ddp_doctor", "attach", *(str(x.pid) for x in ps), "--stop",
-                        "--samples", "2", "--interval", "0.5"], env=rank_env(), capture_output=True, text=True, timeout=120)
-    assert p.returncode in (0, 1), p.stderr
-    assert "stopped:" in p.stdout
-    for x in ps:
-        x.wait(timeout=30)
-    assert all(x.returncode != 0 for x in ps)

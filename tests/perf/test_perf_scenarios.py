@@ -18,7 +18,9 @@ import manifest  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 PERF = [n for n in manifest.names("perf") if n != "seed_001_no_set_epoch"]
-pytestmark = [pytest.mark.scenario, pytest.mark.timeout(400)]
+# timing: the twins' "no DDP401/DDP404" holds only when no other process takes the ranks' CPUs; `make test`
+# runs this module alone, after the rest
+pytestmark = [pytest.mark.scenario, pytest.mark.timing, pytest.mark.timeout(400)]
 
 
 def _port() -> int:
@@ -54,11 +56,6 @@ def run_doctor(name, tmp_path):
 def test_perf_scenario(name, tmp_path):
     res, report = run_doctor(name, tmp_path)
     problems = manifest.report_problems(name, report)
-    load = os.getloadavg()[0]
-    if manifest.is_twin(name) and problems and load > 2 * (os.cpu_count() or 1) and all(
-            any(c in p for c in ("DDP401", "DDP404")) for p in problems):
-        # a loader/rank that genuinely starved because other processes took the CPUs: not the twin's fault
-        pytest.xfail(f"machine oversubscribed (load {load:.1f} on {os.cpu_count()} CPUs): {problems}")
     assert not problems, f"{problems}\n{json.dumps(report['findings'], indent=1)[:4000]}"
     # the job finished by itself: its own exit code is kept (perf findings are warnings/info)
     assert report["verdict"] == "ok" and report["exit_code"] == 0 and res.returncode == 0

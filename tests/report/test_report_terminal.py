@@ -12,6 +12,13 @@ from ddp_doctor.report.terminal import LiveView, print_report
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+@pytest.fixture(autouse=True)
+def _default_width(monkeypatch):
+    """The texts below are laid out at the renderer's default width (100), whatever COLUMNS the caller's
+    terminal (or pytest-xdist's worker: 80) sets."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 class FakeTTY(io.StringIO):
     def isatty(self):
         return True

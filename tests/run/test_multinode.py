@@ -13,10 +13,14 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import psutil
 import pytest
+import torch.distributed as dist
+
+from ddp_doctor import store as side
 
 pytestmark = pytest.mark.scenario
 HERE = Path(__file__).resolve().parent
@@ -148,7 +152,21 @@ def test_an_agent_that_dies_mid_run_is_reported_and_the_job_ends(tmp_path):
         victims = _ranks_of(procs[1].pid)
         assert len(victims) == 2, "the second node's ranks"
         gone_ranks = sorted(int(v.environ()["RANK"]) for v in victims)
-        time.sleep(1.0)  # a few summaries of the training job
+        # the other node's summary of the training job is on the root store (the root reads it there, even
+        # after that node died; the root's own summary never goes through the store): its key changed since
+        # every rank trained
+        root_store = dist.TCPStore("127.0.0.1", port + 1, is_master=False, wait_for_workers=False,
+                                   timeout=timedelta(seconds=30))
+        keys = [side.node_key(n) for n in (0, 1)]
+
+        def posts() -> list[bytes | None]:
+            return [root_store.get(k) if root_store.check([k]) else None for k in keys]
+
+        first = posts()
+        end = time.monotonic() + 30
+        while time.monotonic() < end and not any(a is not None and a != b for a, b in zip(posts(), first)):
+            time.sleep(0.1)
+        assert any(a is not None and a != b for a, b in zip(posts(), first)), "no summary of the training job"
         assert procs[1].poll() is None and procs[0].poll() is None
         os.kill(procs[1].pid, signal.SIGKILL)
         end = time.monotonic() + 10

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,9 @@ SRC = HERE.parents[1] / "src"
 def test_plain_torchrun_with_probe_module(tmp_path):
     report = tmp_path / "r.json"
     script = HERE / "scripts" / "barrier_rank0.py"
-    env = dict(os.environ, PYTHONPATH=str(SRC), DDP_DOCTOR_REPORT=str(report), DDP_DOCTOR_PORT="29731")
+    tag = uuid.uuid4().hex  # finds this job's processes (the same script may run in another test meanwhile)
+    env = dict(os.environ, PYTHONPATH=str(SRC), DDP_DOCTOR_REPORT=str(report), DDP_DOCTOR_PORT="29731",
+               DDP_DOCTOR_TEST_TAG=tag)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-endpoint", "127.0.0.1:29730",
            "-m", "ddp_doctor.probe", str(script)]
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -38,4 +41,10 @@ def test_plain_torchrun_with_probe_module(tmp_path):
     assert f["ranks"] == [0] and f["location"]["line"] == 20
     import psutil
 
-    assert not [q for q in psutil.process_iter(["cmdline"]) if str(script) in " ".join(q.info["cmdline"] or [])]
+    def mine(q: psutil.Process) -> bool:
+        try:
+            return q.environ().get("DDP_DOCTOR_TEST_TAG") == tag
+        except psutil.Error:
+            return False
+
+    assert not [q for q in psutil.process_iter() if mine(q)]

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,7 +26,9 @@ pytestmark = [pytest.mark.scenario, pytest.mark.timeout(900)]
 HERE = Path(__file__).resolve().parent
 SCRIPTS = HERE / "scripts"
 SRC = HERE.parents[1] / "src"
-PARALLEL = int(os.environ.get("DDP_DOCTOR_TEST_PARALLEL", "5"))
+# (fewer at a time beside a second pytest worker: the detection-time checks below hold on a loaded box, not
+# on any load)
+PARALLEL = int(os.environ.get("DDP_DOCTOR_TEST_PARALLEL", "3" if os.environ.get("PYTEST_XDIST_WORKER") else "5"))
 
 # torch's agent restarts with a fresh rendezvous store only with this set (see restart_stale_store.py)
 FRESH_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
@@ -66,12 +69,13 @@ def _marker_line(name: str, code: str) -> int | None:
 
 
 def _leftovers(tag: str) -> list[str]:
-    """Processes of the job still alive: pid, age, attempt and rank (what the failure message needs)."""
+    """Processes of the job tagged ``tag`` (DDP_DOCTOR_TEST_TAG in their environment: the same script may run
+    in another test at the same time) still alive: pid, age, attempt and rank (what the failure message needs)."""
     out = []
-    for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
+    for p in psutil.process_iter(["pid", "create_time"]):
         try:
-            if tag in " ".join(p.info["cmdline"] or []):
-                env = p.environ()
+            env = p.environ()
+            if env.get("DDP_DOCTOR_TEST_TAG") == tag:
                 out.append(f"{p.info['pid']} (age {time.time() - p.info['create_time']:.0f} s, attempt "
                            f"{env.get('TORCHELASTIC_RESTART_COUNT')}, rank {env.get('RANK')})")
         except psutil.Error:
@@ -86,6 +90,7 @@ def _run(name: str, tmp: Path) -> dict:
            "--nproc-per-node", str(_nproc(name)), "--monitor-interval", "0.1", str(SCRIPTS / f"{name}.py")]
     env = dict(os.environ, PYTHONPATH=str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.update(CASES[name][4] if len(CASES[name]) > 4 else {})
+    tag = env["DDP_DOCTOR_TEST_TAG"] = f"{name}-{uuid.uuid4().hex}"
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -94,8 +99,11 @@ def _run(name: str, tmp: Path) -> dict:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         out, _ = proc.communicate()
-    time.sleep(0.5)
-    left = _leftovers(str(SCRIPTS / f"{name}.py"))
+    left = _leftovers(tag)
+    end = time.monotonic() + 5.0  # torch's agent reaps its ranks as it exits: a moment's grace, then leftovers
+    while left and time.monotonic() < end:
+        time.sleep(0.2)
+        left = _leftovers(tag)
     for pid in left:
         try:
             os.kill(int(pid.split()[0]), 9)

@@ -1,7 +1,8 @@
 """Every ``issue: run`` scenario of tests/scenarios under ``ddp-doctor run``: verdict, codes, ranks, marker
 lines, clean twins without error findings, no process left behind (scenarios.json is the single truth).
 
-Jobs run a few at a time (DDP_DOCTOR_TEST_PARALLEL, default 4) in one module fixture.
+Jobs run a few at a time (DDP_DOCTOR_TEST_PARALLEL, default 4; 3 beside another pytest worker) in one
+module fixture.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from ddp_doctor.report import REPORT_JSON_SCHEMA  # noqa: E402
 
 pytestmark = [pytest.mark.scenario, pytest.mark.timeout(1800)]  # one fixture runs every job
 NAMES = manifest.names(issue="run")
-PARALLEL = int(os.environ.get("DDP_DOCTOR_TEST_PARALLEL", "4"))
+# (fewer at a time beside a second pytest worker, so the machine carries about as many jobs as before)
+PARALLEL = int(os.environ.get("DDP_DOCTOR_TEST_PARALLEL", "3" if os.environ.get("PYTEST_XDIST_WORKER") else "4"))
 
 
 def _one(name: str, tmp: Path) -> dict:

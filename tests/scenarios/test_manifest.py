@@ -1,4 +1,7 @@
-"""Fast consistency checks of the scenario library (no process is launched)."""
+"""Fast consistency checks of the scenario library (no process is launched).
+
+The per-scenario checks are table-driven: one test walks every scenario and reports every scenario that
+fails it (the manifest is test data, not product code: one item per check, not one per scenario)."""
 from __future__ import annotations
 
 import json
@@ -16,6 +19,23 @@ ALL = manifest.names()
 CODE = re.compile(r"^DDP\d{3}$")
 
 
+def _for_every_scenario(check) -> None:
+    """Run ``check(name)`` for every scenario; fail once, listing every scenario whose check failed and why."""
+    failed = []
+    for name in ALL:
+        try:
+            check(name)
+        except Exception as exc:  # (an AssertionError, or a KeyError of a malformed entry)
+            failed.append(f"{name}: {type(exc).__name__}: {exc}")
+    assert not failed, f"{len(failed)} of {len(ALL)} scenarios:\n" + "\n".join(failed)
+
+
+def test_a_failing_check_names_every_scenario_it_fails():
+    with pytest.raises(AssertionError) as info:
+        _for_every_scenario(lambda n: manifest.entry(n)["no such key"])
+    assert f"{len(ALL)} of {len(ALL)} scenarios" in str(info.value) and f"{ALL[-1]}: KeyError" in str(info.value)
+
+
 def test_manifest_is_not_empty_and_covers_both_issues():
     assert len(ALL) >= 10
     assert manifest.names("run") and set(manifest.names("run")) | set(manifest.names("perf")) == set(ALL)
@@ -27,8 +47,7 @@ def test_every_script_in_the_folder_is_in_the_manifest():
     assert on_disk == set(ALL)
 
 
-@pytest.mark.parametrize("name", ALL)
-def test_entry_is_well_formed(name):
+def _entry_is_well_formed(name):
     e = manifest.entry(name)
     assert manifest.script_path(name).is_file()
     assert e["issue"] in ("run", "perf")
@@ -47,23 +66,20 @@ def test_entry_is_well_formed(name):
     assert isinstance(e["plain"]["exit_code"], int) and e["plain"]["seconds"] > 0
 
 
-@pytest.mark.parametrize("name", ALL)
-def test_markers_exist_for_marker_findings(name):
+def _markers_exist_for_marker_findings(name):
     for f in manifest.entry(name)["expect"].get("findings", []):
         if f.get("marker"):
             line = manifest.marker_line(name, f["code"])
             assert "expect:" in manifest.script_path(name).read_text().splitlines()[line - 1]
 
 
-@pytest.mark.parametrize("name", ALL)
-def test_every_marker_in_a_script_is_expected(name):
+def _every_marker_in_a_script_is_expected(name):
     codes_expected = {f["code"] for f in manifest.entry(name)["expect"].get("findings", []) if f.get("marker")}
     codes_marked = set(re.findall(r"#\s*expect:\s*(DDP\d{3})", manifest.script_path(name).read_text()))
     assert codes_marked == codes_expected
 
 
-@pytest.mark.parametrize("name", ALL)
-def test_twins_exist_and_point_back(name):
+def _twins_exist_and_point_back(name):
     e = manifest.entry(name)
     if e.get("twin"):
         assert e["twin"] in ALL, e["twin"]
@@ -78,9 +94,21 @@ def test_twins_exist_and_point_back(name):
             "a scenario that is neither a twin nor expected to find anything"
 
 
-@pytest.mark.parametrize("name", ALL)
-def test_script_compiles(name, tmp_path):
-    py_compile.compile(str(manifest.script_path(name)), cfile=str(tmp_path / "x.pyc"), doraise=True)
+def test_every_entry_is_well_formed():
+    _for_every_scenario(_entry_is_well_formed)
+
+
+def test_every_marker_finding_has_its_marker_and_every_marker_is_expected():
+    _for_every_scenario(lambda n: (_markers_exist_for_marker_findings(n), _every_marker_in_a_script_is_expected(n)))
+
+
+def test_every_twin_exists_and_points_back():
+    _for_every_scenario(_twins_exist_and_point_back)
+
+
+def test_every_script_compiles(tmp_path):
+    _for_every_scenario(lambda name: py_compile.compile(str(manifest.script_path(name)), cfile=str(tmp_path / "x.pyc"),
+                                                        doraise=True))
 
 
 def test_torchrun_argv_shape():
@@ -101,9 +129,12 @@ def _fake_report(name):
     return {"verdict": verdict, "findings": findings}
 
 
-@pytest.mark.parametrize("name", ALL)
-def test_report_problems_accepts_the_ideal_report(name):
+def _report_problems_accepts_the_ideal_report(name):
     assert manifest.report_problems(name, _fake_report(name)) == []
+
+
+def test_report_problems_accepts_every_ideal_report():
+    _for_every_scenario(_report_problems_accepts_the_ideal_report)
 
 
 def test_report_problems_catches_mistakes():

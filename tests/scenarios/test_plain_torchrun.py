@@ -1,6 +1,6 @@
 """The baseline: what plain torchrun does with the scenarios (the behaviour ddp-doctor improves on).
 
-By default a few representative scenarios run (about a minute on 2 cores);
+By default a few representative scenarios run, at the same time (about a minute on 2 cores);
 SCENARIO_BASELINE=all runs every scenario and checks its recorded "plain"
 outcome in scenarios.json.  Hang scenarios run with DDP_TIMEOUT shortened so the
 process-group timeout fires quickly; stall scenarios (no collective, so no
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -46,24 +47,36 @@ def _check_plain(name: str) -> manifest.CommandResult:
     return res
 
 
-def test_twin_exits_zero():
-    _check_plain("sampler_pad_uneven")
+# the representative scenarios run at the same time (each mostly waits: a timeout, a crash's teardown)
+REPRESENTATIVE = ("sampler_pad_uneven", "rank_raises", "seed_000_val_rank0_bn", "rank0_barrier")
 
 
-def test_exception_on_one_rank_fails_the_job():
-    res = _check_plain("rank_raises")
-    assert "truncated file, cannot decode" in res.stderr
+@pytest.fixture(scope="module")
+def baseline():
+    """{name: its plain-torchrun run, checked against its recorded outcome}: one run of each, concurrently;
+    a run that fails its check fails only the test that reads it."""
+    with ThreadPoolExecutor(len(REPRESENTATIVE)) as pool:
+        futs = {name: pool.submit(_check_plain, name) for name in REPRESENTATIVE}
+    return {name: f.result for name, f in futs.items()}
 
 
-def test_seed_000_desyncs_silently_then_crashes():
-    res = _check_plain("seed_000_val_rank0_bn")
+def test_twin_exits_zero(baseline):
+    assert baseline["sampler_pad_uneven"]().returncode == 0
+
+
+def test_exception_on_one_rank_fails_the_job(baseline):
+    assert "truncated file, cannot decode" in baseline["rank_raises"]().stderr
+
+
+def test_seed_000_desyncs_silently_then_crashes(baseline):
+    res = baseline["seed_000_val_rank0_bn"]()
     # the rank-0-only validation ran in epochs 0 and 1 without any error: gloo paired the extra broadcasts silently
     assert "epoch 1 loss" in res.stdout, manifest.summarize(res)
     assert "Connection closed by peer" in res.stderr
 
 
-def test_rank0_only_barrier_hangs_until_the_process_group_timeout():
-    res = _check_plain("rank0_barrier")
+def test_rank0_only_barrier_hangs_until_the_process_group_timeout(baseline):
+    res = baseline["rank0_barrier"]()
     assert res.duration_s < SHORT_PG_TIMEOUT_S + 60
 
 
