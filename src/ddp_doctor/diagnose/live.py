@@ -179,7 +179,7 @@ def find_desync(views: dict[int, Any], world_size: int, compared: dict[int, set]
     Only facts a correct program cannot produce: never the line a call came from, nor the training epoch
     or step the probe inferred from loader passes and optimizer steps (those only explain a proof: the
     verdict's ``parted`` is the first position where the ranks' calls came from different training
-    positions or lines, where they parted before the mismatch showed).
+    epochs or DDP lines, where they parted before the mismatch showed).
 
     ``compared`` (kept by a caller that asks every poll): per rank, the positions of its fingerprints
     already compared with every rank that had reached them then, and found to agree.  A fingerprint
