@@ -57,8 +57,14 @@ def job_secret() -> bytes | None:
 
 
 def _mac(secret: bytes, key: str, seq: int, payload: bytes) -> str:
-    msg = key.encode() + b"\n" + str(seq).encode() + b"\n" + payload
-    return hmac.digest(secret, msg, "sha256").hex()
+    """Keyed BLAKE2b, CPython's own (no OpenSSL): the probe signs in a background thread that releases the GIL
+    while it hashes, and a DataLoader worker forked meanwhile inherits OpenSSL's locks as that thread held
+    them -- its own first OpenSSL call (the resource sharer's HMAC handshake that passes a batch's tensors
+    to the rank) could then wait forever.  BLAKE2b keeps no lock outside the object being hashed."""
+    k = secret if len(secret) <= 64 else hashlib.blake2b(secret).digest()
+    h = hashlib.blake2b(key.encode() + b"\n" + str(seq).encode() + b"\n", key=k, digest_size=32)
+    h.update(payload)
+    return h.hexdigest()
 
 
 def seal(secret: bytes | None, key: str, seq: int, payload: bytes) -> bytes:

@@ -107,7 +107,7 @@ def test_a_long_message_renders_in_linear_time_cut_for_display(tmp_path):
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     assert r.returncode == 0, r.stderr[-500:]
     assert cpu < 20, cpu  # was minutes
-    assert "more characters in the JSON report]" in r.stdout and len(r.stdout) < 100_000
+    assert "more characters in the JSON report]" in " ".join(r.stdout.split()) and len(r.stdout) < 100_000  # any width
     assert (tmp_path / "r.html").stat().st_size < 200_000
     r = _show(tmp_path, json.loads(p.read_text()), "--format", "json")
     assert json.loads(r.stdout)["findings"][0]["message"] == msg

@@ -16,9 +16,19 @@ SRC = ROOT / "src"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port whose next one is free too: a rank-0 watcher under another launcher listens on
+    MASTER_PORT + 1 (tests run two at a time)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port < 65535:
+            with socket.socket() as t:
+                try:
+                    t.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
 
 
 def line_of(script: Path, marker: str) -> int:

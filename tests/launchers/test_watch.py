@@ -50,7 +50,10 @@ def test_mpirun_style_watch_without_master_port(procs, tmp_path):
 def test_lightning_watch(procs, tmp_path, strategy, mode):
     """`python train.py`: Lightning starts rank 1 itself (ddp) or spawns both (ddp_spawn)."""
     report = tmp_path / "r.json"
-    procs.start([sys.executable, str(LIGHTNING), mode, strategy], rank_env(DDP_DOCTOR_REPORT=str(report)), cwd=tmp_path)
+    # (Lightning picks a free MASTER_PORT itself when none is set; the watcher's is that + 1: give it a free pair)
+    procs.start([sys.executable, str(LIGHTNING), mode, strategy],
+                rank_env(DDP_DOCTOR_REPORT=str(report), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())),
+                cwd=tmp_path)
     expect(wait_report(report, procs), LIGHTNING, mode, f"lightning ({'subprocess' if strategy == 'ddp' else strategy})")
 
 

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ddp_doctor.evidence.agreement import GROUP_CREATION, must_agree  # noqa: F401 - GROUP_CREATION: the records' names
+
 SCHEMA = "ddp-doctor/evidence/v1"
 
 
@@ -48,23 +50,6 @@ def _sites(xs) -> tuple[Site, ...]:
     return tuple(s for s in (Site.from_json(x) for x in xs or ()) if s is not None)
 
 
-# The group key of process-group creation (new_group and the torch APIs that call it): every rank must
-# make these calls in the same order with the same arguments, and torch pairs them by a counter of its
-# own (the group's name), not by a sequence number of the world group, so they get a sequence of their own.
-GROUP_CREATION = "world.new_group"
-
-# Collectives whose tensors torch requires to have the same shape on every rank (each rank's call is recorded
-# under the name the user called; the legacy names are the same collective).
-EQUAL_SHAPES = frozenset({"all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather_into_tensor",
-                          "reduce_scatter_tensor", "barrier", "monitored_barrier"})
-# The same collective under another name: torch's legacy names and Flight Recorder's profiling names.
-OP_ALIASES = {"_all_gather_base": "all_gather_into_tensor", "_reduce_scatter_base": "reduce_scatter_tensor",
-              "_broadcast_oop": "broadcast", "_reduce_oop": "reduce", "allreduce_coalesced": "all_reduce_coalesced",
-              "all_reduce_barrier": "barrier", "all_to_all_v_single": "all_to_all_single", "all_gather_v": "all_gather",
-              "reduce_scatter_v": "reduce_scatter"}
-OBJECT_COLLECTIVES = frozenset({"all_gather_object", "gather_object", "broadcast_object_list",
-                                "scatter_object_list"})
-
 
 @dataclass(frozen=True, slots=True)
 class Collective:
@@ -90,19 +75,8 @@ class Collective:
         return (self.op, self.shapes, self.dtypes)
 
     def must_agree(self) -> tuple:
-        """What torch requires every rank's call at this position to agree on: the only part of a fingerprint
-        whose difference proves a desync (docs/verdicts.md).  The op (aliases folded); tensor shapes only
-        where torch requires equal shapes; dtypes.  Not where sizes are per rank by design: all_to_all
-        splits, gather/scatter lists present on the root only, reduce_scatter/all_gather inputs of uneven
-        size (NCCL), object collectives (each rank's pickled size); never the line or the training position."""
-        op = OP_ALIASES.get(self.op, self.op)
-        if self.group == GROUP_CREATION or op in EQUAL_SHAPES or op.startswith("ddp."):
-            return (op, self.shapes, self.dtypes)
-        if op in OBJECT_COLLECTIVES:
-            return (op,)
-        if op == "all_gather":  # every rank's output list holds every rank's input: the lists agree
-            return (op, tuple(s for s in self.shapes if s.startswith("[")), tuple(sorted(set(self.dtypes))))
-        return (op, (), tuple(sorted(set(self.dtypes))))
+        """What torch requires every rank's call at this position to agree on (``evidence.agreement``)."""
+        return must_agree(self.op, self.group, self.shapes, self.dtypes)
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"group": self.group, "seq": self.seq, "op": self.op, "shapes": list(self.shapes),

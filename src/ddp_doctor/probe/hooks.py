@@ -453,30 +453,12 @@ def _register_stack_dump(kind: str) -> None:
         pass
 
 
-_steps_ddp: "weakref.WeakKeyDictionary[object, bool]" = weakref.WeakKeyDictionary()
-
-
-def _trains_ddp(opt) -> bool:
-    """Does this optimizer step a DDP model's parameters (a training step)?  A rank-local optimizer (a linear
-    probe, an EMA, a discriminator trained on one rank) is not; without a DDP model (FSDP, plain collectives)
-    every optimizer step counts.  Decided at its first step with a DDP model on record."""
-    models = [m for _rd, ref in REC.ddps if (m := ref()) is not None]
-    if not models:
-        return True
-    known = _steps_ddp.get(opt)
-    if known is None:
-        ours = {id(p) for m in models for p in m.parameters()}
-        known = any(id(p) in ours for g in opt.param_groups for p in g["params"])
-        _steps_ddp[opt] = known
-    return known
-
-
 def _patch_optimizer() -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     def _post(opt, args, kwargs):
         try:
-            if _trains_ddp(opt):
+            if REC.trains_ddp(opt):
                 REC.train_thread = threading.get_ident()
                 REC.step()
         except Exception:

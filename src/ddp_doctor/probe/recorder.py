@@ -145,6 +145,7 @@ class Recorder:
         self.in_data_wait: tuple[LoaderRec, float] | None = None
         # (record, weak reference to the DDP module): the model is the user's to free
         self.ddps: deque[tuple[dict[str, Any], Any]] = deque(maxlen=_OBJECTS)
+        self.ddp_optimizers: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()  # trains_ddp
         self.pending_grad_sync: Any = None  # the group of the gradient sync the last DDP forward prepared
         self.pending_sync_site = -1
         self.sync_forwards = 0    # DDP forwards that prepared a gradient sync (grad mode, sync not disabled)
@@ -267,6 +268,20 @@ class Recorder:
             self.version += 1
         self.pending_grad_sync = group
         self.pending_sync_site = site_idx
+
+    def trains_ddp(self, opt) -> bool:
+        """Does this optimizer step a DDP model's parameters (a training step)?  A rank-local optimizer (a
+        linear probe, an EMA, a discriminator trained on one rank) is not; without a DDP model (FSDP, plain
+        collectives) every optimizer step counts.  Decided at its first step with a DDP model on record."""
+        models = [m for _rd, ref in self.ddps if (m := ref()) is not None]
+        if not models:
+            return True
+        known = self.ddp_optimizers.get(opt)
+        if known is None:
+            ours = {id(p) for m in models for p in m.parameters()}
+            known = any(id(p) in ours for g in opt.param_groups for p in g["params"])
+            self.ddp_optimizers[opt] = known
+        return known
 
     def step(self) -> None:
         t = time.monotonic()
