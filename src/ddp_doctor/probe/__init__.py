@@ -23,6 +23,8 @@ from typing import Callable
 from ddp_doctor.probe.recorder import Recorder
 
 _active: "Probe | None" = None
+# a failing rank under another launcher waits this long for rank 0's watcher to write the report and stop the job
+EMBEDDED_REPORT_WAIT_S = 20.0
 # rank 0 under another launcher: (store address, world size) -> run after the rank finished, or None
 HostWatcher = Callable[[str, int], "Callable[[], None] | None"]
 
@@ -139,7 +141,9 @@ class Probe:
             if self.publisher is not None:
                 self.rec.flush = None
                 self.publisher.stop()
-                self.publisher.final(wait_ack=3.0 if exc is not None else 0.0)
+                embedded = os.environ.get("DDP_DOCTOR_STORE_EMBEDDED") == "1"
+                self.publisher.final(wait_ack=3.0 if exc is not None else 0.0,
+                                     wait_stop=EMBEDDED_REPORT_WAIT_S if exc is not None and embedded else 0.0)
         except Exception:
             pass
         for fn in self.after_finish:

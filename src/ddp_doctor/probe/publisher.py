@@ -345,8 +345,10 @@ class Publisher(threading.Thread):
             self.wake.wait(INTERVAL)
             self.wake.clear()
 
-    def final(self, wait_ack: float = 0.0) -> None:
-        """Post the final state; optionally wait (<= wait_ack s) for the watcher to have taken the others' stacks.
+    def final(self, wait_ack: float = 0.0, wait_stop: float = 0.0) -> None:
+        """Post the final state; optionally wait (<= wait_ack s) for the watcher to have taken the others' stacks,
+        and (<= wait_stop s) for its stop: under another launcher the watcher lives in rank 0, and a launcher
+        that ends the job as soon as this rank's error reaches it (Ray Train) would take the report with it.
 
         Never blocks on the side channel: each call has a deadline, and a channel that is behind
         (a call still stuck on an unanswering store) drops the post at once.  So the publisher's own
@@ -362,12 +364,15 @@ class Publisher(threading.Thread):
             if self._refused() != refused:  # a forged stop refused just now: the final state must count it
                 self.publish(final=True)
             if stopping:
-                wait_ack = 0.0  # the watcher has already decided; nobody will ack
+                wait_ack = wait_stop = 0.0  # the watcher has already decided; nobody will ack
             if wait_ack > 0:
                 end = time.monotonic() + wait_ack
                 while time.monotonic() < end:
                     if self.store.add(side.ack_key(ATTEMPT, self.rec.rank), 0, deadline=end - time.monotonic()) > 0:
                         break
                     time.sleep(0.05)
+            end = time.monotonic() + wait_stop
+            while time.monotonic() < end and not self.store.check([side.STOP]):
+                time.sleep(0.1)
         except Exception:
             pass
