@@ -12,7 +12,7 @@ import pytest
 
 from conftest import SCRIPTS, alive, poll, ranks_of, start_run
 
-pytestmark = pytest.mark.scenario  # real multi-rank jobs: the full tier (make test), not test-fast
+pytestmark = [pytest.mark.scenario, pytest.mark.timing]  # real jobs signalled mid-run: alone, in the full tier
 
 
 @pytest.mark.parametrize("sig,group,code", [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 143),

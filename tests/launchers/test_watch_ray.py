@@ -8,7 +8,7 @@ import sys
 import pytest
 from launch_helpers import HERE, expect, rank_env, wait_report
 
-pytestmark = [pytest.mark.scenario, pytest.mark.ray]
+pytestmark = [pytest.mark.scenario, pytest.mark.ray, pytest.mark.timing]  # Ray's start-up and teardown race a loaded box
 RAY = HERE / "scripts" / "ray_watch.py"
 
 

@@ -21,7 +21,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 from ddp_doctor.report import REPORT_JSON_SCHEMA  # noqa: E402
 
-pytestmark = [pytest.mark.scenario, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.scenario, pytest.mark.timing, pytest.mark.timeout(900)]  # restarts and teardown races: alone
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = HERE / "scripts"
