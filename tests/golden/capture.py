@@ -4,7 +4,7 @@
 
 Each scenario of tests/scenarios runs under ``ddp-doctor run`` with ``DDP_DOCTOR_EVIDENCE_OUT``; what the
 diagnosis saw (evidence, live verdict, exit statuses) is saved as captures/NAME.json, with this checkout's
-path replaced by ``<root>`` so the files do not depend on where they were made.  Then
+path replaced by ``/checkout`` (the golden test puts its own back) so the files do not depend on where they were made.  Then
 ``pytest tests/golden --update-golden`` rewrites the expected texts, to be reviewed like code.
 """
 from __future__ import annotations

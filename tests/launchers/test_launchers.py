@@ -14,7 +14,7 @@ from launch_helpers import ROOT, Procs, rank_env, line_of, free_port
 
 pytestmark = pytest.mark.scenario
 HERE = Path(__file__).resolve().parent
-RUN_BARRIER = ROOT / "tests" / "run" / "scripts" / "barrier_rank0.py"  # rank 0 barrier at line 20
+RUN_BARRIER = ROOT / "tests" / "run" / "scripts" / "barrier_rank0.py"  # rank 0 barrier under `if rank == 0` (line 19)
 ATTACH_BARRIER = ROOT / "tests" / "attach" / "scripts" / "barrier_rank0.py"
 LIGHTNING = HERE / "scripts" / "lightning_barrier.py"
 ACCELERATE = HERE / "scripts" / "accelerate_barrier.py"
@@ -57,7 +57,7 @@ def test_srun_style_probe_activation(procs, tmp_path):
     ps = _srun_style(procs, RUN_BARRIER, ["-m", "ddp_doctor.probe"], DDP_DOCTOR_REPORT=str(report))
     codes = procs.wait_all()
     assert all(c != 0 for c in codes), procs.text()[-3000:]  # the probes ended the hung ranks
-    _ddp201(_probe_report(report), RUN_BARRIER, "dist.barrier()")
+    _ddp201(_probe_report(report), RUN_BARRIER, "expect: DDP201")
     assert ps
 
 
@@ -104,7 +104,7 @@ def test_lightning_under_torchrun_probe(procs, tmp_path):
     rep = _probe_report(report)
     f = next(f for f in rep["findings"] if f["severity"] == "error")
     assert f["code"] in ("DDP201", "DDP203") and 0 in f["ranks"], rep["findings"]
-    assert f["location"]["line"] == line_of(LIGHTNING, "dist.barrier()")
+    assert f["location"]["line"] == line_of(LIGHTNING, "expect: DDP201")
 
 
 def _accelerate(procs: Procs, extra: list[str], **env) -> subprocess.Popen:
@@ -118,7 +118,7 @@ def test_accelerate_launch_probe(procs, tmp_path):
     report = tmp_path / "r.json"
     _accelerate(procs, ["-m", "ddp_doctor.probe"], DDP_DOCTOR_REPORT=str(report))
     assert procs.wait_all(timeout=180) != [0], procs.text()[-3000:]
-    _ddp201(_probe_report(report), ACCELERATE, "wait_for_everyone()")
+    _ddp201(_probe_report(report), ACCELERATE, "expect: DDP201")
 
 
 def test_accelerate_launch_attach(procs, tmp_path):
@@ -135,4 +135,4 @@ def test_accelerate_script_under_ddp_doctor_run(procs, tmp_path):
     procs.start([sys.executable, "-m", "ddp_doctor", "run", "--report", str(report), "--nproc-per-node", "2",
                  "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(ACCELERATE)], rank_env(), cwd=ACCELERATE.parent)
     assert procs.wait_all(timeout=180) == [1], procs.text()[-3000:]
-    _ddp201(_probe_report(report), ACCELERATE, "wait_for_everyone()")
+    _ddp201(_probe_report(report), ACCELERATE, "expect: DDP201")

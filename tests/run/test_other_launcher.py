@@ -38,7 +38,7 @@ def test_plain_torchrun_with_probe_module(tmp_path):
     rep = json.loads(report.read_text())
     assert rep["verdict"] == "hang"
     f = next(f for f in rep["findings"] if f["code"] == "DDP201")
-    assert f["ranks"] == [0] and f["location"]["line"] == 20
+    assert f["ranks"] == [0] and f["location"]["line"] == 19  # `if step == 10 and rank == 0:`
     import psutil
 
     def mine(q: psutil.Process) -> bool:

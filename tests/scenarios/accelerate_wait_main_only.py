@@ -34,9 +34,9 @@ def main():
             opt.zero_grad()
             accelerator.backward(nn.functional.cross_entropy(model(xb), yb))
             opt.step()
-        if accelerator.is_main_process:
+        if accelerator.is_main_process:  # expect: DDP201
             torch.save(accelerator.unwrap_model(model).state_dict(), path)
-            accelerator.wait_for_everyone()  # expect: DDP201
+            accelerator.wait_for_everyone()
         print(f"process {accelerator.process_index} epoch {epoch} done", flush=True)
 
 

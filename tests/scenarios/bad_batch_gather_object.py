@@ -39,9 +39,9 @@ def main():
             opt.zero_grad()
             losses = loss_fn(model(torch.nan_to_num(xb)), yb)
             bad = ib[~torch.isfinite(xb).all(dim=1)].tolist()
-            if bad:
+            if bad:  # expect: DDP201
                 reports = [None] * world
-                dist.all_gather_object(reports, (rank, bad))  # expect: DDP201
+                dist.all_gather_object(reports, (rank, bad))
                 if rank == 0:
                     print(f"bad samples: {reports}", flush=True)
             keep = torch.isfinite(xb).all(dim=1)

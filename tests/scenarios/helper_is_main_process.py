@@ -22,7 +22,7 @@ def is_main_process():
 
 def save_checkpoint(model, epoch, path):
     torch.save({"model": model.module.state_dict(), "epoch": epoch}, path)
-    dist.barrier()  # expect: DDP201
+    dist.barrier()
 
 
 def main():
@@ -47,7 +47,7 @@ def main():
             loss = loss_fn(model(xb), yb)
             loss.backward()
             opt.step()
-        if is_main_process():
+        if is_main_process():  # expect: DDP201
             save_checkpoint(model, epoch, ckpt)
             print(f"epoch {epoch} saved, loss {loss.item():.4f}", flush=True)
 

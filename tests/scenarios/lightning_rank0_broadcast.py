@@ -29,9 +29,9 @@ class Classifier(L.LightningModule):
         return F.cross_entropy(self.net(x), y)
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
-        if self.trainer.is_global_zero and batch_idx % 4 == 3:
+        if self.trainer.is_global_zero and batch_idx % 4 == 3:  # expect: DDP201
             proposal = 0.1 if outputs["loss"].item() > 0.5 else 0.05
-            self.lr = self.trainer.strategy.broadcast(proposal, src=0)  # expect: DDP201
+            self.lr = self.trainer.strategy.broadcast(proposal, src=0)
             for group in self.trainer.optimizers[0].param_groups:
                 group["lr"] = self.lr
 

@@ -38,10 +38,10 @@ class ExportWeights(Callback):
     def __init__(self, path):
         self.path = path
 
-    @rank_zero_only
+    @rank_zero_only  # expect: DDP201
     def on_train_epoch_end(self, trainer, pl_module):
         torch.save(pl_module.state_dict(), self.path)
-        trainer.strategy.barrier()  # expect: DDP201
+        trainer.strategy.barrier()
 
 
 def main():

@@ -24,8 +24,8 @@ def main():
     eval_ranks = [0]
 
     eval_group = None
-    if rank in eval_ranks:
-        eval_group = dist.new_group(eval_ranks, timeout=timeout)  # expect: DDP201
+    if rank in eval_ranks:  # expect: DDP201
+        eval_group = dist.new_group(eval_ranks, timeout=timeout)
     log_group = dist.new_group(list(range(world)), timeout=timeout)
 
     model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2)))

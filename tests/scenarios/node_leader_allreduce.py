@@ -43,9 +43,9 @@ def main():
             loss = loss_fn(model(xb), yb)
             loss.backward()
             opt.step()
-            if local_rank == 0 and step % 4 == 3:
+            if local_rank == 0 and step % 4 == 3:  # expect: DDP201
                 node_loss = loss.detach().reshape(1)
-                dist.all_reduce(node_loss, group=node_group)  # expect: DDP201
+                dist.all_reduce(node_loss, group=node_group)
                 print(f"node {rank // PER_NODE} epoch {epoch} step {step} loss {node_loss.item() / PER_NODE:.4f}",
                       flush=True)
 

@@ -16,11 +16,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def resume_epoch(ckpt):
-    if ckpt.exists():
+    if ckpt.exists():  # expect: DDP203
         epoch = torch.tensor([torch.load(ckpt)["epoch"] + 1])
-        dist.broadcast(epoch, src=0)  # expect: DDP203
+        dist.broadcast(epoch, src=0)
         return int(epoch.item())
-    dist.barrier()  # expect: DDP203
+    dist.barrier()
     return 0
 
 

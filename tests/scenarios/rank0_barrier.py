@@ -23,10 +23,10 @@ def main():
     torch.manual_seed(0)
     vocab_path = os.path.join(tempfile.gettempdir(), f"vocab-{os.environ.get('TORCHELASTIC_RUN_ID', 'x')}.json")
 
-    if rank == 0:
+    if rank == 0:  # expect: DDP201
         with open(vocab_path, "w") as f:
             json.dump({str(i): i for i in range(100)}, f)
-        dist.barrier()  # expect: DDP201
+        dist.barrier()
 
     model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -20,10 +20,10 @@ from torch.utils.data import DataLoader, TensorDataset
 def prepare_data(cache):
     """Download + preprocess once (rank 0), the others should wait for it."""
     if dist.get_rank() != 0:
-        return
+        return  # expect: DDP201
     x = torch.randn(128, 16)
     torch.save({"x": x, "y": (x[:, 0] > 0).long()}, cache)
-    dist.barrier()  # expect: DDP201
+    dist.barrier()
 
 
 def main():

@@ -10,7 +10,7 @@ errors in the user's words), ``hang`` (DDP205 and the hang dispatch), ``groups``
 """
 from __future__ import annotations
 
-from ddp_doctor.diagnose import collectives, exits, groups, hang, steps
+from ddp_doctor.diagnose import collectives, exits, groups, hang, provenance, steps
 from ddp_doctor.evidence import ExitStatus, JobEvidence, Verdict, missing_rank
 from ddp_doctor.findings import Finding
 
@@ -63,6 +63,7 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
     # and optimizer steps, and a correct job has them -- DDP's Join, a rank-local optimizer; docs/verdicts.md)
     if verdict != "ok" and not any(f.code == "DDP202" for f in findings):
         findings = collectives.diagnose_ddp_subset(evidence) + findings
+    findings = provenance.with_decisions(findings, dict(evidence.ranks))  # why: where the ranks parted
     findings += steps.diagnose_sampler(evidence)
     findings += groups.diagnose_groups(evidence)  # a warning whatever the verdict: it never stops a job
     if verdict == "ok":

@@ -25,14 +25,14 @@ from ddp_doctor.evidence.rank import PERF_KEYS, RankState, missing_rank
 from ddp_doctor.evidence.records import (GROUP_CREATION, SCHEMA, Activity, Collective, DataWait, DdpModel, DdpParam,
                                          ExitStatus, GroupInit, LoaderState, RaisedError, Refused, SamplerState, Site,
                                          SiteCount,
-                                         SkippedSync, ThreadStack, TimelineEvent, Timing, WorkerExit, WorkerStack,
+                                         SkippedSync, ThreadStack, FrameValues, TimelineEvent, Timing, WorkerExit, WorkerStack,
                                          stacks_from_json, stacks_to_json)
 from ddp_doctor.evidence.summary import (Control, Deadline, Digests, Finished, NodeDetail, NodeSummary, Outside, Pull,
                                          Waiting, rank_runs)
 
 __all__ = ["GROUP_CREATION", "SCHEMA", "PERF_KEYS", "EVIDENCE_OUT_ENV", "Activity", "Site", "Collective", "ExitStatus",
            "RaisedError", "DataWait", "SamplerState", "LoaderState", "DdpModel", "DdpParam", "GroupInit", "Timing",
-           "TimelineEvent", "ThreadStack", "WorkerExit", "WorkerStack", "SkippedSync",
+           "TimelineEvent", "ThreadStack", "FrameValues", "WorkerExit", "WorkerStack", "SkippedSync",
            "SiteCount", "Refused", "RankState", "missing_rank", "LintMark", "JobEvidence", "Suspicion", "Verdict", "Capture", "to_wire",
            "NodeLoss", "NodeSummary", "Waiting", "Outside", "Finished", "Deadline", "Digests", "Control", "Pull",
            "NodeDetail", "rank_runs",

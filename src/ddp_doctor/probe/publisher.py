@@ -17,7 +17,7 @@ from ddp_doctor import store as side
 from ddp_doctor import frames as kinds
 from ddp_doctor.evidence import (Collective, DataWait, DdpModel, GroupInit, LoaderState, RankState, Refused, SamplerState,
                                  Site, SiteCount, SkippedSync, ThreadStack, TimelineEvent, Timing, stacks_to_json)
-from ddp_doctor.probe import activity, stackdump
+from ddp_doctor.probe import activity, frame_values, stackdump
 from ddp_doctor.probe.groups import note_group
 from ddp_doctor.probe.recorder import Recorder
 
@@ -194,15 +194,18 @@ def _group(rec: Recorder) -> GroupInit | None:
 
 
 def thread_stacks(rec: Recorder) -> list[ThreadStack]:
-    """Every thread's Python stack, main thread first (taken from this background thread: no signal needed)."""
+    """Every thread's Python stack, main thread first (taken from this background thread: no signal needed),
+    and the plain values of the main thread's user frames (only a stack request asks: ``frame_values``)."""
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
     out = []
     for ident, text in _dumper.dump().items():
         if ident == me:
             continue
-        out.append(ThreadStack(names.get(ident, str(ident)), ident == rec.main_thread_id,
-                               tuple(Site(*f) for f in stackdump.frames(text) if not kinds.is_tooling(f[0]))))
+        main = ident == rec.main_thread_id
+        out.append(ThreadStack(names.get(ident, str(ident)), main,
+                               tuple(Site(*f) for f in stackdump.frames(text) if not kinds.is_tooling(f[0])),
+                               frame_values.user_frame_values(ident) if main else ()))
     out.sort(key=lambda t: not t.main)
     return out
 

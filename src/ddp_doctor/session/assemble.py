@@ -229,12 +229,11 @@ def confirm_lint(runtime: list[dict[str, Any]], lint: list[dict[str, Any]]) -> N
     error; a DDP403 seen happen stays advice) and both say so (report/v1 finding dicts, changed in place)."""
     grave = {"error": 0, "warning": 1, "info": 2}
     for rf in runtime:
-        loc = rf.get("location")
-        if not loc:
-            continue
+        # the decision's line, and the line where the divergence showed (lint flags the collective)
+        locs = [x for x in (rf.get("location"), rf["evidence"].get("showed_at")) if x]
         for lf in lint:
             ll = lf.get("location") or {}
-            if same_line(ll.get("path"), ll.get("line"), loc["path"], loc.get("line")) \
+            if any(same_line(ll.get("path"), ll.get("line"), loc["path"], loc.get("line")) for loc in locs) \
                     and same_hazard(lf["code"], rf["code"]):
                 if grave.get(rf["severity"], 2) < grave.get(lf["severity"], 2):
                     lf["severity"] = rf["severity"]

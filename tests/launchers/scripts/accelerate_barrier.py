@@ -15,8 +15,8 @@ def main():
         opt.step()
         if step == 5:
             print(f"rank {accelerator.process_index} at step 5", flush=True)
-        if step == 5 and accelerator.is_main_process:
-            accelerator.wait_for_everyone()  # expect: DDP201 rank 0
+        if step == 5 and accelerator.is_main_process:  # expect: DDP201 rank 0
+            accelerator.wait_for_everyone()
 
 
 if __name__ == "__main__":

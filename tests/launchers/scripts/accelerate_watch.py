@@ -21,8 +21,8 @@ def train(mode):
         opt.zero_grad()
         accelerator.backward(torch.nn.functional.cross_entropy(model(x), y))
         opt.step()
-        if step == 5 and mode == "barrier" and accelerator.is_main_process:
-            accelerator.wait_for_everyone()  # expect: barrier
+        if step == 5 and mode == "barrier" and accelerator.is_main_process:  # expect: barrier
+            accelerator.wait_for_everyone()
         if step == 5 and mode == "raise" and accelerator.process_index == 1:
             raise RuntimeError("rank 1 fails")  # expect: raise
 

@@ -38,8 +38,8 @@ def main():
     trainer = Trainer(model=BertForSequenceClassification(config), args=args, train_dataset=Data(),
                       eval_dataset=Data(), callbacks=[RaiseOnRank1()])
     trainer.train()
-    if MODE == "eval_main_only" and trainer.is_world_process_zero():
-        trainer.evaluate()  # expect: main_only
+    if MODE == "eval_main_only" and trainer.is_world_process_zero():  # expect: main_only
+        trainer.evaluate()
 
 
 if __name__ == "__main__":

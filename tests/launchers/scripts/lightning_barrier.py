@@ -19,8 +19,8 @@ class Model(L.LightningModule):
     def on_train_batch_end(self, outputs, batch, batch_idx):
         if batch_idx == 5:
             print(f"rank {self.global_rank} at batch 5", flush=True)
-        if batch_idx == 5 and self.global_rank == 0:
-            dist.barrier()  # expect: DDP201 rank 0
+        if batch_idx == 5 and self.global_rank == 0:  # expect: DDP201 rank 0
+            dist.barrier()
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)

@@ -28,8 +28,8 @@ class Model(L.LightningModule):
         return torch.nn.functional.cross_entropy(self.net(x), y)
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
-        if batch_idx == 5 and MODE == "barrier" and self.global_rank == 0:
-            dist.barrier()  # expect: barrier
+        if batch_idx == 5 and MODE == "barrier" and self.global_rank == 0:  # expect: barrier
+            dist.barrier()
         if batch_idx == 5 and MODE == "raise" and self.global_rank == 1:
             raise RuntimeError("rank 1 fails")  # expect: raise
 

@@ -20,8 +20,8 @@ def train(config):
         opt.zero_grad()
         model(torch.randn(4, 8)).sum().backward()
         opt.step()
-        if step == 5 and config["mode"] == "barrier" and rank == 0:
-            dist.barrier()  # expect: barrier
+        if step == 5 and config["mode"] == "barrier" and rank == 0:  # expect: barrier
+            dist.barrier()
         if step == 5 and config["mode"] == "raise" and rank == 1:
             raise RuntimeError("rank 1 fails")  # expect: raise
 

@@ -34,8 +34,8 @@ def main():
         opt.step()
         if step == 5:
             print(f"rank {rank} at step 5", flush=True)
-        if step == 5 and MODE == "barrier" and rank == 0:
-            dist.barrier()  # expect: barrier
+        if step == 5 and MODE == "barrier" and rank == 0:  # expect: barrier
+            dist.barrier()
         if step == 5 and MODE == "raise" and rank == 1:
             raise RuntimeError("rank 1 fails")  # expect: raise
     dist.destroy_process_group()

@@ -29,8 +29,8 @@ def main():
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if extra and step == 10 and rank == 0:
-            dist.all_reduce(torch.ones(4, device=dev))  # expect: DDP201
+        if extra and step == 10 and rank == 0:  # expect: DDP201
+            dist.all_reduce(torch.ones(4, device=dev))
     t = torch.full((4,), float(rank + 1), device=dev)
     dist.all_reduce(t)
     assert t.tolist() == [3.0] * 4, t

@@ -12,8 +12,8 @@ def main():
     rank = dist.get_rank()
     model = DDP(nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    if rank == 0:
-        dist.barrier()  # expect: DDP201
+    if rank == 0:  # expect: DDP201
+        dist.barrier()
     for step in range(200):
         loss = model(torch.randn(4, 8)).pow(2).mean()
         opt.zero_grad()

@@ -16,8 +16,8 @@ def main():
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if step == 10 and rank == 0:
-            dist.barrier()  # expect: DDP201
+        if step == 10 and rank == 0:  # expect: DDP201
+            dist.barrier()
     dist.destroy_process_group()
 
 

@@ -15,8 +15,8 @@ def main():
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     model = DDP(nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    if attempt > 0 and rank == 0:
-        dist.barrier()  # expect: DDP201
+    if attempt > 0 and rank == 0:  # expect: DDP201
+        dist.barrier()
     for step in range(200):
         if step == 5 and rank == 1 and attempt == 0:
             raise RuntimeError("transient failure")  # expect: DDP204 (attempt 0)

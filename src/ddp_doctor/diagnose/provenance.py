@@ -1,0 +1,460 @@
+"""Where the ranks parted: the decision a step-family finding is about (the branch, the ``break``, the early
+``return``), which way each rank went there, the values its condition read on each rank, and why they vary.
+
+Walks each rank's user stack from the outermost frame to the last frame the ranks share; in that frame's
+function (the source, parsed with ``ast``) the branch whose arms hold the ranks' lines, or the loop one rank
+left, is the decision.  A rank inside a helper the others already left points at the helper's early exit.
+Values come from the ranks' own frames (``FrameValues``, read by the probe when the stacks were asked for);
+nothing is executed.  Reads the user's source files (the one I/O of the diagnosis).
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import os
+import re
+from dataclasses import dataclass
+
+from ddp_doctor.evidence import FrameValues, RankState, Site
+from ddp_doctor.findings import Finding, Location
+from ddp_doctor.frames import is_user
+from ddp_doctor.lint.model import ModuleModel
+
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+RANK_WORDS = re.compile(r"rank|is_main|main_process|is_master|global_zero|local_zero|is_leader|is_zero", re.I)
+_CLOCK_WORDS = re.compile(r"time|clock|elapsed|deadline|budget|seconds", re.I)
+_NAN_WORDS = re.compile(r"isnan|isfinite|isinf|\bnan\b|\binf\b", re.I)
+_EMPTY_WORDS = re.compile(r"\bis None\b|\bis not None\b|\blen\(|numel\(|\bempty\b|\bnot \w+$", re.I)
+_FILE_WORDS = re.compile(r"exists\(|isfile\(|isdir\(|os\.path|glob\(|listdir\(", re.I)
+_EMPTY = ("None", "list of 0", "tuple of 0", "dict of 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The decision the ranks parted at, as a finding tells it."""
+    site: Site                                   # the `if` of a branch; the `break`/`continue`/`return` of an exit
+    kind: str                                    # "if" (a branch) | "return" | "break" | "continue" | "raise"
+    condition: str                               # the test's source ("rank == 0", "val_loss < best")
+    ways: tuple[tuple[int, str], ...]            # (rank, which way it went)
+    values: tuple[tuple[int, tuple[tuple[str, str], ...]], ...] = ()  # (rank, the test's names and values)
+    why: str = ""
+
+    def text(self) -> str:
+        """"The ranks parted at `if val_loss < best:` (train.py:57): rank 0 went into it, ...; values ..."."""
+        what = {"if": f"`if {self.condition}:`", "decorator": f"`@{self.condition}`"}.get(
+            self.kind, f"`{self.kind}` under `if {self.condition}:`")
+        by_way: dict[str, list[int]] = {}
+        for r, w in self.ways:
+            by_way.setdefault(w, []).append(r)
+        ways = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} {w}" for w, rs in by_way.items())
+        out = f"The ranks parted at {what} ({os.path.basename(self.site.path)}:{self.site.line}): {ways}."
+        if self.values:
+            vals = "; ".join(f"rank {r}: " + ", ".join(f"{k}={v}" for k, v in kv) for r, kv in self.values)
+            out += f" Values there when the job was diagnosed: {vals}."
+        return out + (f" {self.why}" if self.why else "")
+
+    def to_json(self) -> dict:
+        return {"site": self.site.to_json(), "kind": self.kind, "condition": self.condition,
+                "ways": {str(r): w for r, w in self.ways},
+                "values": {str(r): dict(kv) for r, kv in self.values}, "why": self.why}
+
+
+# -- sources -----------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=64)
+def _parsed(path: str) -> tuple[ast.Module, tuple[str, ...]] | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+        return ast.parse(text), tuple(text.splitlines())
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+@functools.lru_cache(maxsize=64)
+def _model(path: str):
+    """lint's model of the file (its rank dependence: ``rank == 0`` varies, ``local_rank != -1`` does not)."""
+    parsed = _parsed(path)
+    try:
+        return ModuleModel(parsed[0], path, "\n".join(parsed[1])) if parsed else None
+    except Exception:  # noqa: BLE001 - a model that cannot be built: the names decide
+        return None
+
+
+def reads_rank(path: str, fn: ast.AST, test: ast.expr) -> bool:
+    """Does the test's truth differ between ranks because it reads the rank (per lint's evaluation)?"""
+    model = _model(path)
+    scope = model.scopes.get(fn) if model is not None else None
+    if scope is None:
+        return any(RANK_WORDS.search(x) for x in _names(test))
+    try:
+        return bool(model.varies_by_rank(test, scope))
+    except Exception:  # noqa: BLE001
+        return any(RANK_WORDS.search(x) for x in _names(test))
+
+
+def _function(tree: ast.Module, name: str | None, line: int) -> ast.AST:
+    """The innermost def named ``name`` whose lines hold ``line`` (the module for "<module>")."""
+    best: ast.AST = tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and name in (node.name, None) \
+                and node.lineno <= line <= (node.end_lineno or node.lineno):
+            if best is tree or node.lineno > best.lineno:
+                best = node
+    return best
+
+
+def _own_nodes(fn: ast.AST):
+    """The statements of ``fn`` itself (not of the functions and classes defined inside it)."""
+    stack = list(ast.iter_child_nodes(fn))
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, _DEFS):
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def _within(node: ast.AST, line: int) -> bool:
+    return node.lineno <= line <= (node.end_lineno or node.lineno)
+
+
+def _arm(node: ast.If, line: int) -> str | None:
+    if any(_within(s, line) for s in node.body):
+        return "body"
+    if any(_within(s, line) for s in node.orelse):
+        return "orelse"
+    return "test" if _within(node, line) else None
+
+
+def _src(node: ast.AST, lines: tuple[str, ...]) -> str:
+    text = ast.get_source_segment("\n".join(lines), node) or ast.unparse(node)
+    return " ".join(text.split())[:120]
+
+
+def _keyword(stmt: ast.stmt) -> str:
+    return type(stmt).__name__.lower()
+
+
+def _names(test: ast.AST) -> list[str]:
+    """The names and attribute chains a test reads (``val_loss``, ``self.rank``), in order, once each."""
+    out: list[str] = []
+    for node in ast.walk(test):
+        name = None
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            name = f"{node.value.id}.{node.attr}"
+        elif isinstance(node, ast.Name):
+            name = node.id
+        if name and name not in out:
+            out.append(name)
+    return out
+
+
+def _loop_targets(fn: ast.AST) -> set[str]:
+    """Loop variables (epoch, step, batch): ranks in different iterations differ there without deciding."""
+    out = set()
+    for node in _own_nodes(fn):
+        if isinstance(node, (ast.For, ast.AsyncFor)):
+            out |= {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+    return out
+
+
+# -- the ranks' frames --------------------------------------------------------------------------------
+def _user_stack(st: RankState) -> list[Site]:
+    return [f for f in st.stack if is_user(f.path)]
+
+
+def _frame_values(st: RankState, path: str, function: str | None) -> FrameValues | None:
+    main = next((t for t in st.threads if t.main), None)
+    for fv in main.values if main else ():
+        if os.path.basename(fv.site.path) == os.path.basename(path) and fv.site.function == function:
+            return fv
+    return None
+
+
+def _values(ranks: dict[int, RankState], order: list[int], site: Site, names: list[str]):
+    out = []
+    for r in order:
+        fv = _frame_values(ranks[r], site.path, site.function)
+        if fv is None:
+            continue
+        got = dict(fv.values)
+        kv = tuple((n, got[n]) for n in names if n in got)
+        if kv:
+            out.append((r, kv))
+    return tuple(out)
+
+
+def why_it_varies(condition: str, values, by_rank: bool) -> str:
+    """Why a condition's value differs between ranks, from its text, the values seen, and whether it reads
+    the rank (``by_rank``)."""
+    seen = [v for _r, kv in values for _k, v in kv]
+    if by_rank:
+        return "The condition reads the rank itself: the ranks take different ways by design."
+    if _NAN_WORDS.search(condition) or any("nan" in v or "inf" in v for v in seen):
+        return "It tests for a NaN/inf, which one rank's own batch can produce while the others' do not."
+    if _EMPTY_WORDS.search(condition) or (len(set(seen)) > 1 and any(v in _EMPTY for v in seen)):
+        return "It tests for an empty or missing batch or shard, which only some ranks may get."
+    if _FILE_WORDS.search(condition):
+        return ("It reads the file system, which each rank sees on its own (a file one rank wrote, a node-local "
+                "disk, a race with the rank that writes it).")
+    if _CLOCK_WORDS.search(condition):
+        return "It reads the wall clock, which differs between ranks."
+    if len({kv for _r, kv in values}) > 1:
+        return ("Its values differ between the ranks: they are computed from each rank's own data (a shard-local "
+                "metric or count), so each rank decides differently.")
+    return "It is computed from each rank's own data, so the ranks can decide differently."
+
+
+# -- locating ----------------------------------------------------------------------------------------
+def locate(fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
+    """The decision the ranks ``fault`` parted from the others at, found from where each rank is now."""
+    a = next((r for r in fault if r in ranks and _user_stack(ranks[r])), None)
+    if a is None:
+        return None
+    sa = _user_stack(ranks[a])
+    # another rank not at fault; when every rank is (a mismatch), one that stands somewhere else
+    others = [r for r in sorted(ranks) if r not in fault] or [r for r in sorted(ranks) if r != a]
+    b = next((r for r in others if _user_stack(ranks[r]) and _user_stack(ranks[r]) != sa), None)
+    if b is None:
+        return None
+    sb = _user_stack(ranks[b])
+    i = 0
+    while i < min(len(sa), len(sb)) and sa[i].path == sb[i].path and sa[i].function == sb[i].function:
+        if sa[i].line != sb[i].line:
+            return _parted_in(sa[i].path, sa[i].function, {a: sa[i].line, b: sb[i].line}, a, b, ranks, sa, sb, i)
+        i += 1
+    # the others are not in the functions rank ``a`` is in now (a framework called a hook on one rank only):
+    # a branch on the rank there, the outermost first
+    for frame in sa[i:]:
+        got = rank_branch(frame, [a], ranks)
+        if got is not None:
+            return got
+    return None
+
+
+def rank_branch(frame: Site, inside: list[int], ranks: dict[int, RankState]) -> Decision | None:
+    """The `if` on the rank whose arm holds ``frame``'s line, taken by ranks ``inside`` only (the others are
+    elsewhere or gone): without the others' values only a test that reads the rank itself is the decision."""
+    parsed = _parsed(frame.path)
+    if parsed is None:
+        return None
+    tree, lines = parsed
+    fn = _function(tree, frame.function, frame.line)
+    cands = [n for n in _own_nodes(fn) if isinstance(n, ast.If) and _arm(n, frame.line) in ("body", "orelse")
+             and reads_rank(frame.path, fn, n.test)]
+    if not cands:
+        return _rank_decorator(fn, frame, inside, ranks)
+    node = min(cands, key=lambda n: n.lineno)
+    function = fn.name if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else "<module>"
+    site = Site(frame.path, node.lineno, function)
+    names, cond = _names(node.test), _src(node.test, lines)
+    order = list(inside) + [r for r in sorted(ranks) if r not in inside]
+    way = "went into it" if _arm(node, frame.line) == "body" else "took its `else`"
+    ways = tuple((r, way) for r in inside) + tuple((r, "did not") for r in sorted(ranks) if r not in inside)
+    return Decision(site, "if", cond, ways, _values(ranks, order, site, names), why_it_varies(cond, (), True))
+
+
+def _parted_in(path, function, line, a, b, ranks, sa, sb, depth) -> Decision | None:
+    parsed = _parsed(path)
+    if parsed is None:
+        return None
+    tree, lines = parsed
+    fn = _function(tree, function, line[a])
+    branch = _branch(fn, lines, line, a, b, ranks, path, function)
+    if branch is not None:
+        return branch
+    left = _loop_exit(fn, lines, line, a, b, ranks, path, function)
+    if left is not None:
+        return left
+    # one rank is still inside a helper the other already left: that helper's early exit
+    for inner, outer, other in ((sa, a, b), (sb, b, a)):
+        if len(inner) > depth + 1:
+            got = _early_exit(inner[depth + 1], outer, other, ranks)
+            if got is not None:
+                return got
+    return None
+
+
+def _ranked(cands, path, fn, values_of):
+    """The decision among candidate tests: one that reads the rank, else one whose values differ between
+    the ranks (loop variables aside), else the only candidate; the outermost of equals."""
+    loop_vars = _loop_targets(fn)
+
+    def varying(node):
+        vals = values_of(node)
+        own = [n for n in _names(node.test) if n not in loop_vars]
+        per = [tuple(v for k, v in kv if k in own) for _r, kv in vals]
+        return len(per) > 1 and len(set(per)) > 1
+
+    for pick in (lambda n: reads_rank(path, fn, n.test), varying):
+        hits = [n for n in cands if pick(n)]
+        if hits:
+            return min(hits, key=lambda n: n.lineno)
+    return cands[0] if len(cands) == 1 else None
+
+
+def _branch(fn, lines, line, a, b, ranks, path, function) -> Decision | None:
+    cands = [n for n in _own_nodes(fn) if isinstance(n, ast.If) and _arm(n, line[a]) != _arm(n, line[b])
+             and {_arm(n, line[a]), _arm(n, line[b])} & {"body", "orelse"}]
+    if not cands:
+        return None
+    order = [a, b] + [r for r in sorted(ranks) if r not in (a, b)]
+    site_of = lambda n: Site(path, n.lineno, function)  # noqa: E731
+    node = _ranked(cands, path, fn,
+                   lambda n: _values(ranks, order, site_of(n), _names(n.test)))
+    if node is None:
+        return None
+    way = {"body": "went into it", "orelse": "took its `else`", "test": "was evaluating it",
+           None: "went past it"}
+    ways = []
+    for r in order:  # every rank whose stack holds this function: which arm its line is in
+        at = line.get(r) or next((f.line for f in _user_stack(ranks[r]) if f.path == path and f.function == function),
+                                 None)
+        if at is not None:
+            ways.append((r, way[_arm(node, at)]))
+    names, cond = _names(node.test), _src(node.test, lines)
+    vals = _values(ranks, order, site_of(node), names)
+    return Decision(site_of(node), "if", cond, tuple(ways), vals, why_it_varies(cond, vals, reads_rank(path, fn, node.test)))
+
+
+def _rank_decorator(fn: ast.AST, frame: Site, inside: list[int], ranks) -> Decision | None:
+    """``@rank_zero_only`` (Lightning), ``@on_main_process`` (accelerate): the function runs on some ranks only."""
+    for dec in getattr(fn, "decorator_list", ()):
+        name = ast.unparse(dec.func if isinstance(dec, ast.Call) else dec)
+        if RANK_WORDS.search(name) or re.search(r"main_process|rank_zero|local_main", name):
+            ways = tuple((r, f"ran {frame.function}()") for r in inside) + tuple(
+                (r, "skipped it") for r in sorted(ranks) if r not in inside)
+            return Decision(Site(frame.path, dec.lineno, frame.function), "decorator", name, ways, (),
+                            f"`{name}` runs {frame.function}() on some ranks only, so everything inside it must be "
+                            "rank-local: no collective, no barrier, no DDP forward.")
+    return None
+
+
+def _exits_in(loop: ast.AST):
+    """(exit statement, its innermost enclosing `if`) for the `break`s and `return`s that leave ``loop``."""
+    out = []
+
+    def walk(node, cond, depth):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, _DEFS):
+                continue
+            if isinstance(child, ast.Return) or (isinstance(child, ast.Break) and depth == 0):
+                if cond is not None:
+                    out.append((child, cond))
+            walk(child, child if isinstance(child, ast.If) else cond,
+                 depth + (1 if isinstance(child, _LOOPS) else 0))
+    walk(loop, None, 0)
+    return out
+
+
+def _loop_exit(fn, lines, line, a, b, ranks, path, function) -> Decision | None:
+    """One rank left a loop the other is still in: the loop's rank-varying `break` or `return`."""
+    for left, stayed in ((a, b), (b, a)):
+        loops = [n for n in _own_nodes(fn) if isinstance(n, _LOOPS) and _within(n, line[stayed])
+                 and not _within(n, line[left])]
+        for loop in sorted(loops, key=lambda n: -n.lineno):  # the innermost loop first
+            exits = _exits_in(loop)
+            if not exits:
+                continue
+            order = [left, stayed]
+            node = _ranked([c for _e, c in exits], path, fn,
+                           lambda n: _values(ranks, order, Site(path, n.lineno, function), _names(n.test)))
+            if node is None:
+                continue
+            stmt = next(e for e, c in exits if c is node)
+            names = _names(node.test)
+            vals = _values(ranks, order, Site(path, node.lineno, function), names)
+            verb = "returned" if isinstance(stmt, ast.Return) else "left the loop"
+            ways = ((left, f"{verb} at line {stmt.lineno}"), (stayed, "stayed in the loop"))
+            return Decision(Site(path, stmt.lineno, function), _keyword(stmt), _src(node.test, lines), ways, vals,
+                            why_it_varies(_src(node.test, lines), vals, reads_rank(path, fn, node.test)))
+    return None
+
+
+def _early_exit(frame: Site, inside: int, other: int, ranks) -> Decision | None:
+    """Rank ``inside`` is still in helper ``frame`` that rank ``other`` already left: an early `return`
+    (or `raise`) under an `if` above the helper's current line."""
+    parsed = _parsed(frame.path)
+    if parsed is None:
+        return None
+    tree, lines = parsed
+    fn = _function(tree, frame.function, frame.line)
+    if fn is tree:
+        return None
+    cands = []
+    for node in _own_nodes(fn):
+        if isinstance(node, ast.If) and (node.end_lineno or node.lineno) < frame.line:
+            stmt = next((s for s in node.body + node.orelse if isinstance(s, (ast.Return, ast.Raise))), None)
+            if stmt is not None:
+                cands.append(node)
+    order = [inside, other]
+    node = _ranked(cands, frame.path, fn,
+                   lambda n: _values(ranks, order, Site(frame.path, n.lineno, frame.function), _names(n.test)))
+    if node is None:
+        return None
+    stmt = next(s for s in node.body + node.orelse if isinstance(s, (ast.Return, ast.Raise)))
+    names = _names(node.test)
+    vals = _values(ranks, order, Site(frame.path, node.lineno, frame.function), names)
+    ways = ((other, f"returned early from {frame.function}() at line {stmt.lineno}"),
+            (inside, f"went on in {frame.function}() to line {frame.line}"))
+    return Decision(Site(frame.path, stmt.lineno, frame.function), _keyword(stmt), _src(node.test, lines), ways, vals,
+                    why_it_varies(_src(node.test, lines), vals, reads_rank(frame.path, fn, node.test)))
+
+
+def explain_at(site: Site, fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
+    """The decision at a line found statically (lint's `continue`/`break`/`return`): its condition, and the
+    values its names hold in the ranks still inside that function."""
+    parsed = _parsed(site.path)
+    if parsed is None:
+        return None
+    tree, lines = parsed
+    fn = _function(tree, site.function, site.line)
+    exit_types = (ast.Continue, ast.Break, ast.Return, ast.Raise)
+    for node in _own_nodes(fn):
+        if isinstance(node, ast.If) and any(isinstance(s, exit_types) and s.lineno == site.line
+                                            for s in node.body + node.orelse):
+            function = fn.name if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else "<module>"
+            names = _names(node.test)
+            order = list(fault) + [r for r in sorted(ranks) if r not in fault]
+            vals = _values(ranks, order, Site(site.path, node.lineno, function), names)
+            stmt = next(s for s in node.body + node.orelse if s.lineno == site.line)
+            verb = {ast.Continue: "skipped the rest of a step", ast.Break: "left the loop",
+                    ast.Return: "returned early", ast.Raise: "raised"}[type(stmt)]
+            ways = tuple((r, f"{verb} at line {site.line}") for r in fault)
+            return Decision(Site(site.path, site.line, function), _keyword(stmt), _src(node.test, lines), ways, vals,
+                            why_it_varies(_src(node.test, lines), vals, reads_rank(site.path, fn, node.test)))
+    return None
+
+
+STEP_FAMILY = ("DDP101", "DDP201", "DDP202", "DDP203")
+
+
+def with_decisions(findings: list[Finding], ranks: dict[int, RankState]) -> list[Finding]:
+    """Each step-family finding located at the decision its ranks parted at, when one is found: the line
+    where the divergence showed stays in the message and in ``evidence["showed_at"]``.  A rank that finished
+    while another waits (DDP204, exit 0) counts too: the decision is the waiting rank's branch."""
+    for f in findings:
+        finished = f.code == "DDP204" and f.ranks and all(r in ranks and ranks[r].finished for r in f.ranks)
+        if not f.ranks or not (f.code in STEP_FAMILY or finished):
+            continue
+        d = locate(f.ranks, ranks) if not finished else None
+        at = Site(f.location.path, f.location.line, f.location.function) if f.location else None
+        if d is None and at is not None and not finished:
+            d = explain_at(at, f.ranks, ranks)
+        if d is None and at is not None and f.code != "DDP203":
+            # the others are gone or elsewhere: the rank branch that holds the line the finding shows,
+            # taken by the ranks standing at that line
+            inside = [r for r, st in sorted(ranks.items())
+                      if any(fr.line == at.line and os.path.basename(fr.path) == os.path.basename(at.path)
+                             for fr in _user_stack(st))] or ([] if finished else list(f.ranks))
+            if inside and len(inside) < len(ranks):
+                d = rank_branch(at, inside, ranks)
+        if d is None:
+            continue
+        f.evidence["decision"] = d.to_json()
+        moved = f.location is None or (f.location.path, f.location.line) != (d.site.path, d.site.line)
+        if moved and f.location is not None:
+            f.evidence["showed_at"] = f.location.to_report_dict()
+        f.location = Location(d.site.path, d.site.line, d.site.function)
+        f.message = d.text() + " " + f.message
+    return findings

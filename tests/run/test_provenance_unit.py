@@ -1,0 +1,238 @@
+"""Decision provenance: the probe reads plain values from a live thread's user frames; the diagnosis finds
+the decision the ranks parted at (branch, loop exit, a helper's early return) from each rank's user stack
+and the source, with each rank's way and values."""
+from __future__ import annotations
+
+import textwrap
+import threading
+
+import torch
+
+from ddp_doctor.diagnose import provenance
+from ddp_doctor.evidence import FrameValues, RankState, Site, ThreadStack
+from ddp_doctor.findings import Finding, Location
+from ddp_doctor.probe import frame_values
+
+
+def _script(tmp_path, text: str) -> str:
+    p = tmp_path / "train.py"
+    p.write_text(textwrap.dedent(text).lstrip())
+    return str(p)
+
+
+def _line(path: str, marker: str) -> int:
+    return next(i for i, ln in enumerate(open(path).read().splitlines(), 1) if marker in ln)
+
+
+def _rank(r: int, frames: list[Site], values: dict[str, dict[str, str]] | None = None) -> RankState:
+    """A rank whose main thread stands at ``frames`` (outermost first), its frames holding ``values``
+    ({function: {name: repr}}), as the probe posts them."""
+    fvs = tuple(FrameValues(f, tuple((values or {}).get(f.function, {}).items())) for f in reversed(frames))
+    return RankState(rank=r, stack=tuple(frames), threads=(ThreadStack("MainThread", True, tuple(frames), fvs),))
+
+
+def test_probe_reads_plain_values_of_a_blocked_thread():
+    ready, release = threading.Event(), threading.Event()
+
+    class Trainer:
+        def __init__(self):
+            self.rank, self.name, self._hidden = 1, "x" * 100, 5
+
+    def user_loop():
+        val_loss, best, batch, t = 0.25, float("nan"), [], torch.tensor(3.5)  # noqa: F841 - read by the probe
+        big, trainer = torch.zeros(4, 3), Trainer()  # noqa: F841
+        ready.set()
+        release.wait(10)
+
+    th = threading.Thread(target=user_loop)
+    th.start()
+    try:
+        assert ready.wait(10)
+        got = frame_values.user_frame_values(th.ident)
+    finally:
+        release.set()
+        th.join()
+    frame = next(fv for fv in got if fv.site.function == "user_loop")
+    v = dict(frame.values)
+    assert v["val_loss"] == "0.25" and v["best"] == "nan" and v["batch"] == "list of 0"
+    assert v["t"] == "tensor(3.5)" and v["big"] == "tensor float32 [4, 3] on cpu"
+    assert v["trainer.rank"] == "1" and v["trainer.name"].endswith("...'") and "trainer._hidden" not in v
+    assert not any(k in v for k in ("ready", "release", "Trainer"))  # objects without plain values, classes
+
+
+def test_branch_on_the_rank(tmp_path):
+    path = _script(tmp_path, """
+        def main(rank):
+            for epoch in range(3):
+                train(epoch)
+                if rank == 0:  # decision
+                    dist.barrier()  # rank0
+    """)
+    dec, r0 = _line(path, "# decision"), _line(path, "# rank0")
+    ranks = {0: _rank(0, [Site(path, r0, "main")], {"main": {"rank": "0", "epoch": "1"}}),
+             1: _rank(1, [Site(path, dec - 1, "main")], {"main": {"rank": "1", "epoch": "2"}})}
+    d = provenance.locate([0], ranks)
+    assert d is not None and d.site.line == dec and d.kind == "if" and d.condition == "rank == 0"
+    assert dict(d.ways) == {0: "went into it", 1: "went past it"}
+    assert dict(d.values) == {0: (("rank", "0"),), 1: (("rank", "1"),)}
+    assert "reads the rank" in d.why
+
+
+def test_shard_local_metric_beats_the_loop_counter(tmp_path):
+    """An outer per-epoch `if` holds the rank's line too; it reads only the loop variable (ranks in different
+    epochs differ there without deciding): the metric's `if` is the decision."""
+    path = _script(tmp_path, """
+        def main(model):
+            best = 1.0
+            for epoch in range(10):
+                loss = train(model)
+                if epoch % 2 == 0:
+                    val_loss = evaluate(model)
+                    if val_loss < best:  # decision
+                        dist.broadcast_object_list([val_loss])  # rank0
+    """)
+    dec, r0 = _line(path, "# decision"), _line(path, "# rank0")
+    ranks = {0: _rank(0, [Site(path, r0, "main")], {"main": {"val_loss": "0.31", "best": "1", "epoch": "2"}}),
+             1: _rank(1, [Site(path, r0 - 4, "main")], {"main": {"val_loss": "1.2", "best": "1", "epoch": "3"}})}
+    d = provenance.locate([0], ranks)
+    assert d is not None and d.site.line == dec and d.condition == "val_loss < best"
+    assert "differ between the ranks" in d.why
+    assert "val_loss=0.31, best=1" in d.text() and "val_loss=1.2" in d.text()
+
+
+def test_early_return_in_a_helper(tmp_path):
+    path = _script(tmp_path, """
+        def prepare(cache):
+            if not_first(cache):
+                return None
+            if dist.get_rank() != 0:
+                return None  # decision
+            build(cache)
+            dist.barrier()  # rank0
+
+        def main():
+            prepare("c")
+            model = DDP(net)  # rank1
+    """)
+    dec, r0, r1 = _line(path, "# decision"), _line(path, "# rank0"), _line(path, "# rank1")
+    ranks = {0: _rank(0, [Site(path, r1 - 1, "main"), Site(path, r0, "prepare")]),
+             1: _rank(1, [Site(path, r1, "main")])}
+    d = provenance.locate([0], ranks)
+    assert d is not None and d.site.line == dec and d.kind == "return"
+    assert d.condition == "dist.get_rank() != 0"
+    assert dict(d.ways)[1].startswith("returned early from prepare()")
+
+
+def test_loop_left_by_one_rank(tmp_path):
+    path = _script(tmp_path, """
+        def main():
+            for epoch in range(10):
+                loss = step()  # rank0
+                if bad_epochs > patience:
+                    break  # decision
+            dist.barrier()  # rank1
+    """)
+    dec, r0, r1 = _line(path, "# decision"), _line(path, "# rank0"), _line(path, "# rank1")
+    vals = {0: {"main": {"bad_epochs": "0", "patience": "1"}}, 1: {"main": {"bad_epochs": "2", "patience": "1"}}}
+    ranks = {0: _rank(0, [Site(path, r0, "main")], vals[0]), 1: _rank(1, [Site(path, r1, "main")], vals[1])}
+    d = provenance.locate([1], ranks)
+    assert d is not None and d.site.line == dec and d.kind == "break"
+    assert dict(d.ways) == {1: f"left the loop at line {dec}", 0: "stayed in the loop"}
+
+
+def test_no_decision_when_ranks_stand_at_one_line(tmp_path):
+    path = _script(tmp_path, """
+        def main():
+            dist.all_gather(out, preds)  # both
+    """)
+    at = _line(path, "# both")
+    ranks = {r: _rank(r, [Site(path, at, "main")]) for r in (0, 1)}
+    assert provenance.locate([0, 1], ranks) is None
+
+
+def test_a_lint_located_continue_gets_its_condition_and_values(tmp_path):
+    path = _script(tmp_path, """
+        def main(loader):
+            for batch in loader:
+                if batch is None:
+                    continue  # decision
+                loss = model(batch).sum()
+                loss.backward()
+    """)
+    dec = _line(path, "# decision")
+    ranks = {1: _rank(1, [Site(path, dec + 2, "main")], {"main": {"batch": "None"}}),
+             0: _rank(0, [Site(path, dec + 2, "main")], {"main": {"batch": "tensor float32 [8, 3] on cpu"}})}
+    f = Finding("DDP101", "Rank 1 ran fewer steps.", "fix", location=Location(path, dec, None), ranks=[1])
+    provenance.with_decisions([f], ranks)
+    assert f.location.line == dec and f.evidence["decision"]["kind"] == "continue"
+    assert f.message.startswith("The ranks parted at `continue` under `if batch is None:`")
+    assert "empty or missing batch" in f.evidence["decision"]["why"] and "showed_at" not in f.evidence
+
+
+def test_finding_moves_to_the_decision_and_keeps_where_it_showed(tmp_path):
+    path = _script(tmp_path, """
+        def main(rank):
+            if rank == 0:  # decision
+                dist.barrier()  # rank0
+            model = DDP(net)  # rank1
+    """)
+    dec, r0, r1 = _line(path, "# decision"), _line(path, "# rank0"), _line(path, "# rank1")
+    ranks = {0: _rank(0, [Site(path, r0, "main")]), 1: _rank(1, [Site(path, r1, "main")])}
+    f = Finding("DDP201", "Rank 0 called barrier() alone.", "fix", location=Location(path, r0, "main"), ranks=[0])
+    provenance.with_decisions([f], ranks)
+    assert f.location.line == dec and f.evidence["showed_at"]["line"] == r0
+    assert f.message.endswith("Rank 0 called barrier() alone.")
+
+
+def test_a_hook_run_on_one_rank_names_its_rank_branch_not_a_distributed_check(tmp_path):
+    """Rank 0 is in a hook a framework called (rank 1's user frames are elsewhere): the `if` that reads
+    the rank is the decision; `local_rank != -1` is true on every rank of a distributed job."""
+    path = _script(tmp_path, """
+        class Hook:
+            def on_batch_end(self, args, batch_idx):
+                if args.local_rank != -1:
+                    if batch_idx == 5 and self.global_rank == 0:  # decision
+                        dist.barrier()  # rank0
+
+        def main(trainer):
+            trainer.fit()  # fit
+    """)
+    dec, r0, fit = _line(path, "# decision"), _line(path, "# rank0"), _line(path, "# fit")
+    ranks = {0: _rank(0, [Site(path, fit, "main"), Site(path, r0, "on_batch_end")],
+                      {"on_batch_end": {"batch_idx": "5", "self.global_rank": "0"}}),
+             1: _rank(1, [Site(path, fit, "main"), Site(path, fit + 40, "training_step")])}
+    d = provenance.locate([0], ranks)
+    assert d is not None and d.site.line == dec and d.condition == "batch_idx == 5 and self.global_rank == 0"
+    assert dict(d.ways) == {0: "went into it", 1: "did not"} and "reads the rank" in d.why
+    assert dict(d.values)[0] == (("batch_idx", "5"), ("self.global_rank", "0"))
+
+
+def test_a_rank_finished_while_the_other_went_alone_into_a_rank_branch(tmp_path):
+    """HF Trainer's evaluate() on the main process only: rank 1 finished (no stack), rank 0 waits inside
+    evaluate; the finding about the finished rank is located at the branch rank 0 alone took."""
+    path = _script(tmp_path, """
+        def main(trainer):
+            trainer.train()
+            if trainer.is_world_process_zero():  # decision
+                trainer.evaluate()  # rank0
+    """)
+    dec, r0 = _line(path, "# decision"), _line(path, "# rank0")
+    ranks = {0: _rank(0, [Site(path, r0, "main")]), 1: RankState(rank=1, done=True)}
+    f = Finding("DDP204", "Rank 1 finished while the others still wait.", "fix", location=Location(path, r0, "main"),
+                ranks=[1])
+    provenance.with_decisions([f], ranks)
+    assert f.location.line == dec and f.evidence["showed_at"]["line"] == r0
+    assert f.evidence["decision"]["ways"] == {"0": "went into it", "1": "did not"}
+
+
+def test_a_crash_keeps_its_raise_line(tmp_path):
+    path = _script(tmp_path, """
+        def main(rank):
+            if rank == 1:
+                raise RuntimeError("bad")  # raise
+    """)
+    at = _line(path, "# raise")
+    ranks = {1: RankState(rank=1, stack=(Site(path, at, "main"),)), 0: _rank(0, [Site(path, at - 2, "main")])}
+    f = Finding("DDP204", "Rank 1 failed.", "fix", location=Location(path, at, "main"), ranks=[1])
+    provenance.with_decisions([f], ranks)
+    assert f.location.line == at and "decision" not in f.evidence
