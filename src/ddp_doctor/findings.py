@@ -104,6 +104,11 @@ RUNTIME_FIXES: dict[str, str] = {
         "Compute new_group's arguments identically on every rank (from values all ranks agree on, e.g. "
         "all-gathered first) and call it on every rank, members or not, in the same order; a group that "
         "only its members create takes `new_group(ranks, use_local_synchronization=True)`."),
+    "DDP203.not_member": (
+        "Pass each rank a group it belongs to: new_group() returns a placeholder on the ranks it does not "
+        "contain, and a collective on it is skipped with only a warning. Pick the group by membership (for pairs "
+        "of ranks `groups[rank // 2]`; `dist.new_subgroups()` returns each rank's own), or call "
+        "`dist.get_process_group_ranks(group)` and check the rank is in it before the collective."),
     "DDP204.finished": (
         "Make every rank leave the training loop at the same step (agree on early stops with "
         "`ddp_doctor.fixes.agree(...)`)."),

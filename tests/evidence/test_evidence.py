@@ -34,6 +34,7 @@ def _full_state() -> RankState:
                       Collective("world", 7, "all_gather", ("10x3",), ("float32",), S, epoch=0, step_in_epoch=5,
                                  join=True)),
         site_counts=(SiteCount("all_gather", S, 3), SiteCount("barrier", None, 1)),
+        not_member=(SiteCount("all_reduce", S, 2),),
         timing=Timing(5, 1.0, 1.0, 0.2, 0.1, 0.7), coll_count=9, coll_time_s=0.1,
         loaders=(LoaderState(S, 8, 2, True, False, 2, 32, 1, 5, 0.2, (0.05,), (0.01,), (5,), (5,), (0,),
                              SamplerState("DistributedSampler", 0, True, False, 8, 0, (0, 0)), (77, 78),

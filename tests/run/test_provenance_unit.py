@@ -236,3 +236,36 @@ def test_a_crash_keeps_its_raise_line(tmp_path):
     f = Finding("DDP204", "Rank 1 failed.", "fix", location=Location(path, at, "main"), ranks=[1])
     provenance.with_decisions([f], ranks)
     assert f.location.line == at and "decision" not in f.evidence
+
+
+def test_a_group_not_its_own_is_blamed_where_it_was_chosen(tmp_path):
+    path = _script(tmp_path, """
+        def main(rank):
+            pairs = [new_group([0, 1]), new_group([2, 3])]
+            pair = pairs[rank % 2]  # decision
+            for step in range(10):
+                if step % 4 == 3:
+                    dist.all_reduce(t, group=pair)  # showed
+    """)
+    dec, at = _line(path, "# decision"), _line(path, "# showed")
+    ranks = {r: _rank(r, [Site(path, at - 2, "main")], {"main": {"rank": str(r)}}) for r in range(4)}
+    f = Finding("DDP203", "Ranks 1, 2 passed a group they are not in.", "fix", location=Location(path, at, "main"),
+                ranks=[1, 2], evidence={"not_member": [1, 2]})
+    provenance.with_decisions([f], ranks)
+    assert f.location.line == dec and f.evidence["decision"]["kind"] == "value"
+    assert f.message.startswith("The ranks parted at `pair = pairs[rank % 2]`")
+    assert "ranks 1, 2 got a group without this rank; ranks 0, 3 got a group with this rank" in f.message
+
+
+def test_a_test_of_loop_variables_alone_is_never_the_decision(tmp_path):
+    path = _script(tmp_path, """
+        def main(loader):
+            for step, batch in enumerate(loader):
+                loss = train(batch)  # rank1
+                if step % 4 == 3:
+                    dist.all_reduce(t)  # rank0
+    """)
+    r0, r1 = _line(path, "# rank0"), _line(path, "# rank1")
+    ranks = {0: _rank(0, [Site(path, r0, "main")], {"main": {"step": "3"}}),
+             1: _rank(1, [Site(path, r1, "main")], {"main": {"step": "4"}})}
+    assert provenance.locate([0], ranks) is None

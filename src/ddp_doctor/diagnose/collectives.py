@@ -13,6 +13,7 @@ from ddp_doctor.diagnose.live import group_ranks
 from ddp_doctor.diagnose.steps import uneven_steps
 
 FIX_203_GROUP = runtime_fix("DDP203.group")
+FIX_203_NOT_MEMBER = runtime_fix("DDP203.not_member")
 
 
 def ddp_forward_sites(st: RankState) -> dict[tuple, tuple[Site, int]]:
@@ -118,6 +119,22 @@ def classify_calls(calls: dict[int, Collective | None],
     return "DDP203", minority, site
 
 
+def passed_not_member(calls: dict[int, Collective | None], ranks: dict[int, RankState]) -> list[int]:
+    """Members of a group others wait in that called the same collective at the same line with a group they
+    are not in (torch skipped the call with a warning): they went on while the members wait for them."""
+    world = sorted(ranks)
+    waits = [c for c in calls.values() if c and c.site and not c.op.startswith("ddp.")]
+    out = set()
+    for r, mine in calls.items():
+        st = ranks.get(r)
+        for w in waits if st is not None and st.not_member else ():
+            here = mine is not None and mine.site is not None and mine.site.key() == w.site.key()
+            if not here and r in (group_members(w.group, world) or ()) and any(
+                    sc.op == w.op and sc.site is not None and sc.site.key() == w.site.key() for sc in st.not_member):
+                out.add(r)
+    return sorted(out)
+
+
 def _line_unseen(r: int, c: Collective, calls, lines: dict[int, set], reliable: set[int]) -> bool:
     """No other rank (whose record is reliable) ever issued any collective at ``c``'s line.  The others
     include ranks outside collectives now (None): what they ever ran is still on record."""
@@ -165,6 +182,14 @@ def blame_positions(in_coll: dict[int, Collective], ranks: dict[int, RankState])
         if not absent and len({c.signature() for c in calls.values()}) == 1:
             continue  # every member is in it and they agree
         calls.update({a: in_coll.get(a) for a in absent})
+        passed = passed_not_member(calls, ranks)
+        if passed:  # members that passed a group they are not in at this very line: merged across groups
+            site = next(c.site for c in calls.values() if c and c.site and not c.op.startswith("ddp."))
+            key = ("DDP203", site.key())
+            found.setdefault(key, ["DDP203", [], site, {}, g, s])
+            found[key][1] = sorted(set(found[key][1]) | set(passed))
+            found[key][3].update(calls)
+            continue
         code, fault, site = classify_calls(calls, ranks)
         if code in ("DDP201", "DDP202") and set(fault) <= set(waiters):
             key = (code, site.key() if site else None)
@@ -206,6 +231,15 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
                f"pairs with the others' unrelated collectives; {others_text(ranks, fault)}. {detected_how} "
                f"(collective #{seq} on {group}: {calls_txt}).")
         fix = FIX_202
+    elif code == "DDP203" and set(at_fault) <= set(passed_not_member(calls, ranks)):
+        waiting = "; ".join(f"rank {r} waits in {c.op} on {on_group(c.group)}"
+                            for r, c in sorted(calls.items()) if c and r not in fault and not c.op.startswith("ddp."))
+        op = next(c.op for c in calls.values() if c and not c.op.startswith("ddp."))
+        msg = (f"Rank {rs} called {op}() at {where(site)} with a process group {'it is not a member' if len(fault) == 1 else 'they are not members'} "
+               f"of: torch skips such a call with only a warning, so {'it' if len(fault) == 1 else 'they'} "
+               f"went on while the group's members wait for {'it' if len(fault) == 1 else 'them'} ({waiting}); "
+               f"{others_text(ranks, set(calls) - fault)}. {detected_how}.")
+        fix = FIX_203_NOT_MEMBER
     elif group == GROUP_CREATION:
         msg = (f"At process-group creation #{seq} the ranks disagree: {calls_txt}. Every rank must call "
                "new_group (and new_subgroups / init_device_mesh, which call it) in the same order with the same "
@@ -222,6 +256,8 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
                f"calls by position only, so this hangs, crashes or silently mixes data. {detected_how}.")
         fix = FIX_203
     ev = {"group": group, "seq": seq, "calls": {str(r): c for r, c in calls.items() if c}, **step_evidence(ranks)}
+    if fix is FIX_203_NOT_MEMBER:
+        ev["not_member"] = sorted(fault)
     return Finding(code, msg, fix, location=loc(site), ranks=sorted(fault), evidence=ev)
 
 

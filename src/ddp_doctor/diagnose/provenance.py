@@ -42,7 +42,8 @@ class Decision:
 
     def text(self) -> str:
         """"The ranks parted at `if val_loss < best:` (train.py:57): rank 0 went into it, ...; values ..."."""
-        what = {"if": f"`if {self.condition}:`", "decorator": f"`@{self.condition}`"}.get(
+        what = {"if": f"`if {self.condition}:`", "decorator": f"`@{self.condition}`",
+                "value": f"`{self.condition}`"}.get(
             self.kind, f"`{self.kind}` under `if {self.condition}:`")
         by_way: dict[str, list[int]] = {}
         for r, w in self.ways:
@@ -279,6 +280,8 @@ def _ranked(cands, path, fn, values_of):
     """The decision among candidate tests: one that reads the rank, else one whose values differ between
     the ranks (loop variables aside), else the only candidate; the outermost of equals."""
     loop_vars = _loop_targets(fn)
+    # a test of loop variables alone is the same on every rank in one iteration: never where they parted
+    cands = [n for n in cands if any(x.split(".")[0] not in loop_vars for x in _names(n.test))]
 
     def varying(node):
         vals = values_of(node)
@@ -429,6 +432,33 @@ def explain_at(site: Site, fault: list[int], ranks: dict[int, RankState]) -> Dec
 STEP_FAMILY = ("DDP101", "DDP201", "DDP202", "DDP203")
 
 
+def group_choice(site: Site, fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
+    """The assignment that chose the group variable a collective at ``site`` was passed, when ranks ``fault``
+    got a group they are not members of there (``pair = pairs[rank % 2]``)."""
+    parsed = _parsed(site.path)
+    if parsed is None:
+        return None
+    tree, lines = parsed
+    fn = _function(tree, site.function, site.line)
+    name = next((kw.value.id for node in _own_nodes(fn) if isinstance(node, ast.Call) and node.lineno == site.line
+                 for kw in node.keywords if kw.arg in ("group", "process_group") and isinstance(kw.value, ast.Name)),
+                None)
+    assigns = [n for n in _own_nodes(fn) if isinstance(n, ast.Assign) and n.lineno < site.line
+               and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+    if name is None or not assigns:
+        return None
+    node = max(assigns, key=lambda n: n.lineno)
+    function = fn.name if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else "<module>"
+    at = Site(site.path, node.lineno, function)
+    names = [n for n in _names(node.value) if n != name]
+    order = list(fault) + [r for r in sorted(ranks) if r not in fault]
+    ways = tuple((r, "got a group without this rank") for r in fault) + tuple(
+        (r, "got a group with this rank") for r in sorted(ranks) if r not in fault)
+    return Decision(at, "value", _src(node, lines), ways, _values(ranks, order, at, names),
+                    "The group is picked from a rank-dependent value; on the ranks not in the group it picked, "
+                    "new_group() had returned a placeholder and torch skips the collective.")
+
+
 def with_decisions(findings: list[Finding], ranks: dict[int, RankState]) -> list[Finding]:
     """Each step-family finding located at the decision its ranks parted at, when one is found: the line
     where the divergence showed stays in the message and in ``evidence["showed_at"]``.  A rank that finished
@@ -437,8 +467,11 @@ def with_decisions(findings: list[Finding], ranks: dict[int, RankState]) -> list
         finished = f.code == "DDP204" and f.ranks and all(r in ranks and ranks[r].finished for r in f.ranks)
         if not f.ranks or not (f.code in STEP_FAMILY or finished):
             continue
-        d = locate(f.ranks, ranks) if not finished else None
         at = Site(f.location.path, f.location.line, f.location.function) if f.location else None
+        if f.evidence.get("not_member") and at is not None:
+            d = group_choice(at, f.ranks, ranks)
+        else:
+            d = locate(f.ranks, ranks) if not finished else None
         if d is None and at is not None and not finished:
             d = explain_at(at, f.ranks, ranks)
         if d is None and at is not None and f.code != "DDP203":

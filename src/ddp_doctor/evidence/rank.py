@@ -48,6 +48,7 @@ class RankState:
     seq: Mapping[str, int] = field(default_factory=dict)
     fingerprints: tuple[Collective, ...] = ()
     site_counts: tuple[SiteCount, ...] = ()
+    not_member: tuple[SiteCount, ...] = ()  # calls on a group the rank is not in (no-ops in torch), per line
     timing: Timing | None = None
     coll_count: int = 0
     coll_time_s: float = 0.0
@@ -128,6 +129,8 @@ class RankState:
         d["fingerprints"] = [[c.group, c.seq, c.op, list(c.shapes), list(c.dtypes), idx(c.site), c.epoch,
                               c.step_in_epoch, *((1,) if c.join else ())] for c in self.fingerprints]
         d["site_counts"] = [[sc.op, idx(sc.site), sc.calls] for sc in self.site_counts]
+        if self.not_member:
+            d["not_member"] = [[sc.op, idx(sc.site), sc.calls] for sc in self.not_member]
         d["sites"] = [[s.path, s.line, s.function] for s in sites]
         d["collectives"] = {"count": self.coll_count, "time_s": self.coll_time_s}
         d["sites_seen"] = [[op, list(k) if k else None] for op, k in sorted(self.sites_seen, key=str)]
@@ -162,6 +165,7 @@ class RankState:
             fingerprints=tuple(Collective(g, s, op, tuple(sh), tuple(dt), at(si), None, None, ep, st, bool(j and j[0]))
                                for g, s, op, sh, dt, si, ep, st, *j in d.get("fingerprints") or ()),
             site_counts=tuple(SiteCount(op, at(si), n) for op, si, n in d.get("site_counts") or ()),
+            not_member=tuple(SiteCount(op, at(si), n) for op, si, n in d.get("not_member") or ()),
             timing=Timing.from_json(d.get("timing")), coll_count=colls.get("count") or 0,
             coll_time_s=colls.get("time_s") or 0.0,
             loaders=tuple(LoaderState.from_json(ld) for ld in d.get("loaders") or ()),
@@ -191,5 +195,5 @@ _OMIT_WHEN_NONE = frozenset({"activity", "pg_timeout_s", "idle_s", "sync_forward
                              "teardown", "refused"})
 # encoded field by field; the others have a compact encoding of their own in to_json
 _PLAIN_FIELDS = tuple(f.name for f in fields(RankState)
-                      if f.name not in ("fingerprints", "site_counts", "perf", "sites_seen", "coll_count",
+                      if f.name not in ("fingerprints", "site_counts", "not_member", "perf", "sites_seen", "coll_count",
                                         "coll_time_s", "group"))

@@ -1,9 +1,8 @@
 """Hooks the probe installs in a rank: collectives, DDP forward/backward/init, DataLoader, sampler, optimizer.
 
-Every hook is exception-safe: the probe's own bookkeeping runs in ``try`` blocks
-and the user's call is made exactly once, with the user's arguments, whatever
-the bookkeeping did.  Nothing here issues a collective or touches the user's
-process groups.
+Every hook is exception-safe: the probe's own bookkeeping runs in ``try`` blocks and the user's call
+is made exactly once, with the user's arguments, whatever the bookkeeping did.  Nothing here issues a
+collective or touches the user's process groups.
 """
 from __future__ import annotations
 
@@ -118,8 +117,8 @@ def _issue(entry, call, args, kwargs, *, wait_here: bool):
 
 
 def _wrap_collective(fn, name: str, describe=None):
-    """``describe``: (args, kwargs) -> the arguments of a group creation (recorded under GROUP_CREATION),
-    or None where this call is not one every rank makes; without it, a collective on its own group."""
+    """``describe``: (args, kwargs) -> a group creation's arguments (recorded under GROUP_CREATION), or None
+    where this call is not one every rank makes; without it, a collective on its own group."""
     try:
         params = list(inspect.signature(fn).parameters)
         gidx = params.index("group") if "group" in params else None
@@ -139,6 +138,8 @@ def _wrap_collective(fn, name: str, describe=None):
                 g = args[gidx]
             if describe is None:
                 key = _group_key(g)
+                if key is None:  # torch skips a call on a group this rank is not in: noted, never paired
+                    REC.not_member_call(name, user_site(sys._getframe(1)))
                 shapes, dtypes = _describe(args, kwargs) if key is not None else ((), ())
             else:
                 key, shapes, dtypes = GROUP_CREATION, describe(args, kwargs), ()

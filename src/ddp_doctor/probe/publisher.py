@@ -147,6 +147,7 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
         fingerprints=_fingerprints(rec, sites),
         site_counts=tuple(SiteCount(op, sites[si] if si < n else None, c)
                           for (op, si), c in list(rec.site_counts.items())),
+        not_member=tuple(SiteCount(op, sites[si] if si < n else None, c) for (op, si), c in list(rec.not_member.items())),
         timing=Timing(rec.steps, round(rec.step_time_total, 4), round(steps_time, 4), round(rec.data_wait_s, 4),
                       round(rec.coll_time, 4), round(max(0.0, rec.step_time_total - rec.data_wait_s - rec.coll_time), 4)),
         coll_count=rec.coll_count, coll_time_s=round(rec.coll_time, 4),

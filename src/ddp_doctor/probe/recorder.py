@@ -127,6 +127,7 @@ class Recorder:
         self.sites: list[tuple[str, int, str] | None] = []
         self._site_idx: dict[Any, int] = {}
         self.site_counts: dict[tuple[str, int], int] = {}  # (op, site_idx) -> calls
+        self.not_member: dict[tuple[str, int], int] = {}  # the same, of calls on a group this rank is not in
         self.coll_count = 0
         self.coll_time = 0.0
         self.progress = 0
@@ -198,6 +199,11 @@ class Recorder:
         key = (op, sidx)
         self.site_counts[key] = self.site_counts.get(key, 0) + 1
         return entry
+
+    def not_member_call(self, op: str, site) -> None:
+        """A collective on a group this rank is not a member of: torch skips it with a warning."""
+        key = (op, self.site_index(site))
+        self.not_member[key] = self.not_member.get(key, 0) + 1
 
     def coll_leave(self, entry: tuple) -> None:
         dur = time.monotonic() - entry[6]
