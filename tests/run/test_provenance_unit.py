@@ -269,3 +269,19 @@ def test_a_test_of_loop_variables_alone_is_never_the_decision(tmp_path):
     ranks = {0: _rank(0, [Site(path, r0, "main")], {"main": {"step": "3"}}),
              1: _rank(1, [Site(path, r1, "main")], {"main": {"step": "4"}})}
     assert provenance.locate([0], ranks) is None
+
+
+def test_a_while_loop_one_rank_left(tmp_path):
+    path = _script(tmp_path, """
+        def main():
+            while tokens_seen < budget:  # decision
+                tokens_seen += step()  # rank0
+            dist.barrier()  # rank1
+    """)
+    dec, r0, r1 = _line(path, "# decision"), _line(path, "# rank0"), _line(path, "# rank1")
+    ranks = {0: _rank(0, [Site(path, r0, "main")], {"main": {"tokens_seen": "900", "budget": "1000"}}),
+             1: _rank(1, [Site(path, r1, "main")], {"main": {"tokens_seen": "1012", "budget": "1000"}})}
+    d = provenance.locate([1], ranks)
+    assert d is not None and d.site.line == dec and d.kind == "while" and d.condition == "tokens_seen < budget"
+    assert dict(d.ways) == {1: "left the loop", 0: "stayed in the loop"}
+    assert "differ between the ranks" in d.why

@@ -23,7 +23,7 @@ from ddp_doctor.lint.model import ModuleModel
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 RANK_WORDS = re.compile(r"rank|is_main|main_process|is_master|global_zero|local_zero|is_leader|is_zero", re.I)
-_CLOCK_WORDS = re.compile(r"time|clock|elapsed|deadline|budget|seconds", re.I)
+_CLOCK_WORDS = re.compile(r"\btime\b|time\(|monotonic|perf_counter|clock|elapsed|deadline|seconds|wall", re.I)
 _NAN_WORDS = re.compile(r"isnan|isfinite|isinf|\bnan\b|\binf\b", re.I)
 _EMPTY_WORDS = re.compile(r"\bis None\b|\bis not None\b|\blen\(|numel\(|\bempty\b|\bnot \w+$", re.I)
 _FILE_WORDS = re.compile(r"exists\(|isfile\(|isdir\(|os\.path|glob\(|listdir\(", re.I)
@@ -43,7 +43,8 @@ class Decision:
     def text(self) -> str:
         """"The ranks parted at `if val_loss < best:` (train.py:57): rank 0 went into it, ...; values ..."."""
         what = {"if": f"`if {self.condition}:`", "decorator": f"`@{self.condition}`",
-                "value": f"`{self.condition}`"}.get(
+                "value": f"`{self.condition}`", "while": f"`while {self.condition}:`",
+                "for": f"`for {self.condition}:`"}.get(
             self.kind, f"`{self.kind}` under `if {self.condition}:`")
         by_way: dict[str, list[int]] = {}
         for r, w in self.ways:
@@ -355,13 +356,12 @@ def _loop_exit(fn, lines, line, a, b, ranks, path, function) -> Decision | None:
     for left, stayed in ((a, b), (b, a)):
         loops = [n for n in _own_nodes(fn) if isinstance(n, _LOOPS) and _within(n, line[stayed])
                  and not _within(n, line[left])]
+        order = [left, stayed]
         for loop in sorted(loops, key=lambda n: -n.lineno):  # the innermost loop first
             exits = _exits_in(loop)
-            if not exits:
-                continue
-            order = [left, stayed]
             node = _ranked([c for _e, c in exits], path, fn,
-                           lambda n: _values(ranks, order, Site(path, n.lineno, function), _names(n.test)))
+                           lambda n: _values(ranks, order, Site(path, n.lineno, function), _names(n.test))) \
+                if exits else None
             if node is None:
                 continue
             stmt = next(e for e, c in exits if c is node)
@@ -371,7 +371,23 @@ def _loop_exit(fn, lines, line, a, b, ranks, path, function) -> Decision | None:
             ways = ((left, f"{verb} at line {stmt.lineno}"), (stayed, "stayed in the loop"))
             return Decision(Site(path, stmt.lineno, function), _keyword(stmt), _src(node.test, lines), ways, vals,
                             why_it_varies(_src(node.test, lines), vals, reads_rank(path, fn, node.test)))
+        if loops:  # no rank-varying exit: the loop itself ran a different number of times
+            return _loop_header(max(loops, key=lambda n: n.lineno), lines, left, stayed, ranks, path, fn, function)
     return None
+
+
+def _loop_header(loop, lines, left, stayed, ranks, path, fn, function) -> Decision:
+    ways = ((left, "left the loop"), (stayed, "stayed in the loop"))
+    at = Site(path, loop.lineno, function)
+    if isinstance(loop, ast.While):
+        names, cond = _names(loop.test), _src(loop.test, lines)
+        vals = _values(ranks, [left, stayed], at, names)
+        return Decision(at, "while", cond, ways, vals, why_it_varies(cond, vals, reads_rank(path, fn, loop.test)))
+    cond = f"{ast.unparse(loop.target)} in {_src(loop.iter, lines)}"
+    return Decision(at, "for", cond, ways, (),
+                    "The ranks ran this loop a different number of times: what it iterates yields a different "
+                    "number of items per rank (uneven shards, a per-rank filter, an IterableDataset, a remainder "
+                    "batch without drop_last).")
 
 
 def _early_exit(frame: Site, inside: int, other: int, ranks) -> Decision | None:
