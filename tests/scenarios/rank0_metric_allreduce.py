@@ -36,9 +36,9 @@ def main():
             loss = loss_fn(model(xb), yb)
             loss.backward()
             opt.step()
-            if rank == 0 and step % 4 == 3:
+            if rank == 0 and step % 4 == 3:  # expect: DDP201
                 avg = loss.detach().clone()
-                dist.all_reduce(avg)  # expect: DDP201
+                dist.all_reduce(avg)
                 print(f"epoch {epoch} step {step} mean loss {avg.item() / dist.get_world_size():.4f}", flush=True)
 
     dist.destroy_process_group()
