@@ -259,3 +259,16 @@ def test_one_group_and_unknown_groups_are_not_warned():
     assert not [f for f in diagnose(ev, None)[1] if f.code == "DDP510"]
     ev = _alone(size=2, collectives=0)  # the group counted nothing, but the probe saw collectives (early post)
     assert not [f for f in diagnose(ev, None)[1] if f.code == "DDP510"]
+
+
+def test_collective_timeouts_in_torchs_words():
+    from ddp_doctor.evidence.torch_errors import collective_timed_out
+
+    assert collective_timed_out("Rank 1 failed to pass monitoredBarrier in 5000 ms")
+    assert collective_timed_out("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+                                "5000ms for recv operation to complete")
+    assert collective_timed_out("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, "
+                                "OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.")
+    assert not collective_timed_out("Connection closed by peer [127.0.0.1]:2967")
+    assert not collective_timed_out("CUDA error: an illegal memory access; set a timeout_s option")
+    assert not collective_timed_out(None)

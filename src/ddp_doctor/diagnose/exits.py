@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ddp_doctor.evidence import ExitStatus, JobEvidence, RankState, Verdict
+from ddp_doctor.evidence.torch_errors import collective_timed_out
 from ddp_doctor.findings import Finding, runtime_fix
 
 from ddp_doctor.diagnose import errors
@@ -35,7 +36,6 @@ def _root_ranks(ranks: dict[int, RankState]) -> list[int]:
     return sorted(r for r, st in ranks.items() if st.signal)
 
 
-_TIMEOUT_WORDS = ("failed to pass monitoredbarrier", "timed out", "timeout")
 
 
 def timeouts_as_waits(ranks: dict[int, RankState]) -> dict[int, RankState]:
@@ -48,7 +48,7 @@ def timeouts_as_waits(ranks: dict[int, RankState]) -> dict[int, RankState]:
     waits = {}
     for r, st in failed.items():
         e = st.exc
-        if e is None or e.collective is None or not any(w in (e.message or "").lower() for w in _TIMEOUT_WORDS):
+        if e is None or e.collective is None or not collective_timed_out(e.message):
             return {}
         if st.exit is not None and st.exit.killed:
             return {}

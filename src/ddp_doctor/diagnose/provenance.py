@@ -10,7 +10,6 @@ nothing is executed.  Reads the user's source files (the one I/O of the diagnosi
 from __future__ import annotations
 
 import ast
-import functools
 import os
 import re
 from dataclasses import dataclass
@@ -18,11 +17,9 @@ from dataclasses import dataclass
 from ddp_doctor.evidence import FrameValues, RankState, Site
 from ddp_doctor.findings import Finding, Location
 from ddp_doctor.frames import is_user
-from ddp_doctor.lint.model import ModuleModel
+from ddp_doctor.diagnose.source import (LOOPS, RANK_WORDS, arm, exits_in, function_at, keyword, loop_targets,
+                                         names_read, own_nodes, parse_file, reads_rank, source_of, within)
 
-_LOOPS = (ast.For, ast.AsyncFor, ast.While)
-_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
-RANK_WORDS = re.compile(r"rank|is_main|main_process|is_master|global_zero|local_zero|is_leader|is_zero", re.I)
 _CLOCK_WORDS = re.compile(r"\btime\b|time\(|monotonic|perf_counter|clock|elapsed|deadline|seconds|wall", re.I)
 _NAN_WORDS = re.compile(r"isnan|isfinite|isinf|\bnan\b|\binf\b", re.I)
 _EMPTY_WORDS = re.compile(r"\bis None\b|\bis not None\b|\blen\(|numel\(|\bempty\b|\bnot \w+$", re.I)
@@ -63,104 +60,6 @@ class Decision:
 
 
 # -- sources -----------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=64)
-def _parsed(path: str) -> tuple[ast.Module, tuple[str, ...]] | None:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-        return ast.parse(text), tuple(text.splitlines())
-    except (OSError, SyntaxError, ValueError):
-        return None
-
-
-@functools.lru_cache(maxsize=64)
-def _model(path: str):
-    """lint's model of the file (its rank dependence: ``rank == 0`` varies, ``local_rank != -1`` does not)."""
-    parsed = _parsed(path)
-    try:
-        return ModuleModel(parsed[0], path, "\n".join(parsed[1])) if parsed else None
-    except Exception:  # noqa: BLE001 - a model that cannot be built: the names decide
-        return None
-
-
-def reads_rank(path: str, fn: ast.AST, test: ast.expr) -> bool:
-    """Does the test's truth differ between ranks because it reads the rank (per lint's evaluation)?"""
-    model = _model(path)
-    scope = model.scopes.get(fn) if model is not None else None
-    if scope is None:
-        return any(RANK_WORDS.search(x) for x in _names(test))
-    try:
-        return bool(model.varies_by_rank(test, scope))
-    except Exception:  # noqa: BLE001
-        return any(RANK_WORDS.search(x) for x in _names(test))
-
-
-def _function(tree: ast.Module, name: str | None, line: int) -> ast.AST:
-    """The innermost def named ``name`` whose lines hold ``line`` (the module for "<module>")."""
-    best: ast.AST = tree
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and name in (node.name, None) \
-                and node.lineno <= line <= (node.end_lineno or node.lineno):
-            if best is tree or node.lineno > best.lineno:
-                best = node
-    return best
-
-
-def _own_nodes(fn: ast.AST):
-    """The statements of ``fn`` itself (not of the functions and classes defined inside it)."""
-    stack = list(ast.iter_child_nodes(fn))
-    while stack:
-        node = stack.pop()
-        yield node
-        if not isinstance(node, _DEFS):
-            stack.extend(ast.iter_child_nodes(node))
-
-
-def _within(node: ast.AST, line: int) -> bool:
-    return node.lineno <= line <= (node.end_lineno or node.lineno)
-
-
-def _arm(node: ast.If, line: int) -> str | None:
-    if any(_within(s, line) for s in node.body):
-        return "body"
-    if any(_within(s, line) for s in node.orelse):
-        return "orelse"
-    return "test" if _within(node, line) else None
-
-
-def _src(node: ast.AST, lines: tuple[str, ...]) -> str:
-    text = ast.get_source_segment("\n".join(lines), node) or ast.unparse(node)
-    return " ".join(text.split())[:120]
-
-
-def _keyword(stmt: ast.stmt) -> str:
-    return type(stmt).__name__.lower()
-
-
-def _names(test: ast.AST) -> list[str]:
-    """The names and attribute chains a test reads (``val_loss``, ``self.rank``), in order, once each."""
-    out: list[str] = []
-    for node in ast.walk(test):
-        name = None
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-            name = f"{node.value.id}.{node.attr}"
-        elif isinstance(node, ast.Name):
-            name = node.id
-        if name and name not in out:
-            out.append(name)
-    return out
-
-
-def _loop_targets(fn: ast.AST) -> set[str]:
-    """Loop variables (epoch, step, batch): ranks in different iterations differ there without deciding."""
-    out = set()
-    for node in _own_nodes(fn):
-        if isinstance(node, (ast.For, ast.AsyncFor)):
-            out |= {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
-    return out
-
-
-# -- the ranks' frames --------------------------------------------------------------------------------
 def _user_stack(st: RankState) -> list[Site]:
     return [f for f in st.stack if is_user(f.path)]
 
@@ -237,31 +136,31 @@ def locate(fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
 def rank_branch(frame: Site, inside: list[int], ranks: dict[int, RankState]) -> Decision | None:
     """The `if` on the rank whose arm holds ``frame``'s line, taken by ranks ``inside`` only (the others are
     elsewhere or gone): without the others' values only a test that reads the rank itself is the decision."""
-    parsed = _parsed(frame.path)
+    parsed = parse_file(frame.path)
     if parsed is None:
         return None
     tree, lines = parsed
-    fn = _function(tree, frame.function, frame.line)
-    cands = [n for n in _own_nodes(fn) if isinstance(n, ast.If) and _arm(n, frame.line) in ("body", "orelse")
+    fn = function_at(tree, frame.function, frame.line)
+    cands = [n for n in own_nodes(fn) if isinstance(n, ast.If) and arm(n, frame.line) in ("body", "orelse")
              and reads_rank(frame.path, fn, n.test)]
     if not cands:
         return _rank_decorator(fn, frame, inside, ranks)
     node = min(cands, key=lambda n: n.lineno)
     function = fn.name if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else "<module>"
     site = Site(frame.path, node.lineno, function)
-    names, cond = _names(node.test), _src(node.test, lines)
+    names, cond = names_read(node.test), source_of(node.test, lines)
     order = list(inside) + [r for r in sorted(ranks) if r not in inside]
-    way = "went into it" if _arm(node, frame.line) == "body" else "took its `else`"
+    way = "went into it" if arm(node, frame.line) == "body" else "took its `else`"
     ways = tuple((r, way) for r in inside) + tuple((r, "did not") for r in sorted(ranks) if r not in inside)
     return Decision(site, "if", cond, ways, _values(ranks, order, site, names), why_it_varies(cond, (), True))
 
 
 def _parted_in(path, function, line, a, b, ranks, sa, sb, depth) -> Decision | None:
-    parsed = _parsed(path)
+    parsed = parse_file(path)
     if parsed is None:
         return None
     tree, lines = parsed
-    fn = _function(tree, function, line[a])
+    fn = function_at(tree, function, line[a])
     branch = _branch(fn, lines, line, a, b, ranks, path, function)
     if branch is not None:
         return branch
@@ -280,13 +179,13 @@ def _parted_in(path, function, line, a, b, ranks, sa, sb, depth) -> Decision | N
 def _ranked(cands, path, fn, values_of):
     """The decision among candidate tests: one that reads the rank, else one whose values differ between
     the ranks (loop variables aside), else the only candidate; the outermost of equals."""
-    loop_vars = _loop_targets(fn)
+    loop_vars = loop_targets(fn)
     # a test of loop variables alone is the same on every rank in one iteration: never where they parted
-    cands = [n for n in cands if any(x.split(".")[0] not in loop_vars for x in _names(n.test))]
+    cands = [n for n in cands if any(x.split(".")[0] not in loop_vars for x in names_read(n.test))]
 
     def varying(node):
         vals = values_of(node)
-        own = [n for n in _names(node.test) if n not in loop_vars]
+        own = [n for n in names_read(node.test) if n not in loop_vars]
         per = [tuple(v for k, v in kv if k in own) for _r, kv in vals]
         return len(per) > 1 and len(set(per)) > 1
 
@@ -298,14 +197,14 @@ def _ranked(cands, path, fn, values_of):
 
 
 def _branch(fn, lines, line, a, b, ranks, path, function) -> Decision | None:
-    cands = [n for n in _own_nodes(fn) if isinstance(n, ast.If) and _arm(n, line[a]) != _arm(n, line[b])
-             and {_arm(n, line[a]), _arm(n, line[b])} & {"body", "orelse"}]
+    cands = [n for n in own_nodes(fn) if isinstance(n, ast.If) and arm(n, line[a]) != arm(n, line[b])
+             and {arm(n, line[a]), arm(n, line[b])} & {"body", "orelse"}]
     if not cands:
         return None
     order = [a, b] + [r for r in sorted(ranks) if r not in (a, b)]
     site_of = lambda n: Site(path, n.lineno, function)  # noqa: E731
     node = _ranked(cands, path, fn,
-                   lambda n: _values(ranks, order, site_of(n), _names(n.test)))
+                   lambda n: _values(ranks, order, site_of(n), names_read(n.test)))
     if node is None:
         return None
     way = {"body": "went into it", "orelse": "took its `else`", "test": "was evaluating it",
@@ -315,8 +214,8 @@ def _branch(fn, lines, line, a, b, ranks, path, function) -> Decision | None:
         at = line.get(r) or next((f.line for f in _user_stack(ranks[r]) if f.path == path and f.function == function),
                                  None)
         if at is not None:
-            ways.append((r, way[_arm(node, at)]))
-    names, cond = _names(node.test), _src(node.test, lines)
+            ways.append((r, way[arm(node, at)]))
+    names, cond = names_read(node.test), source_of(node.test, lines)
     vals = _values(ranks, order, site_of(node), names)
     return Decision(site_of(node), "if", cond, tuple(ways), vals, why_it_varies(cond, vals, reads_rank(path, fn, node.test)))
 
@@ -334,43 +233,26 @@ def _rank_decorator(fn: ast.AST, frame: Site, inside: list[int], ranks) -> Decis
     return None
 
 
-def _exits_in(loop: ast.AST):
-    """(exit statement, its innermost enclosing `if`) for the `break`s and `return`s that leave ``loop``."""
-    out = []
-
-    def walk(node, cond, depth):
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, _DEFS):
-                continue
-            if isinstance(child, ast.Return) or (isinstance(child, ast.Break) and depth == 0):
-                if cond is not None:
-                    out.append((child, cond))
-            walk(child, child if isinstance(child, ast.If) else cond,
-                 depth + (1 if isinstance(child, _LOOPS) else 0))
-    walk(loop, None, 0)
-    return out
-
-
 def _loop_exit(fn, lines, line, a, b, ranks, path, function) -> Decision | None:
     """One rank left a loop the other is still in: the loop's rank-varying `break` or `return`."""
     for left, stayed in ((a, b), (b, a)):
-        loops = [n for n in _own_nodes(fn) if isinstance(n, _LOOPS) and _within(n, line[stayed])
-                 and not _within(n, line[left])]
+        loops = [n for n in own_nodes(fn) if isinstance(n, LOOPS) and within(n, line[stayed])
+                 and not within(n, line[left])]
         order = [left, stayed]
         for loop in sorted(loops, key=lambda n: -n.lineno):  # the innermost loop first
-            exits = _exits_in(loop)
+            exits = exits_in(loop)
             node = _ranked([c for _e, c in exits], path, fn,
-                           lambda n: _values(ranks, order, Site(path, n.lineno, function), _names(n.test))) \
+                           lambda n: _values(ranks, order, Site(path, n.lineno, function), names_read(n.test))) \
                 if exits else None
             if node is None:
                 continue
             stmt = next(e for e, c in exits if c is node)
-            names = _names(node.test)
+            names = names_read(node.test)
             vals = _values(ranks, order, Site(path, node.lineno, function), names)
             verb = "returned" if isinstance(stmt, ast.Return) else "left the loop"
             ways = ((left, f"{verb} at line {stmt.lineno}"), (stayed, "stayed in the loop"))
-            return Decision(Site(path, stmt.lineno, function), _keyword(stmt), _src(node.test, lines), ways, vals,
-                            why_it_varies(_src(node.test, lines), vals, reads_rank(path, fn, node.test)))
+            return Decision(Site(path, stmt.lineno, function), keyword(stmt), source_of(node.test, lines), ways, vals,
+                            why_it_varies(source_of(node.test, lines), vals, reads_rank(path, fn, node.test)))
         if loops:  # no rank-varying exit: the loop itself ran a different number of times
             return _loop_header(max(loops, key=lambda n: n.lineno), lines, left, stayed, ranks, path, fn, function)
     return None
@@ -380,10 +262,10 @@ def _loop_header(loop, lines, left, stayed, ranks, path, fn, function) -> Decisi
     ways = ((left, "left the loop"), (stayed, "stayed in the loop"))
     at = Site(path, loop.lineno, function)
     if isinstance(loop, ast.While):
-        names, cond = _names(loop.test), _src(loop.test, lines)
+        names, cond = names_read(loop.test), source_of(loop.test, lines)
         vals = _values(ranks, [left, stayed], at, names)
         return Decision(at, "while", cond, ways, vals, why_it_varies(cond, vals, reads_rank(path, fn, loop.test)))
-    cond = f"{ast.unparse(loop.target)} in {_src(loop.iter, lines)}"
+    cond = f"{ast.unparse(loop.target)} in {source_of(loop.iter, lines)}"
     return Decision(at, "for", cond, ways, (),
                     "The ranks ran this loop a different number of times: what it iterates yields a different "
                     "number of items per rank (uneven shards, a per-rank filter, an IterableDataset, a remainder "
@@ -393,55 +275,55 @@ def _loop_header(loop, lines, left, stayed, ranks, path, fn, function) -> Decisi
 def _early_exit(frame: Site, inside: int, other: int, ranks) -> Decision | None:
     """Rank ``inside`` is still in helper ``frame`` that rank ``other`` already left: an early `return`
     (or `raise`) under an `if` above the helper's current line."""
-    parsed = _parsed(frame.path)
+    parsed = parse_file(frame.path)
     if parsed is None:
         return None
     tree, lines = parsed
-    fn = _function(tree, frame.function, frame.line)
+    fn = function_at(tree, frame.function, frame.line)
     if fn is tree:
         return None
     cands = []
-    for node in _own_nodes(fn):
+    for node in own_nodes(fn):
         if isinstance(node, ast.If) and (node.end_lineno or node.lineno) < frame.line:
             stmt = next((s for s in node.body + node.orelse if isinstance(s, (ast.Return, ast.Raise))), None)
             if stmt is not None:
                 cands.append(node)
     order = [inside, other]
     node = _ranked(cands, frame.path, fn,
-                   lambda n: _values(ranks, order, Site(frame.path, n.lineno, frame.function), _names(n.test)))
+                   lambda n: _values(ranks, order, Site(frame.path, n.lineno, frame.function), names_read(n.test)))
     if node is None:
         return None
     stmt = next(s for s in node.body + node.orelse if isinstance(s, (ast.Return, ast.Raise)))
-    names = _names(node.test)
+    names = names_read(node.test)
     vals = _values(ranks, order, Site(frame.path, node.lineno, frame.function), names)
     ways = ((other, f"returned early from {frame.function}() at line {stmt.lineno}"),
             (inside, f"went on in {frame.function}() to line {frame.line}"))
-    return Decision(Site(frame.path, stmt.lineno, frame.function), _keyword(stmt), _src(node.test, lines), ways, vals,
-                    why_it_varies(_src(node.test, lines), vals, reads_rank(frame.path, fn, node.test)))
+    return Decision(Site(frame.path, stmt.lineno, frame.function), keyword(stmt), source_of(node.test, lines), ways, vals,
+                    why_it_varies(source_of(node.test, lines), vals, reads_rank(frame.path, fn, node.test)))
 
 
 def explain_at(site: Site, fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
     """The decision at a line found statically (lint's `continue`/`break`/`return`): its condition, and the
     values its names hold in the ranks still inside that function."""
-    parsed = _parsed(site.path)
+    parsed = parse_file(site.path)
     if parsed is None:
         return None
     tree, lines = parsed
-    fn = _function(tree, site.function, site.line)
+    fn = function_at(tree, site.function, site.line)
     exit_types = (ast.Continue, ast.Break, ast.Return, ast.Raise)
-    for node in _own_nodes(fn):
+    for node in own_nodes(fn):
         if isinstance(node, ast.If) and any(isinstance(s, exit_types) and s.lineno == site.line
                                             for s in node.body + node.orelse):
             function = fn.name if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else "<module>"
-            names = _names(node.test)
+            names = names_read(node.test)
             order = list(fault) + [r for r in sorted(ranks) if r not in fault]
             vals = _values(ranks, order, Site(site.path, node.lineno, function), names)
             stmt = next(s for s in node.body + node.orelse if s.lineno == site.line)
             verb = {ast.Continue: "skipped the rest of a step", ast.Break: "left the loop",
                     ast.Return: "returned early", ast.Raise: "raised"}[type(stmt)]
             ways = tuple((r, f"{verb} at line {site.line}") for r in fault)
-            return Decision(Site(site.path, site.line, function), _keyword(stmt), _src(node.test, lines), ways, vals,
-                            why_it_varies(_src(node.test, lines), vals, reads_rank(site.path, fn, node.test)))
+            return Decision(Site(site.path, site.line, function), keyword(stmt), source_of(node.test, lines), ways, vals,
+                            why_it_varies(source_of(node.test, lines), vals, reads_rank(site.path, fn, node.test)))
     return None
 
 
@@ -451,26 +333,26 @@ STEP_FAMILY = ("DDP101", "DDP201", "DDP202", "DDP203")
 def group_choice(site: Site, fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
     """The assignment that chose the group variable a collective at ``site`` was passed, when ranks ``fault``
     got a group they are not members of there (``pair = pairs[rank % 2]``)."""
-    parsed = _parsed(site.path)
+    parsed = parse_file(site.path)
     if parsed is None:
         return None
     tree, lines = parsed
-    fn = _function(tree, site.function, site.line)
-    name = next((kw.value.id for node in _own_nodes(fn) if isinstance(node, ast.Call) and node.lineno == site.line
+    fn = function_at(tree, site.function, site.line)
+    name = next((kw.value.id for node in own_nodes(fn) if isinstance(node, ast.Call) and node.lineno == site.line
                  for kw in node.keywords if kw.arg in ("group", "process_group") and isinstance(kw.value, ast.Name)),
                 None)
-    assigns = [n for n in _own_nodes(fn) if isinstance(n, ast.Assign) and n.lineno < site.line
+    assigns = [n for n in own_nodes(fn) if isinstance(n, ast.Assign) and n.lineno < site.line
                and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
     if name is None or not assigns:
         return None
     node = max(assigns, key=lambda n: n.lineno)
     function = fn.name if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else "<module>"
     at = Site(site.path, node.lineno, function)
-    names = [n for n in _names(node.value) if n != name]
+    names = [n for n in names_read(node.value) if n != name]
     order = list(fault) + [r for r in sorted(ranks) if r not in fault]
     ways = tuple((r, "got a group without this rank") for r in fault) + tuple(
         (r, "got a group with this rank") for r in sorted(ranks) if r not in fault)
-    return Decision(at, "value", _src(node, lines), ways, _values(ranks, order, at, names),
+    return Decision(at, "value", source_of(node, lines), ways, _values(ranks, order, at, names),
                     "The group is picked from a rank-dependent value; on the ranks not in the group it picked, "
                     "new_group() had returned a placeholder and torch skips the collective.")
 

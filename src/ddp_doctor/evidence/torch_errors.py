@@ -1,5 +1,5 @@
-"""What torch's own error messages say, read into records: the reducer's unused-parameter error of DDP
-and the DataLoader's dead-worker errors.
+"""What torch's own error messages say, read into records: the reducer's unused-parameter error of DDP,
+the DataLoader's dead-worker errors, and a collective's timeout.
 
 One place for their wording (checked against torch 2.13), shared by the probe (which names the
 parameters an error refers to by index, while the model is still there) and the diagnosis (which says
@@ -90,3 +90,15 @@ def worker_died(message: str | None) -> WorkerDied | None:
     if m:
         return WorkerDied(tuple(int(p) for p in m.group(1).replace(",", " ").split()))
     return None
+
+
+# a collective that gave up waiting: monitored_barrier ("Rank 1 failed to pass monitoredBarrier in 5000 ms"),
+# gloo ("Timed out waiting 5000ms for recv operation to complete", "Socket Timeout"), NCCL's watchdog
+# ("... ran for 600000 milliseconds before timing out")
+_TIMED_OUT = re.compile(r"failed to pass monitoredBarrier|Timed out waiting|Socket Timeout|before timing out|"
+                        r"\btimed out\b", re.I)
+
+
+def collective_timed_out(message: str | None) -> bool:
+    """Is this torch's error for a collective (or a barrier) that waited its timeout out?"""
+    return bool(message) and bool(_TIMED_OUT.search(message))

@@ -1,0 +1,131 @@
+"""What the user's source says about a decision: the function holding a line, the arms of an `if`, the
+names a test reads, a loop's exits -- stdlib ``ast`` over the file, and lint's model for whether a test
+reads the rank.  Reads the user's files (cached per path): the one I/O of the diagnosis."""
+from __future__ import annotations
+
+import ast
+import functools
+import re
+
+from ddp_doctor.lint.model import ModuleModel
+
+LOOPS = (ast.For, ast.AsyncFor, ast.While)
+DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+RANK_WORDS = re.compile(r"rank|is_main|main_process|is_master|global_zero|local_zero|is_leader|is_zero", re.I)
+
+
+@functools.lru_cache(maxsize=64)
+def parse_file(path: str) -> tuple[ast.Module, tuple[str, ...]] | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+        return ast.parse(text), tuple(text.splitlines())
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+@functools.lru_cache(maxsize=64)
+def lint_model(path: str):
+    """lint's model of the file (its rank dependence: ``rank == 0`` varies, ``local_rank != -1`` does not)."""
+    parsed = parse_file(path)
+    try:
+        return ModuleModel(parsed[0], path, "\n".join(parsed[1])) if parsed else None
+    except Exception:  # noqa: BLE001 - a model that cannot be built: the names decide
+        return None
+
+
+def reads_rank(path: str, fn: ast.AST, test: ast.expr) -> bool:
+    """Does the test's truth differ between ranks because it reads the rank (per lint's evaluation)?"""
+    model = lint_model(path)
+    scope = model.scopes.get(fn) if model is not None else None
+    if scope is None:
+        return any(RANK_WORDS.search(x) for x in names_read(test))
+    try:
+        return bool(model.varies_by_rank(test, scope))
+    except Exception:  # noqa: BLE001
+        return any(RANK_WORDS.search(x) for x in names_read(test))
+
+
+def function_at(tree: ast.Module, name: str | None, line: int) -> ast.AST:
+    """The innermost def named ``name`` whose lines hold ``line`` (the module for "<module>")."""
+    best: ast.AST = tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and name in (node.name, None) \
+                and node.lineno <= line <= (node.end_lineno or node.lineno):
+            if best is tree or node.lineno > best.lineno:
+                best = node
+    return best
+
+
+def own_nodes(fn: ast.AST):
+    """The statements of ``fn`` itself (not of the functions and classes defined inside it)."""
+    stack = list(ast.iter_child_nodes(fn))
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, DEFS):
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def within(node: ast.AST, line: int) -> bool:
+    return node.lineno <= line <= (node.end_lineno or node.lineno)
+
+
+def arm(node: ast.If, line: int) -> str | None:
+    if any(within(s, line) for s in node.body):
+        return "body"
+    if any(within(s, line) for s in node.orelse):
+        return "orelse"
+    return "test" if within(node, line) else None
+
+
+def source_of(node: ast.AST, lines: tuple[str, ...]) -> str:
+    text = ast.get_source_segment("\n".join(lines), node) or ast.unparse(node)
+    return " ".join(text.split())[:120]
+
+
+def keyword(stmt: ast.stmt) -> str:
+    return type(stmt).__name__.lower()
+
+
+def names_read(test: ast.AST) -> list[str]:
+    """The names and attribute chains a test reads (``val_loss``, ``self.rank``), in order, once each."""
+    out: list[str] = []
+    for node in ast.walk(test):
+        name = None
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            name = f"{node.value.id}.{node.attr}"
+        elif isinstance(node, ast.Name):
+            name = node.id
+        if name and name not in out:
+            out.append(name)
+    return out
+
+
+def loop_targets(fn: ast.AST) -> set[str]:
+    """Loop variables (epoch, step, batch): ranks in different iterations differ there without deciding."""
+    out = set()
+    for node in own_nodes(fn):
+        if isinstance(node, (ast.For, ast.AsyncFor)):
+            out |= {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+    return out
+
+
+# -- the ranks' frames --------------------------------------------------------------------------------
+
+
+def exits_in(loop: ast.AST):
+    """(exit statement, its innermost enclosing `if`) for the `break`s and `return`s that leave ``loop``."""
+    out = []
+
+    def walk(node, cond, depth):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, DEFS):
+                continue
+            if isinstance(child, ast.Return) or (isinstance(child, ast.Break) and depth == 0):
+                if cond is not None:
+                    out.append((child, cond))
+            walk(child, child if isinstance(child, ast.If) else cond,
+                 depth + (1 if isinstance(child, LOOPS) else 0))
+    walk(loop, None, 0)
+    return out
