@@ -285,3 +285,33 @@ def test_a_while_loop_one_rank_left(tmp_path):
     assert d is not None and d.site.line == dec and d.kind == "while" and d.condition == "tokens_seen < budget"
     assert dict(d.ways) == {1: "left the loop", 0: "stayed in the loop"}
     assert "differ between the ranks" in d.why
+
+
+def test_a_collective_inside_an_arm_that_comes_back_is_one_only_some_ranks_make(tmp_path):
+    """Rank 1 broadcasts under a shard-local `if` whose arm does not leave: DDP201 on rank 1 (rank 0 is in
+    DDP's all-reduce on the common path); an arm that `return`s is the others' alternative: DDP203 stays."""
+    path = _script(tmp_path, """
+        def main():
+            for epoch in range(4):
+                train()  # rank0
+                if val_loss < best:  # decision
+                    dist.broadcast_object_list(name)  # rank1
+
+        def resume(ckpt):
+            if ckpt.exists():  # other
+                dist.broadcast(epoch)  # a
+                return 1
+            dist.barrier()  # b
+    """)
+    dec, r0, r1 = _line(path, "# decision"), _line(path, "# rank0"), _line(path, "# rank1")
+    ranks = {0: _rank(0, [Site(path, r0, "main")], {"main": {"val_loss": "0.6", "best": "0.5"}}),
+             1: _rank(1, [Site(path, r1, "main")], {"main": {"val_loss": "0.4", "best": "0.4"}})}
+    f = Finding("DDP203", "At collective #18 on world the ranks disagree: ...", "fix",
+                location=Location(path, r0, "main"), ranks=[0, 1])
+    [g] = provenance.with_decisions([f], ranks)
+    assert (g.code, g.ranks, g.location.line) == ("DDP201", [1], dec)
+    a, b = _line(path, "# a"), _line(path, "# b")
+    ranks = {0: _rank(0, [Site(path, a, "resume")]), 1: _rank(1, [Site(path, b, "resume")])}
+    f = Finding("DDP203", "At collective #0 ...", "fix", location=Location(path, a, "resume"), ranks=[0, 1])
+    [g] = provenance.with_decisions([f], ranks)
+    assert (g.code, g.ranks, g.location.line) == ("DDP203", [0, 1], _line(path, "# other"))

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 from ddp_doctor.evidence import FrameValues, RankState, Site
-from ddp_doctor.findings import Finding, Location
+from ddp_doctor.findings import Finding, Location, runtime_fix
 from ddp_doctor.frames import is_user
 from ddp_doctor.diagnose.source import (LOOPS, RANK_WORDS, arm, exits_in, function_at, keyword, loop_targets,
                                          names_read, own_nodes, parse_file, reads_rank, source_of, within)
@@ -36,6 +36,8 @@ class Decision:
     ways: tuple[tuple[int, str], ...]            # (rank, which way it went)
     values: tuple[tuple[int, tuple[tuple[str, str], ...]], ...] = ()  # (rank, the test's names and values)
     why: str = ""
+    alone: tuple[int, ...] = ()  # ranks that went on into a collective the others' way skips (their call
+    #                              is one only some ranks make: DDP201), when the decision shows it
 
     def text(self) -> str:
         """"The ranks parted at `if val_loss < best:` (train.py:57): rank 0 went into it, ...; values ..."."""
@@ -217,7 +219,14 @@ def _branch(fn, lines, line, a, b, ranks, path, function) -> Decision | None:
             ways.append((r, way[arm(node, at)]))
     names, cond = names_read(node.test), source_of(node.test, lines)
     vals = _values(ranks, order, site_of(node), names)
-    return Decision(site_of(node), "if", cond, tuple(ways), vals, why_it_varies(cond, vals, reads_rank(path, fn, node.test)))
+    # the ranks inside an arm that does not leave (no return/raise/break/continue) come back to the others'
+    # path: their collective there is one the others skip; an arm that leaves is the others' alternative
+    inside = tuple(r for r, w in ways if w == "went into it")
+    alone = inside if inside and len(inside) < len(ways) and not any(
+        isinstance(n, (ast.Return, ast.Raise, ast.Break, ast.Continue)) for s in node.body for n in ast.walk(s)) \
+        and all(w == "went past it" for r, w in ways if r not in inside) else ()
+    return Decision(site_of(node), "if", cond, tuple(ways), vals, why_it_varies(cond, vals, reads_rank(path, fn, node.test)),
+                    alone)
 
 
 def _rank_decorator(fn: ast.AST, frame: Site, inside: list[int], ranks) -> Decision | None:
@@ -299,7 +308,8 @@ def _early_exit(frame: Site, inside: int, other: int, ranks) -> Decision | None:
     ways = ((other, f"returned early from {frame.function}() at line {stmt.lineno}"),
             (inside, f"went on in {frame.function}() to line {frame.line}"))
     return Decision(Site(frame.path, stmt.lineno, frame.function), keyword(stmt), source_of(node.test, lines), ways, vals,
-                    why_it_varies(source_of(node.test, lines), vals, reads_rank(frame.path, fn, node.test)))
+                    why_it_varies(source_of(node.test, lines), vals, reads_rank(frame.path, fn, node.test)),
+                    (inside,))
 
 
 def explain_at(site: Site, fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
@@ -357,11 +367,17 @@ def group_choice(site: Site, fault: list[int], ranks: dict[int, RankState]) -> D
                     "new_group() had returned a placeholder and torch skips the collective.")
 
 
+def _as_rank_conditional(f: Finding, alone: list[int]) -> Finding:
+    msg = f.message.replace("the ranks disagree", "the ranks call different collectives", 1)
+    return Finding("DDP201", msg + f" Rank {', '.join(map(str, alone))}'s call is on a path the others do not take.",
+                   runtime_fix("DDP201"), location=f.location, ranks=alone, evidence=f.evidence)
+
+
 def with_decisions(findings: list[Finding], ranks: dict[int, RankState]) -> list[Finding]:
     """Each step-family finding located at the decision its ranks parted at, when one is found: the line
     where the divergence showed stays in the message and in ``evidence["showed_at"]``.  A rank that finished
     while another waits (DDP204, exit 0) counts too: the decision is the waiting rank's branch."""
-    for f in findings:
+    for i, f in enumerate(findings):
         finished = f.code == "DDP204" and f.ranks and all(r in ranks and ranks[r].finished for r in f.ranks)
         if not f.ranks or not (f.code in STEP_FAMILY or finished):
             continue
@@ -382,6 +398,10 @@ def with_decisions(findings: list[Finding], ranks: dict[int, RankState]) -> list
                 d = rank_branch(at, inside, ranks)
         if d is None:
             continue
+        if f.code == "DDP203" and d.alone and not f.evidence.get("not_member"):
+            # not two calls that disagree: a collective only the ranks that went that way make
+            f = _as_rank_conditional(f, list(d.alone))
+            findings[i] = f
         f.evidence["decision"] = d.to_json()
         moved = f.location is None or (f.location.path, f.location.line) != (d.site.path, d.site.line)
         if moved and f.location is not None:
