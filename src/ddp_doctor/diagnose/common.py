@@ -151,8 +151,13 @@ def lint_flagged(lint, code: str, site: Site) -> bool:
 
 
 def same_line(path_a: str | None, line_a: int | None, path_b: str | None, line_b: int | None) -> bool:
-    """One source line seen from lint and from the runtime (paths differ between nodes and launch dirs)."""
-    return line_a == line_b and os.path.basename(path_a or "") == os.path.basename(path_b or "")
+    """One source line seen from lint and from the runtime: the same line of a file of the same name (paths
+    differ between nodes, launch dirs and where a dump is read), unless both files are here and differ."""
+    if line_a != line_b or os.path.basename(path_a or "") != os.path.basename(path_b or ""):
+        return False
+    if path_a and path_b and path_a != path_b and os.path.isfile(path_a) and os.path.isfile(path_b):
+        return os.path.samefile(path_a, path_b)
+    return True
 
 
 # the ranks-fall-out-of-step family: lint's guess at the cause and the runtime's name for what happened

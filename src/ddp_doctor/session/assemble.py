@@ -13,11 +13,11 @@ from typing import Any
 
 from ddp_doctor import store as side
 from ddp_doctor.diagnose import diagnose
+from ddp_doctor.diagnose.blame import lint_mark
 from ddp_doctor.diagnose.common import same_hazard, same_line
 from ddp_doctor.diagnose.live import find_desync
-from ddp_doctor.evidence import (EVIDENCE_OUT_ENV, Capture, ExitStatus, JobEvidence, LintMark, RankState, Site,
-                                 Verdict)
-from ddp_doctor.findings import Finding, plain
+from ddp_doctor.evidence import EVIDENCE_OUT_ENV, Capture, ExitStatus, JobEvidence, LintMark, RankState, Verdict
+from ddp_doctor.findings import plain
 from ddp_doctor.watcher import FATAL, stacks
 
 
@@ -211,15 +211,6 @@ def save_evidence(evidence: JobEvidence, decision: Verdict | None, failures: dic
             json.dump(Capture(evidence, decision, failures).to_json(), f, default=str)
     except OSError as e:
         print(f"ddp-doctor: could not save the evidence to {path}: {e}", file=sys.stderr)
-
-
-def lint_mark(f: Finding) -> LintMark:
-    """A lint finding as the runtime uses it; its first related location is the cause when it has one."""
-    rel = next(iter(f.evidence.get("related") or ()), None)  # lint's {"path", "line", "message"}
-    cause = None
-    if isinstance(rel, dict) and rel.get("line"):
-        cause = Site(os.path.abspath(rel["path"]), int(rel["line"]), None)
-    return LintMark(f.code, f.location.path, f.location.line, cause)
 
 
 def confirm_lint(runtime: list[dict[str, Any]], lint: list[dict[str, Any]]) -> None:
