@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddp_doctor.attach.classify import Activity, classify, where
+from ddp_doctor.attach.classify import StackActivity, classify, where
 from ddp_doctor.evidence import Collective, Site
 from ddp_doctor.findings import Finding, Location, runtime_fix
 
@@ -57,7 +57,7 @@ class Entry:
         return Collective(self.group, self.seq, self.op, shapes, self.input_dtypes).must_agree()
 
     @property
-    def activity(self) -> Activity:
+    def activity(self) -> StackActivity:
         return classify(list(self.frames))
 
     def to_collective(self) -> dict[str, Any]:

@@ -11,15 +11,15 @@ import time
 from typing import Any
 
 from ddp_doctor.attach.diagnose import activity_state, diagnose
-from ddp_doctor.attach.discover import Job, find_job
-from ddp_doctor.attach.sample import RankView, sample_job
+from ddp_doctor.attach.discover import DiscoveredJob, find_job
+from ddp_doctor.attach.sample import SampledRank, sample_job
 from ddp_doctor.attach.stacks import AttachError
 from ddp_doctor.report.snippets import stack_sources
 
 __all__ = ["AttachError", "attach", "build_report", "find_job", "stop_job"]
 
 
-def build_report(job: Job, views: list[RankView], verdict: str, findings: list) -> dict[str, Any]:
+def build_report(job: DiscoveredJob, views: list[SampledRank], verdict: str, findings: list) -> dict[str, Any]:
     """The report/v1 object; ``partial`` when this node holds only some of the job's ranks."""
     ranks = []
     for v in views:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ddp_doctor import frames as _frames
 from ddp_doctor.evidence import Site
+from ddp_doctor.evidence.agreement import OBJECT_COLLECTIVES
 
 C10D_FILES = ("distributed_c10d.py",)
 COLLECTIVES = frozenset({
@@ -23,7 +24,6 @@ COLLECTIVES = frozenset({
     "send", "recv", "batch_isend_irecv", "all_gather_object", "gather_object", "broadcast_object_list",
     "scatter_object_list", "send_object_list", "recv_object_list",
 })
-OBJECT_COLLECTIVES = frozenset(c for c in COLLECTIVES if "object" in c)
 DDP_FILE = os.path.join("nn", "parallel", "distributed.py")
 
 
@@ -38,7 +38,7 @@ def user_frame(stack) -> Site | None:
 
 
 @dataclass(frozen=True)
-class Activity:
+class StackActivity:
     """Where a rank is: ``kind`` collective | object_collective | ddp | data | outside | no_python."""
 
     kind: str
@@ -80,30 +80,30 @@ def _name(f: Site) -> str:
     return (f.function or "").rsplit(".", 1)[-1]
 
 
-def classify(stack) -> Activity:
+def classify(stack) -> StackActivity:
     """The activity of one thread's stack (outermost first)."""
     if not stack:
-        return Activity("no_python", None, None)
+        return StackActivity("no_python", None, None)
     site = user_frame(stack)
     for f in stack:  # outermost collective first: all_gather_object, not the all_gather inside it
         if f.path.endswith(C10D_FILES) and _name(f) in COLLECTIVES:
             kind = "object_collective" if _name(f) in OBJECT_COLLECTIVES else "collective"
-            return Activity(kind, _name(f), site)
+            return StackActivity(kind, _name(f), site)
     for f in stack:
         if f.path.endswith(DDP_FILE):
             if _name(f) == "__init__":
-                return Activity("ddp", "ddp.init(broadcast_params)", site)
+                return StackActivity("ddp", "ddp.init(broadcast_params)", site)
             if _name(f) in ("forward", "_pre_forward", "_sync_buffers", "_sync_module_buffers",
                               "_default_broadcast_coalesced", "_distributed_broadcast_coalesced"):
-                return Activity("ddp", "ddp.forward(broadcast_buffers)", site)
+                return StackActivity("ddp", "ddp.forward(broadcast_buffers)", site)
     for f in stack:
         if _name(f) in ("_engine_run_backward", "run_backward") or (
                 _name(f) == "backward" and os.sep + "autograd" + os.sep in f.path):
-            return Activity("ddp", "ddp.backward(allreduce_grads)", site)
+            return StackActivity("ddp", "ddp.backward(allreduce_grads)", site)
     for f in stack:
         if f.path.endswith(os.path.join("utils", "data", "dataloader.py")) and _name(f) in (
                 "__next__", "_next_data", "_get_data", "_try_get_data"):
-            return Activity("data", "DataLoader.__next__", site)
+            return StackActivity("data", "DataLoader.__next__", site)
     inner = stack[-1]
     lib = None if is_user(inner) else f"{os.path.basename(inner.path)}:{inner.line} {inner.function}"
-    return Activity("outside", lib, site)
+    return StackActivity("outside", lib, site)

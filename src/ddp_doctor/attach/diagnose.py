@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ddp_doctor.attach.classify import Activity, is_user, user_frame, where
-from ddp_doctor.attach.sample import RankView
+from ddp_doctor.attach.classify import StackActivity, is_user, user_frame, where
+from ddp_doctor.attach.sample import SampledRank
 from ddp_doctor.findings import Finding, Location, runtime_fix
 
 FIX_201, FIX_202, FIX_203 = runtime_fix("DDP201"), runtime_fix("DDP202"), runtime_fix("DDP203")
@@ -35,12 +35,12 @@ def _rank_list(ranks) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
-def _for(v: RankView) -> str:
+def _for(v: SampledRank) -> str:
     return f"rank {v.proc.rank} {v.activity.describe()}" + (
         f" (unchanged for {v.unchanged_s:.0f}s+)" if v.stuck and v.unchanged_s >= 1 else "")
 
 
-def _worker_sites(v: RankView) -> list[tuple[int, object]]:
+def _worker_sites(v: SampledRank) -> list[tuple[int, object]]:
     out = []
     for w in v.workers:
         frames = w.stack.frames if w.stack else ()
@@ -50,7 +50,7 @@ def _worker_sites(v: RankView) -> list[tuple[int, object]]:
     return out
 
 
-def _evidence(views: list[RankView]) -> dict:
+def _evidence(views: list[SampledRank]) -> dict:
     return {"where": {str(v.proc.rank): {"activity": v.activity.kind, "op": v.activity.op,
                                           "site": v.activity.site.to_json() if v.activity.site else None,
                                           "unchanged_s": round(v.unchanged_s, 1),
@@ -64,7 +64,7 @@ def _evidence(views: list[RankView]) -> dict:
                         for v in views for w in v.workers}}
 
 
-def _lint_flags(views: list[RankView]) -> dict[tuple[str, int], str]:
+def _lint_flags(views: list[SampledRank]) -> dict[tuple[str, int], str]:
     """{(path, line): code} of lint's rank-conditional findings in the files the ranks stand in."""
     paths = sorted({f.path for v in views if v.stack for f in v.stack.frames if is_user(f) and f.path.endswith(".py")})
     if not paths:
@@ -89,7 +89,7 @@ def _lint_code(site, flags: dict) -> str | None:
     return None
 
 
-def diagnose(views: list[RankView], world_size: int, whole_job_here: bool,
+def diagnose(views: list[SampledRank], world_size: int, whole_job_here: bool,
              lint: dict | None = None) -> tuple[str, list[Finding]]:
     """Verdict (ok | hang | crash) and findings for one sampled job."""
     flags = _lint_flags(views) if lint is None else lint
@@ -119,7 +119,7 @@ def diagnose(views: list[RankView], world_size: int, whole_job_here: bool,
             return "hang", [_subset(code, inside, outside, ev, lint_seen=True)]
         return "hang", [_stall(outside, inside, ev)]
     if inside:
-        groups: dict[tuple, list[RankView]] = {}
+        groups: dict[tuple, list[SampledRank]] = {}
         for v in inside:
             groups.setdefault(v.activity.key(), []).append(v)
         if len(groups) == 1:
@@ -141,7 +141,7 @@ def _key(site) -> tuple:
     return (site.path, site.line) if site else (None, None)
 
 
-def _subset(code: str, fault: list[RankView], others: list[RankView], ev: dict, lint_seen: bool = False) -> Finding:
+def _subset(code: str, fault: list[SampledRank], others: list[SampledRank], ev: dict, lint_seen: bool = False) -> Finding:
     a = fault[0].activity
     msg = (f"{_rank_list(v.proc.rank for v in fault).capitalize()} {'waits' if len(fault) == 1 else 'wait'} in "
            f"{a.op}() at {where(a.site)}, a collective the other ranks never entered: "
@@ -152,7 +152,7 @@ def _subset(code: str, fault: list[RankView], others: list[RankView], ev: dict, 
                    ranks=sorted(v.proc.rank for v in fault), evidence=ev)
 
 
-def _mismatch(groups: dict[tuple, list[RankView]], inside: list[RankView], ev: dict, flags: dict) -> Finding:
+def _mismatch(groups: dict[tuple, list[SampledRank]], inside: list[SampledRank], ev: dict, flags: dict) -> Finding:
     """Ranks stuck in different collectives: find the odd group out."""
     explicit = [v for v in inside if v.activity.explicit]
     ddp = [v for v in inside if not v.activity.explicit]
@@ -180,7 +180,7 @@ def _mismatch(groups: dict[tuple, list[RankView]], inside: list[RankView], ev: d
     return Finding("DDP203", msg, FIX_203, location=_loc(site), ranks=sorted(v.proc.rank for v in fault), evidence=ev)
 
 
-def _stall(stuck: list[RankView], waiting: list[RankView], ev: dict) -> Finding:
+def _stall(stuck: list[SampledRank], waiting: list[SampledRank], ev: dict) -> Finding:
     parts = []
     site = None
     for v in sorted(stuck, key=lambda v: v.proc.rank):
@@ -197,7 +197,7 @@ def _stall(stuck: list[RankView], waiting: list[RankView], ev: dict) -> Finding:
                    evidence=ev)
 
 
-def _busy_notes(live: list[RankView]) -> list[Finding]:
+def _busy_notes(live: list[SampledRank]) -> list[Finding]:
     """Some rank still moves or computes: not a hang (yet). Say who waits on whom, as a warning."""
     waiting = [v for v in live if v.activity.in_collective and v.stuck]
     busy = [v for v in live if not v.stuck]
@@ -213,7 +213,7 @@ def _busy_notes(live: list[RankView]) -> list[Finding]:
                     ranks=sorted(v.proc.rank for v in busy), evidence=_evidence(live))]
 
 
-def activity_state(a: Activity, gone: bool) -> str:
+def activity_state(a: StackActivity, gone: bool) -> str:
     if gone:
         return "exited"
     return {"collective": "in_collective", "object_collective": "in_collective", "ddp": "in_collective",

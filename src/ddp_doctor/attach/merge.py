@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_doctor.attach.classify import Activity
+from ddp_doctor.attach.classify import StackActivity
 from ddp_doctor.attach.diagnose import diagnose
 from ddp_doctor.attach.discover import RankProcess
-from ddp_doctor.attach.sample import RankView, WorkerView
+from ddp_doctor.attach.sample import SampledRank, SampledWorker
 from ddp_doctor.evidence import Site, ThreadStack
 
 
@@ -23,15 +23,15 @@ def _frames(stack: list[dict]) -> tuple[Site, ...]:
     return tuple(Site.from_json(f) for f in stack or [] if f.get("path"))
 
 
-def _view(r: dict[str, Any], world_size: int) -> RankView:
+def _view(r: dict[str, Any], world_size: int) -> SampledRank:
     act = r.get("activity") or {}
     w = r.get("where")
     site = Site.from_json(w) if isinstance(w, dict) and w.get("path") else None
     proc = RankProcess(int(r.get("pid") or 0), int(r["rank"]), r.get("local_rank"), world_size, None, "", [])
     stack = ThreadStack("MainThread", True, _frames(r.get("stack")))
-    workers = [WorkerView(int(x.get("pid") or 0), ThreadStack("MainThread", True, _frames(x.get("stack"))),
+    workers = [SampledWorker(int(x.get("pid") or 0), ThreadStack("MainThread", True, _frames(x.get("stack"))),
                           float(x.get("unchanged_s") or 0)) for x in r.get("workers") or []]
-    return RankView(proc, Activity(act.get("kind") or "outside", act.get("op"), site), stack, [stack],
+    return SampledRank(proc, StackActivity(act.get("kind") or "outside", act.get("op"), site), stack, [stack],
                     float(r.get("unchanged_s") or 0), float(act.get("window_s") or 0), act.get("cpu_s"),
                     bool(act.get("moved")), gone=bool(act.get("gone")), workers=workers, io_bytes=act.get("io_bytes"))
 

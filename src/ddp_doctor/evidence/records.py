@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ddp_doctor.evidence.agreement import GROUP_CREATION, must_agree  # noqa: F401 - GROUP_CREATION: the records' names
+from ddp_doctor.evidence.agreement import must_agree
 
 SCHEMA = "ddp-doctor/evidence/v1"
 
