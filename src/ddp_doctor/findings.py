@@ -104,6 +104,12 @@ RUNTIME_FIXES: dict[str, str] = {
         "Compute new_group's arguments identically on every rank (from values all ranks agree on, e.g. "
         "all-gathered first) and call it on every rank, members or not, in the same order; a group that "
         "only its members create takes `new_group(ranks, use_local_synchronization=True)`."),
+    "DDP204": (
+        "Find why that rank ended (its stderr / the launcher's log: an exception, the OOM killer, sys.exit) and "
+        "make every rank stop together; torchrun's agent tears the others down only when a rank *fails*."),
+    "DDP204.no-dump": (
+        "Look at that rank's stderr for an abort or exception; make every rank record and dump "
+        "(TORCH_FR_BUFFER_SIZE, TORCH_FR_DUMP_TEMP_FILE)."),
     "DDP204.finished": (
         "Make every rank leave the training loop at the same step (agree on early stops with "
         "`ddp_doctor.fixes.agree(...)`)."),

@@ -13,7 +13,8 @@ import os
 from dataclasses import dataclass
 
 from ddp_doctor import frames as _frames
-from ddp_doctor.evidence import Site
+from ddp_doctor.diagnose.common import user_frame, where
+from ddp_doctor.evidence import Collective, Site
 from ddp_doctor.evidence.agreement import OBJECT_COLLECTIVES
 
 C10D_FILES = ("distributed_c10d.py",)
@@ -30,11 +31,6 @@ DDP_FILE = os.path.join("nn", "parallel", "distributed.py")
 def is_user(f: Site) -> bool:
     """A frame of the user's code: not ddp-doctor, torch, the standard library or an installed package."""
     return _frames.is_user(f.path)
-
-
-def user_frame(stack) -> Site | None:
-    """The innermost user frame of a stack given outermost first."""
-    return _frames.innermost_user(stack)
 
 
 @dataclass(frozen=True)
@@ -68,11 +64,13 @@ class StackActivity:
         return f"is at {at}" + (f" (inside {self.op})" if self.op else "")
 
 
-def where(site: Site | None) -> str:
-    if site is None:
-        return "an unknown line"
-    fn = site.function
-    return f"{os.path.basename(site.path)}:{site.line}" + (f" ({fn})" if fn and fn != "<module>" else "")
+def to_collective(a: StackActivity) -> Collective | None:
+    """The adapter to the shared policy: the collective a rank stands in, as the run path records one.  A stack
+    shows no position (group, sequence number) and no tensors: ``diagnose.blame`` then tells calls apart by
+    op and line."""
+    if not a.in_collective or a.op is None:
+        return None
+    return Collective(None, None, a.op, site=a.site, origin="ddp" if a.kind == "ddp" else "user")
 
 
 def _name(f: Site) -> str:
