@@ -318,10 +318,10 @@ def build_report(directory: str, dumps: list[RankDump]) -> dict[str, Any]:
                       "stack": [f.to_json() for f in e.frames] if e else [],
                       "where": e.activity.site.to_json() if e and e.activity.site else None,
                       "exit_code": None, "signal": None})
+    from ddp_doctor.report import report_v1
     from ddp_doctor.report.snippets import stack_sources
 
-    return {"schema": "ddp-doctor/report/v1", "verdict": verdict, "exit_code": 0 if verdict == "ok" else 1,
-            "sources": stack_sources(r["stack"] for r in ranks), "world_size": len(members), "findings": [f.to_report_dict() for f in findings], "ranks": ranks,
-            "source": "flight_recorder", "flight_recorder": {"dir": str(directory),
-                                                             "files": {str(d.rank): d.path for d in dumps},
-                                                             "version": dumps[0].version if dumps else None}}
+    return report_v1(verdict, len(members), [f.to_report_dict() for f in findings], ranks,
+                     sources=stack_sources(r["stack"] for r in ranks), source="flight_recorder",
+                     flight_recorder={"dir": str(directory), "files": {str(d.rank): d.path for d in dumps},
+                                      "version": dumps[0].version if dumps else None})

@@ -14,6 +14,7 @@ from ddp_doctor.attach.diagnose import activity_state, diagnose
 from ddp_doctor.attach.discover import DiscoveredJob, find_job
 from ddp_doctor.attach.sample import SampledRank, sample_job
 from ddp_doctor.attach.stacks import AttachError
+from ddp_doctor.report import report_v1
 from ddp_doctor.report.snippets import stack_sources
 
 __all__ = ["AttachError", "attach", "build_report", "find_job", "stop_job"]
@@ -42,14 +43,13 @@ def build_report(job: DiscoveredJob, views: list[SampledRank], verdict: str, fin
     cmd = views[0].proc.cmdline if views else []
     stacks = [st for r in ranks for st in (r["stack"], *(t["stack"] for t in r["threads"]),
                                            *(w["stack"] for w in r["workers"]))]
-    return {
-        "sources": stack_sources(stacks),  # the files these processes ran: the only ones snippets quote
-        "schema": "ddp-doctor/report/v1", "verdict": verdict, "exit_code": 1 if verdict != "ok" else 0,
-        "world_size": job.world_size, "findings": [f.to_report_dict() for f in findings], "ranks": ranks,
-        "source": "attach", "command": cmd, "job": job.job, "nodes": [job.node],
-        "partial": not job.whole_job_here, "agent_pid": job.agent_pid,
-        "sampled_s": round(views[0].window_s, 1) if views else 0.0, "attached_at": time.time(),
-    }
+    return report_v1(
+        verdict, job.world_size, [f.to_report_dict() for f in findings], ranks,
+        sources=stack_sources(stacks),  # the files these processes ran: the only ones snippets quote
+        source="attach", command=cmd, job=job.job, nodes=[job.node],
+        partial=not job.whole_job_here, agent_pid=job.agent_pid,
+        sampled_s=round(views[0].window_s, 1) if views else 0.0, attached_at=time.time(),
+    )
 
 
 def attach(pids: list[int] | None = None, samples: int = 3, interval_s: float = 1.0) -> dict[str, Any]:

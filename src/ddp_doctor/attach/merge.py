@@ -13,6 +13,7 @@ from ddp_doctor.attach.diagnose import diagnose
 from ddp_doctor.attach.discover import RankProcess
 from ddp_doctor.attach.sample import SampledRank, SampledWorker
 from ddp_doctor.evidence import Site, ThreadStack
+from ddp_doctor.report import REPORT_KEYS, report_v1
 
 
 class MergeError(ValueError):
@@ -55,11 +56,8 @@ def merge(reports: list[dict[str, Any]], names: list[str] | None = None) -> dict
     complete = set(by_rank) >= set(range(world))
     verdict, findings = diagnose(views, world, complete)
     nodes = [n for rep in reports for n in rep.get("nodes") or []]
-    out = dict(reports[0])
-    out.update({"verdict": verdict, "exit_code": 0 if verdict == "ok" else 1, "world_size": world,
-                "findings": [f.to_report_dict() for f in findings], "ranks": [by_rank[k] for k in sorted(by_rank)],
-                "nodes": nodes, "nnodes": len(set(nodes)) or len(reports), "partial": not complete,
-                "merged_from": names})
-    for k in ("report_path", "html_path"):
-        out.pop(k, None)
-    return out
+    kept = {k: v for k, v in reports[0].items() if k not in REPORT_KEYS and k not in ("report_path", "html_path")}
+    kept.update({"nodes": nodes, "nnodes": len(set(nodes)) or len(reports), "partial": not complete,
+                 "merged_from": names})
+    return report_v1(verdict, world, [f.to_report_dict() for f in findings], [by_rank[k] for k in sorted(by_rank)],
+                     **kept)
