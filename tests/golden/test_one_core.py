@@ -1,0 +1,106 @@
+"""One hung job, three views, one finding: ``run``'s probe states, ``attach``'s py-spy samples and a Flight
+Recorder dump of the same situation go through their adapters into the one policy (``diagnose/blame.py``)
+and must name the same code, culprit rank and line.
+
+The job is tests/scenarios/rank0_barrier.py: rank 0 calls ``barrier()`` under ``if rank == 0`` while rank 1
+builds the DDP model (whose constructor's collective pairs with nothing).  The three views are real captures
+of it: the probe states of ``captures/rank0_barrier.json``; the py-spy dumps are those ranks' main-thread
+stacks (as ``py-spy dump --json`` prints them: innermost first) sampled three times, unchanged, no CPU or
+I/O; the Flight Recorder dumps in ``flight_recorder/rank0_barrier`` were written by ``flightrec.write_dump``
+in that scenario run with ``DDP_TIMEOUT=3 TORCH_FR_BUFFER_SIZE=2000`` (paths rewritten to the capture's
+/checkout, the launching wrapper's runpy frames dropped)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from ddp_doctor import flightrec
+from ddp_doctor.attach.classify import classify
+from ddp_doctor.attach.diagnose import diagnose as diagnose_attach
+from ddp_doctor.attach.discover import RankProcess
+from ddp_doctor.attach.sample import SampledRank
+from ddp_doctor.attach.stacks import main_thread, parse_pyspy_json
+from ddp_doctor.diagnose import diagnose as diagnose_run
+from ddp_doctor.diagnose.blame import blame_calls, odd_ones_out
+from ddp_doctor.evidence import Capture, Collective, LintMark, Site
+
+HERE = Path(__file__).parent
+CAPTURE = HERE / "captures" / "rank0_barrier.json"
+FR_DIR = HERE / "flight_recorder" / "rank0_barrier"
+
+
+def _capture() -> Capture:
+    return Capture.from_json(json.loads(CAPTURE.read_text(encoding="utf-8")))
+
+
+def _pyspy_dump(stack: tuple[Site, ...], pid: int) -> str:
+    """What ``py-spy dump --json --pid PID`` prints for a process whose main thread has ``stack``."""
+    frames = [{"name": f.function, "filename": f.path, "line": f.line} for f in reversed(stack)]
+    return json.dumps([{"thread_id": 1, "os_thread_id": pid, "thread_name": "MainThread", "active": False,
+                        "frames": frames}])
+
+
+def _attach_views(cap: Capture) -> list[SampledRank]:
+    ranks = cap.evidence.ranks
+    views = []
+    for r, st in sorted(ranks.items()):
+        pid = 1000 + r
+        samples = [parse_pyspy_json(_pyspy_dump(st.stack, pid), pid) for _ in range(3)]  # 3 looks, 0.5 s apart
+        threads = samples[-1]
+        mt = main_thread(threads)
+        proc = RankProcess(pid, r, r, len(ranks), len(ranks), "job", ["python", "rank0_barrier.py"])
+        views.append(SampledRank(proc, classify(mt.frames), mt, threads, unchanged_s=1.0, window_s=1.0, cpu_s=0.0,
+                                 moved=False, io_bytes=0))
+    return views
+
+
+def _same(findings) -> tuple:
+    errors = [f for f in findings if f.severity.value == "error"]
+    assert len(errors) == 1, [(f.code, f.message) for f in findings]
+    f = errors[0]
+    return f.code, sorted(f.ranks), os.path.basename(f.location.path), f.location.line
+
+
+@pytest.mark.parametrize("with_lint", [True, False], ids=["lint", "no-lint"])
+def test_run_attach_and_flight_recorder_name_the_same_culprit(with_lint):
+    cap = _capture()
+    lint = cap.evidence.lint if with_lint else ()
+    assert not with_lint or lint == (LintMark("DDP201", "/checkout/tests/scenarios/rank0_barrier.py", 29),)
+    evidence = cap.evidence.with_(lint=lint)
+    run_verdict, run_findings = diagnose_run(evidence, cap.decision, cap.failures)
+    attach_verdict, attach_findings = diagnose_attach(_attach_views(cap), 2, True, lint=lint)
+    fr_verdict, fr_findings, _last = flightrec.diagnose(flightrec.read_dir(FR_DIR), lint=lint)
+    expected = ("DDP201", [0], "rank0_barrier.py", 29)
+    assert _same(run_findings) == expected
+    assert _same(attach_findings) == expected
+    assert _same(fr_findings) == expected
+    assert run_verdict == attach_verdict == fr_verdict == "hang"
+
+
+def _c(op, line, seq=1, shapes=(), origin="user"):
+    return Collective("world", seq, op, shapes, ("float32",) if shapes else (), Site("/job/train.py", line, "main"),
+                      origin)
+
+
+def test_odd_ones_out_is_the_ranks_outside_a_clear_majority():
+    calls = {0: _c("all_reduce", 10, shapes=("4",)), 1: _c("all_reduce", 10, shapes=("4",)),
+             2: _c("all_reduce", 10, shapes=("8",)), 3: _c("broadcast", 12, shapes=("4",))}
+    assert odd_ones_out(calls) == ([2, 3], calls[2].site)
+    tie = {0: _c("all_reduce", 10, shapes=("4",)), 1: _c("all_gather_into_tensor", 11, shapes=("4",))}
+    assert odd_ones_out(tie) == ([0, 1], tie[0].site)  # no majority: every rank, the lowest rank's line
+
+
+def test_blame_user_collective_against_ddp_own_and_lint():
+    calls = {0: _c("barrier", 29), 1: _c("ddp.backward(allreduce_grads)", 40, origin="ddp"),
+             2: _c("ddp.backward(allreduce_grads)", 40, origin="ddp")}
+    b = blame_calls(calls)
+    assert (b.code, b.ranks, b.site.line, b.lint_seen) == ("DDP201", (0,), 29, False)
+    # lint flags a line (same file name, other directory: another node's checkout) -> its code, lint_seen
+    lint = (LintMark("DDP201", "/elsewhere/train.py", 12),)
+    calls = {0: _c("all_gather", 12, shapes=("[1,1]",)), 1: _c("barrier", 20)}
+    b = blame_calls(calls, lint)
+    assert (b.code, b.ranks, b.site.line, b.lint_seen) == ("DDP201", (0,), 12, True)
+    assert blame_calls(calls).code == "DDP203"
