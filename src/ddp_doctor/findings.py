@@ -175,6 +175,18 @@ RUNTIME_FIXES: dict[str, str] = {
         " slow work on every rank or outside the window between collectives, so the others do not idle."),
     "DDP205.transport": (
         "Check the interconnect and the other nodes' logs; run `ddp-doctor check`."),
+    "DDP301": (
+        "Load with map_location set to this rank's device: torch.load(path, map_location=f'cuda:{local_rank}') or "
+        "ddp_doctor.fixes.load_checkpoint(path)."),
+    "DDP302": (
+        "Call torch.cuda.set_device(local_rank) first thing (before any .cuda(), torch.cuda call, or library that "
+        "touches CUDA), and use explicit devices: ddp_doctor.fixes.local_device()."),
+    "DDP403": (
+        "Pass persistent_workers=True to the DataLoader (workers, and their dataset copies, then live for the whole "
+        "run; call sampler.set_epoch() as usual)."),
+    "DDP405": (
+        "Construct DDP with find_unused_parameters=False (the default). Keep True only if some inputs skip "
+        "parameters (then DDP raises a clear error telling you so)."),
     "DDP510": (
         "Let every process join the launcher's group: call `init_process_group(backend)` without `world_size=`/"
         "`rank=` (torchrun and `ddp-doctor run` set WORLD_SIZE, RANK, MASTER_ADDR and MASTER_PORT). If the "

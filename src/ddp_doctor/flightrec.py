@@ -227,7 +227,7 @@ def diagnose(dumps: list[RankDump], lint: tuple[LintMark, ...] | None = None
             at = {r: per_rank[r].get(seq) for r in present}
             there = {r: e for r, e in at.items() if e is not None}
             if len({e.agrees() for e in there.values()}) > 1:
-                findings.append(_mismatch(seq, there, flags))
+                findings.append(_disagreement(seq, there, flags))
                 if all(max(per_rank[r]) > seq for r in present):  # they went on past it: paired silently
                     desync = True
                 break
@@ -255,7 +255,7 @@ def diagnose(dumps: list[RankDump], lint: tuple[LintMark, ...] | None = None
     return verdict, findings, last
 
 
-def _mismatch(seq, there: dict[int, Entry], lint: tuple[LintMark, ...]) -> Finding:
+def _disagreement(seq, there: dict[int, Entry], lint: tuple[LintMark, ...]) -> Finding:
     """Ranks recorded different calls at one sequence number: the odd ones out, by the one policy
     (``diagnose.blame``)."""
     b = blame_calls({r: e.collective() for r, e in there.items()}, lint)

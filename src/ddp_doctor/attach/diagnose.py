@@ -111,7 +111,7 @@ def diagnose(views: list[SampledRank], world_size: int, whole_job_here: bool,
                        "`ddp-doctor report a.json b.json ...` to name it.")
             return "hang", [Finding("DDP205", msg, FIX_TRANSPORT, location=loc(a.site), ranks=sorted(found),
                                     evidence=ev)]
-        return "hang", [_mismatch(inside, ev, flags)]
+        return "hang", [_disagreement(inside, ev, flags)]
     return "hang", [_stall(live, [], ev)]
 
 
@@ -130,7 +130,7 @@ def _subset(code: str, fault: list[SampledRank], others: list[SampledRank], ev: 
                    ranks=sorted(v.proc.rank for v in fault), evidence=ev)
 
 
-def _mismatch(inside: list[SampledRank], ev: dict, lint: Sequence[LintMark]) -> Finding:
+def _disagreement(inside: list[SampledRank], ev: dict, lint: Sequence[LintMark]) -> Finding:
     """Ranks stuck in different collectives: the odd ones out, by the one policy (``diagnose.blame``)."""
     calls = {v.proc.rank: c for v in inside if (c := to_collective(v.activity)) is not None}
     b = blame_calls(calls, lint)
