@@ -19,6 +19,7 @@ import os
 import pickle
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +62,12 @@ class Entry:
         return Collective(self.group, self.seq, self.op, shapes, self.input_dtypes, self.activity.site, origin)
 
     def agrees(self) -> tuple:
+        """What the ranks' entries at this position must share (``evidence/agreement.py``)."""
         return self.collective().must_agree()
 
-    @property
+    @cached_property
     def activity(self) -> StackActivity:
+        """Where the call stands, read from its stack once (entries are compared many times)."""
         return classify(list(self.frames))
 
     def report_call(self) -> dict[str, Any]:

@@ -104,3 +104,16 @@ def test_blame_user_collective_against_ddp_own_and_lint():
     b = blame_calls(calls, lint)
     assert (b.code, b.ranks, b.site.line, b.lint_seen) == ("DDP201", (0,), 12, True)
     assert blame_calls(calls).code == "DDP203"
+
+
+def test_same_line_is_the_file_name_unless_both_files_are_here_and_differ(tmp_path):
+    from ddp_doctor.diagnose.common import same_line
+
+    a, b = tmp_path / "a" / "train.py", tmp_path / "b" / "train.py"
+    for p in (a, b):
+        p.parent.mkdir()
+        p.write_text("x = 1\n")
+    assert same_line(str(a), 1, "/another/node/train.py", 1)  # a path from elsewhere: the file name decides
+    assert same_line(str(a), 1, str(tmp_path / "a" / ".." / "a" / "train.py"), 1)  # the same file, spelled apart
+    assert not same_line(str(a), 1, str(b), 1)  # two files of this machine that happen to share a name
+    assert not same_line(str(a), 1, str(a), 2) and not same_line(str(a), 1, "/x/eval.py", 1)
