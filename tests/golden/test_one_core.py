@@ -2,13 +2,14 @@
 Recorder dump of the same situation go through their adapters into the one policy (``diagnose/blame.py``)
 and must name the same code, culprit rank and line.
 
-The job is tests/scenarios/rank0_barrier.py: rank 0 calls ``barrier()`` under ``if rank == 0`` while rank 1
-builds the DDP model (whose constructor's collective pairs with nothing).  The three views are real captures
-of it: the probe states of ``captures/rank0_barrier.json``; the py-spy dumps are those ranks' main-thread
+Two jobs of tests/scenarios: ``rank0_barrier`` (rank 0 calls ``barrier()`` under ``if rank == 0`` while rank 1
+builds the DDP model, whose constructor's collective pairs with nothing: DDP201 on rank 0) and ``op_mismatch``
+(rank 0 broadcasts, rank 1 waits in a barrier at the same point: DDP203, every rank).  The three views are real
+captures of each: the probe states of ``captures/NAME.json``; the py-spy dumps are those ranks' main-thread
 stacks (as ``py-spy dump --json`` prints them: innermost first) sampled three times, unchanged, no CPU or
-I/O; the Flight Recorder dumps in ``flight_recorder/rank0_barrier`` were written by ``flightrec.write_dump``
-in that scenario run with ``DDP_TIMEOUT=3 TORCH_FR_BUFFER_SIZE=2000`` (paths rewritten to the capture's
-/checkout, the launching wrapper's runpy frames dropped)."""
+I/O; the Flight Recorder dumps in ``flight_recorder/NAME`` were written by ``flightrec.write_dump`` in that
+scenario run with ``DDP_TIMEOUT=3 TORCH_FR_BUFFER_SIZE=2000`` (paths rewritten to the capture's /checkout,
+the launching wrapper's runpy frames dropped)."""
 from __future__ import annotations
 
 import json
@@ -28,12 +29,13 @@ from ddp_doctor.diagnose.blame import blame_calls, odd_ones_out
 from ddp_doctor.evidence import Capture, Collective, LintMark, Site
 
 HERE = Path(__file__).parent
-CAPTURE = HERE / "captures" / "rank0_barrier.json"
-FR_DIR = HERE / "flight_recorder" / "rank0_barrier"
+# job -> (code, culprit ranks, file name, line) every view must give
+JOBS = {"rank0_barrier": ("DDP201", [0], "rank0_barrier.py", 29),
+        "op_mismatch": ("DDP203", [0, 1], "op_mismatch.py", 21)}
 
 
-def _capture() -> Capture:
-    return Capture.from_json(json.loads(CAPTURE.read_text(encoding="utf-8")))
+def _capture(name: str) -> Capture:
+    return Capture.from_json(json.loads((HERE / "captures" / f"{name}.json").read_text(encoding="utf-8")))
 
 
 def _pyspy_dump(stack: tuple[Site, ...], pid: int) -> str:
@@ -51,7 +53,7 @@ def _attach_views(cap: Capture) -> list[SampledRank]:
         samples = [parse_pyspy_json(_pyspy_dump(st.stack, pid), pid) for _ in range(3)]  # 3 looks, 0.5 s apart
         threads = samples[-1]
         mt = main_thread(threads)
-        proc = RankProcess(pid, r, r, len(ranks), len(ranks), "job", ["python", "rank0_barrier.py"])
+        proc = RankProcess(pid, r, r, len(ranks), len(ranks), "job", ["python", "train.py"])
         views.append(SampledRank(proc, classify(mt.frames), mt, threads, unchanged_s=1.0, window_s=1.0, cpu_s=0.0,
                                  moved=False, io_bytes=0))
     return views
@@ -65,19 +67,23 @@ def _same(findings) -> tuple:
 
 
 @pytest.mark.parametrize("with_lint", [True, False], ids=["lint", "no-lint"])
-def test_run_attach_and_flight_recorder_name_the_same_culprit(with_lint):
-    cap = _capture()
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_run_attach_and_flight_recorder_name_the_same_culprit(job, with_lint):
+    cap = _capture(job)
     lint = cap.evidence.lint if with_lint else ()
-    assert not with_lint or lint == (LintMark("DDP201", "/checkout/tests/scenarios/rank0_barrier.py", 29),)
     evidence = cap.evidence.with_(lint=lint)
     run_verdict, run_findings = diagnose_run(evidence, cap.decision, cap.failures)
     attach_verdict, attach_findings = diagnose_attach(_attach_views(cap), 2, True, lint=lint)
-    fr_verdict, fr_findings, _last = flightrec.diagnose(flightrec.read_dir(FR_DIR), lint=lint)
-    expected = ("DDP201", [0], "rank0_barrier.py", 29)
-    assert _same(run_findings) == expected
-    assert _same(attach_findings) == expected
-    assert _same(fr_findings) == expected
+    fr_verdict, fr_findings, _last = flightrec.diagnose(flightrec.read_dir(HERE / "flight_recorder" / job), lint=lint)
+    assert _same(run_findings) == JOBS[job]
+    assert _same(attach_findings) == JOBS[job]
+    assert _same(fr_findings) == JOBS[job]
     assert run_verdict == attach_verdict == fr_verdict == "hang"
+
+
+def test_the_barrier_job_has_lint_on_the_culprits_line():
+    assert _capture("rank0_barrier").evidence.lint == (
+        LintMark("DDP201", "/checkout/tests/scenarios/rank0_barrier.py", 29),)
 
 
 def _c(op, line, seq=1, shapes=(), origin="user"):
