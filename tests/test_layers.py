@@ -20,6 +20,8 @@ FORBIDDEN = {
     # attach and Flight Recorder read a job from outside it: like the session, above report and diagnosis
     "attach": {"probe", "watcher", "session", "cli"},
     "flightrec": {"probe", "watcher", "session", "cli"},
+    # check runs its own tests through torch's launcher; it shares run's signed store (channel), not its stacks
+    "check": {"probe", "watcher", "session", "cli", "diagnose", "attach", "flightrec", "lint", "store"},
     "channel": {"probe", "watcher", "diagnose", "session", "report", "cli", "evidence", "lint"},
     # (lint takes its JSON schema id from report/, where every schema of ddp-doctor is defined)
     "lint": {"probe", "watcher", "diagnose", "session", "cli", "evidence", "check", "store"},
