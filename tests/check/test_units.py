@@ -4,7 +4,7 @@ import itertools
 import pytest
 
 from ddp_doctor.check import audit, faults, plan
-from ddp_doctor.check.diagnose import bandwidth_table, build_report
+from ddp_doctor.check.results import bandwidth_table, build_report
 from ddp_doctor.findings import CATALOGUE
 
 

@@ -20,10 +20,10 @@ import pytest
 
 from ddp_doctor import flightrec
 from ddp_doctor.attach.classify import classify
-from ddp_doctor.attach.diagnose import diagnose as diagnose_attach
+from ddp_doctor.attach.assess import diagnose as diagnose_attach
 from ddp_doctor.attach.discover import RankProcess
 from ddp_doctor.attach.sample import SampledRank
-from ddp_doctor.attach.stacks import main_thread, parse_pyspy_json
+from ddp_doctor.attach.pyspy import main_thread, parse_pyspy_json
 from ddp_doctor.diagnose import diagnose as diagnose_run
 from ddp_doctor.diagnose.blame import blame_calls, odd_ones_out
 from ddp_doctor.evidence import Capture, Collective, LintMark, Site

@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ddp_doctor.attach.diagnose import activity_state, diagnose
+from ddp_doctor.attach.assess import activity_state, diagnose
 from ddp_doctor.attach.discover import DiscoveredJob, find_job
 from ddp_doctor.attach.sample import SampledRank, sample_job
-from ddp_doctor.attach.stacks import AttachError
+from ddp_doctor.attach.pyspy import AttachError
 from ddp_doctor.report import report_v1
 from ddp_doctor.report.snippets import stack_sources
 

@@ -11,7 +11,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ddp_doctor.attach.stacks import PTRACE_HELP, AttachError
+from ddp_doctor.attach.pyspy import PTRACE_HELP, AttachError
 
 
 @dataclass

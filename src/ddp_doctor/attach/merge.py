@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddp_doctor.attach.classify import StackActivity
-from ddp_doctor.attach.diagnose import diagnose
+from ddp_doctor.attach.assess import diagnose
 from ddp_doctor.attach.discover import RankProcess
 from ddp_doctor.attach.sample import SampledRank, SampledWorker
 from ddp_doctor.evidence import Site, ThreadStack

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from ddp_doctor.attach.classify import StackActivity, classify
 from ddp_doctor.attach.discover import DiscoveredJob, RankProcess
-from ddp_doctor.attach.stacks import dump, main_thread, stack_key
+from ddp_doctor.attach.pyspy import dump, main_thread, stack_key
 from ddp_doctor.evidence import ThreadStack
 
 

@@ -190,7 +190,7 @@ def run_check(rest: list[str], *, deadline: float = 10.0, sizes=None, workers: i
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     from ddp_doctor.channel import ensure_job_secret
-    from ddp_doctor.check.diagnose import build_report
+    from ddp_doctor.check.results import build_report
     from ddp_doctor.check.monitor import Monitor, stop_all_descendants
     from ddp_doctor.launch import launch
     from ddp_doctor.report import check_view

@@ -1,7 +1,7 @@
 """The odd rank out: whom to blame when ranks' calls differ, and whether lint flags the culprits' line.
 
 One policy for every evidence source.  ``run``'s probe states (``diagnose/collectives.py``), ``attach``'s
-stack samples (``attach/diagnose.py``) and Flight Recorder dumps (``flightrec.py``) are each turned into
+stack samples (``attach/assess.py``) and Flight Recorder dumps (``flightrec.py``) are each turned into
 :class:`evidence.Collective` records by their adapter first, so one situation gets one code, one culprit
 and one line wherever it was seen (docs/verdicts.md, "The culprit")."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Rank views of a live job -> verdict and findings (pure: no I/O but an optional lint of the user's files).
+"""Sampled ranks of a live job -> verdict and findings (pure: no I/O but an optional lint of the user's files).
 
 The product rule: blame the rank that is not where the others are, at its innermost user frame.
 ``attach`` has no history (no sequence numbers), only where each rank is now and whether it moved
