@@ -18,7 +18,7 @@ from typing import Sequence
 
 from ddp_doctor.attach.classify import StackActivity, is_user, to_collective
 from ddp_doctor.attach.sample import SampledRank
-from ddp_doctor.diagnose.blame import blame_calls, lint_code_at, lint_rank_conditional
+from ddp_doctor.diagnose.blame import agreement, blame_calls, lint_code_at, lint_rank_conditional
 from ddp_doctor.diagnose.common import loc, user_frame, where
 from ddp_doctor.evidence import LintMark
 from ddp_doctor.findings import Finding, runtime_fix
@@ -90,17 +90,14 @@ def diagnose(views: list[SampledRank], world_size: int, whole_job_here: bool,
         return "ok", _busy_notes(live)
     inside = [v for v in live if v.activity.in_collective]
     outside = [v for v in live if not v.activity.in_collective]
+    one_call = len({agreement(c) for v in inside if (c := to_collective(v.activity))}) == 1
     if inside and outside:
-        waits = {(v.activity.op, _key(v.activity.site)) for v in inside}
-        code = lint_code_at(flags, inside[0].activity.site) if len(waits) == 1 else None
+        code = lint_code_at(flags, inside[0].activity.site) if one_call else None
         if code:  # the waiting ranks stand in a collective lint calls rank-conditional: they are the odd ones
             return "hang", [_subset(code, inside, outside, ev, lint_seen=True)]
         return "hang", [_stall(outside, inside, ev)]
     if inside:
-        groups: dict[tuple, list[SampledRank]] = {}
-        for v in inside:
-            groups.setdefault(v.activity.key(), []).append(v)
-        if len(groups) == 1:
+        if one_call:
             a = inside[0].activity
             if whole_job_here:
                 msg = (f"Every rank waits inside the same {a.op} at {where(a.site)} and it never completes: the "
@@ -113,10 +110,6 @@ def diagnose(views: list[SampledRank], world_size: int, whole_job_here: bool,
                                     evidence=ev)]
         return "hang", [_disagreement(inside, ev, flags)]
     return "hang", [_stall(live, [], ev)]
-
-
-def _key(site) -> tuple:
-    return (site.path, site.line) if site else (None, None)
 
 
 def _subset(code: str, fault: list[SampledRank], others: list[SampledRank], ev: dict, lint_seen: bool = False) -> Finding:
