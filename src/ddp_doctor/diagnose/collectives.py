@@ -7,7 +7,7 @@ import os
 from ddp_doctor.evidence import GROUP_CREATION, Collective, JobEvidence, RankState, Site, Verdict
 from ddp_doctor.findings import Finding, runtime_fix
 
-from ddp_doctor.diagnose.blame import odd_ones_out
+from ddp_doctor.diagnose.blame import agreement, odd_ones_out
 from ddp_doctor.diagnose.common import (FIX_101, FIX_201, FIX_202, FIX_203, lint_flagged, lint_line, loc, others_text, ranks_of,
                                         step_evidence, user_frame, where)
 from ddp_doctor.diagnose.live import group_ranks
@@ -154,7 +154,7 @@ def blame_positions(in_coll: dict[int, Collective], ranks: dict[int, RankState])
         absent = [m for m in members if m not in calls]
         if any(m not in ranks or ranks[m].missing or ranks[m].finished for m in absent):
             continue  # a member that is gone: the exit diagnosis speaks for it
-        if not absent and len({c.signature() for c in calls.values()}) == 1:
+        if not absent and len({agreement(c) for c in calls.values()}) == 1:
             continue  # every member is in it and they agree
         calls.update({a: in_coll.get(a) for a in absent})
         code, fault, site = classify_calls(calls, ranks)

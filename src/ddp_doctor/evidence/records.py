@@ -71,9 +71,6 @@ class Collective:
     join: bool = False   # issued inside DDP's Join: ranks' calls legitimately differ there
     blocking: bool = False  # the rank's thread is inside this synchronous call (not an issued async one)
 
-    def signature(self) -> tuple:
-        return (self.op, self.shapes, self.dtypes)
-
     def must_agree(self) -> tuple:
         """What torch requires every rank's call at this position to agree on (``evidence.agreement``)."""
         return must_agree(self.op, self.group, self.shapes, self.dtypes)
