@@ -20,8 +20,8 @@ FORBIDDEN = {
     # attach and Flight Recorder read a job from outside it: like the session, above report and diagnosis
     "attach": {"probe", "watcher", "session", "cli"},
     "flightrec": {"probe", "watcher", "session", "cli"},
-    # check runs its own tests through torch's launcher; it shares run's signed store (channel), not its stacks
-    "check": {"probe", "watcher", "session", "cli", "diagnose", "attach", "flightrec", "lint", "store"},
+    # check runs its own tests through torch's launcher; it shares run's signed store, not its diagnosis
+    "check": {"probe", "watcher", "session", "cli", "diagnose", "attach", "flightrec", "lint"},
     "channel": {"probe", "watcher", "diagnose", "session", "report", "cli", "evidence", "lint"},
     # (lint takes its JSON schema id from report/, where every schema of ddp-doctor is defined)
     "lint": {"probe", "watcher", "diagnose", "session", "cli", "evidence", "check", "store"},
@@ -90,6 +90,12 @@ def test_one_policy_for_the_odd_rank_out():
                 bad.append(f"{p.relative_to(SRC)}: most_common (a majority vote)")
             if isinstance(node, ast.Name) and node.id == "lint_paths" and p.relative_to(SRC).parts[0] not in LINTERS:
                 bad.append(f"{p.relative_to(SRC)}: runs lint itself")
+    assert not bad, bad
+
+
+def test_one_store():
+    """Every TCPStore of ddp-doctor is made in store.py and read through channel.SideChannel (signed)."""
+    bad = [str(p.relative_to(SRC)) for p, text in _sources() if "TCPStore(" in text and p != SRC / "store.py"]
     assert not bad, bad
 
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import timedelta
 from typing import Any
 
+import ddp_doctor.store
 from ddp_doctor.channel import SideChannel, job_secret
 
 PREFIX = "ddp_doctor_check"
@@ -37,18 +37,14 @@ def connect(host: str, port: int, timeout_s: float = 30.0, prefix: str | None = 
     """A signed client of a TCPStore (optionally under a prefix)."""
     import torch.distributed as dist
 
-    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s),
-                          wait_for_workers=False)
-    return SideChannel(dist.PrefixStore(prefix, store) if prefix else store, secret=job_secret())
+    client = ddp_doctor.store.tcp_client(host, int(port), timeout_s)
+    return SideChannel(dist.PrefixStore(prefix, client) if prefix else client, secret=job_secret())
 
 
 def host_store(timeout_s: float = 30.0) -> SideChannel:
     """The node-local store, hosted in this process on an OS-chosen port of 127.0.0.1."""
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=timeout_s),
-                          wait_for_workers=False)
-    return SideChannel(store, secret=job_secret())
+    side, _port = ddp_doctor.store.host_store(0, interface="127.0.0.1", timeout_s=timeout_s)
+    return side
 
 
 def job_prefix(run_id: str, restart: str | int) -> str:
