@@ -42,13 +42,19 @@ def agreement(c: Collective) -> tuple:
     return (c.op, c.site.key() if c.site else None)
 
 
-def odd_ones_out(calls: Mapping[int, Collective | None]) -> tuple[list[int], Site | None]:
-    """The ranks outside a clear majority of agreeing calls (every rank when there is none), and the lowest
-    such rank's line."""
+def _agreeing(calls: Mapping[int, Collective | None]) -> dict[tuple, list[int]]:
+    """The ranks (ascending) of each set of calls that agree; ranks outside collectives (None) are in none."""
     groups: dict[tuple, list[int]] = {}
     for r, c in sorted(calls.items()):
         if c is not None:
             groups.setdefault(agreement(c), []).append(r)
+    return groups
+
+
+def odd_ones_out(calls: Mapping[int, Collective | None]) -> tuple[list[int], Site | None]:
+    """The ranks outside a clear majority of agreeing calls (every rank when there is none), and the lowest
+    such rank's line."""
+    groups = _agreeing(calls)
     if not groups:
         return [], None
     ranked = sorted(groups.values(), key=len, reverse=True)
@@ -82,10 +88,7 @@ def blame_calls(calls: Mapping[int, Collective], lint: Sequence[LintMark] | None
         if not same_op and len({agreement(calls[r]) for r in user}) == 1:
             site = calls[user[0]].site
             return Blame(lint_code_at(lint, site) or "DDP201", tuple(user), site)
-    groups: dict[tuple, list[int]] = {}
-    for r, c in sorted(calls.items()):
-        groups.setdefault(agreement(c), []).append(r)
-    flagged = [rs for rs in groups.values() if lint_code_at(lint, calls[rs[0]].site)]
+    flagged = [rs for rs in _agreeing(calls).values() if lint_code_at(lint, calls[rs[0]].site)]
     if len(flagged) == 1 and len(flagged[0]) < len(calls):
         site = calls[flagged[0][0]].site
         return Blame(lint_code_at(lint, site) or "DDP201", tuple(flagged[0]), site, lint_seen=True)
@@ -94,13 +97,13 @@ def blame_calls(calls: Mapping[int, Collective], lint: Sequence[LintMark] | None
 
 
 def lint_mark(f: Finding) -> LintMark:
-    """A lint finding as the runtime uses it; its first related location is the cause when it has one."""
+    """A lint finding (one with a location) as the runtime uses it; its first related location is the cause
+    when it has one."""
     rel = next(iter(f.evidence.get("related") or ()), None)  # lint's {"path", "line", "message"}
     cause = None
     if isinstance(rel, dict) and rel.get("line"):
         cause = Site(os.path.abspath(rel["path"]), int(rel["line"]), None)
-    assert f.location is not None
-    return LintMark(f.code, f.location.path, f.location.line, cause)
+    return LintMark(f.code, f.location.path, f.location.line, cause)  # type: ignore[union-attr]
 
 
 def lint_rank_conditional(paths: Iterable[str]) -> tuple[LintMark, ...]:
