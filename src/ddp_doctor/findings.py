@@ -195,6 +195,35 @@ RUNTIME_FIXES: dict[str, str] = {
         "With accelerate on CPU set ACCELERATE_USE_CPU=1 (or `accelerate launch --cpu`, `Accelerator(cpu=True)`);"
         " in a plain script call `init_process_group(backend)`, wrap the model in DDP and give the DataLoader a "
         "DistributedSampler. If the processes are meant to be independent, launch them separately instead."),
+    # ddp-doctor check (DDP5xx; the environment audit's fixes are computed from what it measured)
+    "DDP501.no-rank": (
+        "Check that every node runs the same command with the same --nnodes and a --rdzv-endpoint "
+        "every node can reach (no localhost on multi-node), and that the port is free."),
+    "DDP501.not-joined": (
+        "Check the rank's host can reach MASTER_ADDR:MASTER_PORT (firewall, GLOO_SOCKET_IFNAME / "
+        "NCCL_SOCKET_IFNAME), and that its environment imports torch."),
+    "DDP204.check-exit": (
+        "Read the rank's log below; SIGKILL usually means the OOM killer (dmesg | grep -i oom)."),
+    "DDP508": (
+        "Run every node from the same image / lock file (same torch, CUDA, NCCL, Python)."),
+    "DDP509": (
+        "Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) first, and do not give every rank the "
+        "same CUDA_VISIBLE_DEVICES."),
+    "DDP502.hung": (
+        "Look at that rank's host and device first (its log, nvidia-smi, dmesg); "
+        "run NCCL_DEBUG=INFO ddp-doctor check for the backend's view."),
+    "DDP503.pair": (
+        "Re-run with NCCL_P2P_DISABLE=1: if the data becomes right, the peer-to-peer path "
+        "between these two devices is at fault (ACS/IOMMU, driver)."),
+    "DDP502.pair": (
+        "One pair failing while the others pass points to that path: try NCCL_P2P_DISABLE=1 "
+        "once to confirm, then check `nvidia-smi topo -m`, ACS/IOMMU and the NICs."),
+    "DDP502.collective": (
+        "If every rank fails, suspect the backend/network configuration (interface, firewall); "
+        "if a few, their hosts or devices. Re-run with a larger --deadline to rule out slowness."),
+    "DDP503": (
+        "Test the named rank's device alone (memory test, nvidia-smi -q ECC), then re-run with "
+        "NCCL_P2P_DISABLE=1: if that fixes it, the peer-to-peer path is at fault."),
     "DDP501.stale-store": (
         "Launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in the environment (for `ddp-doctor run` and "
         "for torchrun alike): each attempt then gets a fresh store and the restart connects."),
