@@ -20,6 +20,8 @@ FORBIDDEN = {
     # attach and Flight Recorder read a job from outside it: like the session, above report and diagnosis
     "attach": {"probe", "watcher", "session", "cli"},
     "flightrec": {"probe", "watcher", "session", "cli"},
+    # check runs its own tests through torch's launcher; it shares run's signed store, not its diagnosis
+    "check": {"probe", "watcher", "session", "cli", "diagnose", "attach", "flightrec", "lint"},
     "channel": {"probe", "watcher", "diagnose", "session", "report", "cli", "evidence", "lint"},
     # (lint takes its JSON schema id from report/, where every schema of ddp-doctor is defined)
     "lint": {"probe", "watcher", "diagnose", "session", "cli", "evidence", "check", "store"},
@@ -61,3 +63,76 @@ def test_no_module_over_500_lines():
     big = [f"{p.relative_to(SRC)}: {n}" for p in SRC.rglob("*.py")
            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500]
     assert not big, big
+
+
+# -- one core: the stacks attach, Flight Recorder and run once had each must not grow back (issue 27) ------------
+POLICY = SRC / "diagnose" / "blame.py"  # the odd rank out and lint matching, for every evidence source
+LINTERS = {"lint", "cli", "session"}     # who may run lint itself (attach / Flight Recorder ask blame.py)
+
+
+def _sources():
+    for p in sorted(SRC.rglob("*.py")):
+        yield p, p.read_text(encoding="utf-8")
+
+
+def test_one_policy_for_the_odd_rank_out():
+    """No second "odd rank out": no majority vote, no _mismatch, no lint run of its own outside the policy."""
+    bad = []
+    for p, text in _sources():
+        if p == POLICY:
+            continue
+        tree = ast.parse(text)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name in ("_mismatch", "_lint_code", "_lint_flags", "_flag",
+                                                                   "odd_ones_out", "blame_calls", "lint_mark"):
+                bad.append(f"{p.relative_to(SRC)}: def {node.name}")
+            if isinstance(node, ast.Attribute) and node.attr == "most_common":
+                bad.append(f"{p.relative_to(SRC)}: most_common (a majority vote)")
+            if isinstance(node, ast.Name) and node.id == "lint_paths" and p.relative_to(SRC).parts[0] not in LINTERS:
+                bad.append(f"{p.relative_to(SRC)}: runs lint itself")
+    assert not bad, bad
+
+
+def test_one_store():
+    """Every TCPStore of ddp-doctor is made in store.py and read through channel.SideChannel (signed)."""
+    bad = [str(p.relative_to(SRC)) for p, text in _sources() if "TCPStore(" in text and p != SRC / "store.py"]
+    assert not bad, bad
+
+
+def test_report_v1_is_built_in_report_only():
+    bad = [str(p.relative_to(SRC)) for p, text in _sources()
+           if "ddp-doctor/report/v1\"" in text and p.relative_to(SRC).parts[0] != "report"]
+    assert not bad, bad
+
+
+def test_fix_texts_come_from_the_catalogue():
+    """A runtime finding's fix (Finding's third argument) is never a string written where the finding is made."""
+    bad = []
+    for p, text in _sources():
+        if p.relative_to(SRC).parts[0] in ("lint", "findings.py"):
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("Finding", "_finding") \
+                    and len(node.args) >= 3:
+                fix = node.args[2]
+                if isinstance(fix, ast.JoinedStr) or (isinstance(fix, ast.Constant) and isinstance(fix.value, str)):
+                    bad.append(f"{p.relative_to(SRC)}:{node.lineno}")
+    assert not bad, bad
+
+
+def test_no_class_name_for_two_things():
+    seen: dict[str, list[str]] = {}
+    for p, text in _sources():
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.ClassDef):
+                seen.setdefault(node.name, []).append(str(p.relative_to(SRC)))
+    twice = {k: v for k, v in seen.items() if len(v) > 1}
+    assert not twice, twice
+
+
+def test_architecture_names_every_package():
+    doc = (SRC.parents[1] / "docs" / "architecture.md").read_text(encoding="utf-8")
+    names = [p.name + "/" for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+    names += [p.name for p in SRC.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+    missing = [n for n in names if n not in doc]
+    assert not missing, missing

@@ -56,6 +56,21 @@ def job_secret() -> bytes | None:
     return s.encode() if s else None
 
 
+def ensure_job_secret(multi_node: bool) -> None:
+    """Make this job's secret (``run`` and ``check``), handed to the ranks in their environment.
+
+    One node: made here, per job.  Several nodes: every node's launcher needs the same key and
+    there is no channel to share it secretly, so it must come from the user (``DDP_DOCTOR_SECRET``
+    on every node); without it the side channel runs unauthenticated, and says so."""
+    if os.environ.get(SECRET_ENV):
+        return
+    if multi_node:
+        print(f"ddp-doctor: side channel unauthenticated (set the same {SECRET_ENV} on every node to sign it; "
+              "see README 'Security model')", file=sys.stderr)
+        return
+    os.environ[SECRET_ENV] = new_secret()
+
+
 def _mac(secret: bytes, key: str, seq: int, payload: bytes) -> str:
     """Keyed BLAKE2b, CPython's own (no OpenSSL): the probe signs in a background thread that releases the GIL
     while it hashes, and a DataLoader worker forked meanwhile inherits OpenSSL's locks as that thread held

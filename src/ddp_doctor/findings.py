@@ -109,6 +109,12 @@ RUNTIME_FIXES: dict[str, str] = {
         "contain, and a collective on it is skipped with only a warning. Pick the group by membership (for pairs "
         "of ranks `groups[rank // 2]`; `dist.new_subgroups()` returns each rank's own), or call "
         "`dist.get_process_group_ranks(group)` and check the rank is in it before the collective."),
+    "DDP204": (
+        "Find why that rank ended (its stderr / the launcher's log: an exception, the OOM killer, sys.exit) and "
+        "make every rank stop together; torchrun's agent tears the others down only when a rank *fails*."),
+    "DDP204.no-dump": (
+        "Look at that rank's stderr for an abort or exception; make every rank record and dump "
+        "(TORCH_FR_BUFFER_SIZE, TORCH_FR_DUMP_TEMP_FILE)."),
     "DDP204.finished": (
         "Make every rank leave the training loop at the same step (agree on early stops with "
         "`ddp_doctor.fixes.agree(...)`)."),
@@ -174,6 +180,18 @@ RUNTIME_FIXES: dict[str, str] = {
         " slow work on every rank or outside the window between collectives, so the others do not idle."),
     "DDP205.transport": (
         "Check the interconnect and the other nodes' logs; run `ddp-doctor check`."),
+    "DDP301": (
+        "Load with map_location set to this rank's device: torch.load(path, map_location=f'cuda:{local_rank}') or "
+        "ddp_doctor.fixes.load_checkpoint(path)."),
+    "DDP302": (
+        "Call torch.cuda.set_device(local_rank) first thing (before any .cuda(), torch.cuda call, or library that "
+        "touches CUDA), and use explicit devices: ddp_doctor.fixes.local_device()."),
+    "DDP403": (
+        "Pass persistent_workers=True to the DataLoader (workers, and their dataset copies, then live for the whole "
+        "run; call sampler.set_epoch() as usual)."),
+    "DDP405": (
+        "Construct DDP with find_unused_parameters=False (the default). Keep True only if some inputs skip "
+        "parameters (then DDP raises a clear error telling you so)."),
     "DDP510": (
         "Let every process join the launcher's group: call `init_process_group(backend)` without `world_size=`/"
         "`rank=` (torchrun and `ddp-doctor run` set WORLD_SIZE, RANK, MASTER_ADDR and MASTER_PORT). If the "
@@ -182,6 +200,35 @@ RUNTIME_FIXES: dict[str, str] = {
         "With accelerate on CPU set ACCELERATE_USE_CPU=1 (or `accelerate launch --cpu`, `Accelerator(cpu=True)`);"
         " in a plain script call `init_process_group(backend)`, wrap the model in DDP and give the DataLoader a "
         "DistributedSampler. If the processes are meant to be independent, launch them separately instead."),
+    # ddp-doctor check (DDP5xx; the environment audit's fixes are computed from what it measured)
+    "DDP501.no-rank": (
+        "Check that every node runs the same command with the same --nnodes and a --rdzv-endpoint "
+        "every node can reach (no localhost on multi-node), and that the port is free."),
+    "DDP501.not-joined": (
+        "Check the rank's host can reach MASTER_ADDR:MASTER_PORT (firewall, GLOO_SOCKET_IFNAME / "
+        "NCCL_SOCKET_IFNAME), and that its environment imports torch."),
+    "DDP204.check-exit": (
+        "Read the rank's log below; SIGKILL usually means the OOM killer (dmesg | grep -i oom)."),
+    "DDP508": (
+        "Run every node from the same image / lock file (same torch, CUDA, NCCL, Python)."),
+    "DDP509": (
+        "Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) first, and do not give every rank the "
+        "same CUDA_VISIBLE_DEVICES."),
+    "DDP502.hung": (
+        "Look at that rank's host and device first (its log, nvidia-smi, dmesg); "
+        "run NCCL_DEBUG=INFO ddp-doctor check for the backend's view."),
+    "DDP503.pair": (
+        "Re-run with NCCL_P2P_DISABLE=1: if the data becomes right, the peer-to-peer path "
+        "between these two devices is at fault (ACS/IOMMU, driver)."),
+    "DDP502.pair": (
+        "One pair failing while the others pass points to that path: try NCCL_P2P_DISABLE=1 "
+        "once to confirm, then check `nvidia-smi topo -m`, ACS/IOMMU and the NICs."),
+    "DDP502.collective": (
+        "If every rank fails, suspect the backend/network configuration (interface, firewall); "
+        "if a few, their hosts or devices. Re-run with a larger --deadline to rule out slowness."),
+    "DDP503": (
+        "Test the named rank's device alone (memory test, nvidia-smi -q ECC), then re-run with "
+        "NCCL_P2P_DISABLE=1: if that fixes it, the peer-to-peer path is at fault."),
     "DDP501.stale-store": (
         "Launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in the environment (for `ddp-doctor run` and "
         "for torchrun alike): each attempt then gets a fresh store and the restart connects."),

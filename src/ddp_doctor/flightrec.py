@@ -18,14 +18,16 @@ import json
 import os
 import pickle
 import re
-from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ddp_doctor.attach.classify import Activity, classify, where
-from ddp_doctor.evidence import Collective, Site
-from ddp_doctor.findings import Finding, Location, runtime_fix
+from ddp_doctor.attach.classify import StackActivity, classify
+from ddp_doctor.diagnose.blame import blame_calls, lint_code_at, lint_rank_conditional
+from ddp_doctor.diagnose.common import loc, where
+from ddp_doctor.evidence import Collective, LintMark, Site
+from ddp_doctor.findings import Finding, runtime_fix
 
 DEFAULT_PREFIX_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 
@@ -50,17 +52,25 @@ class Entry:
     state: str
     frames: tuple[Site, ...]  # outermost first
 
-    def signature(self) -> tuple:
-        """What must agree across ranks at one sequence number: the one definition the live watcher uses
-        (``Collective.must_agree``: no per-rank sizes of all_to_all, gather/scatter or object collectives)."""
+    def collective(self) -> Collective:
+        """The adapter to the shared policy: this entry as the run path records a call (``diagnose.blame``
+        compares them by ``Collective.must_agree``, the live watcher's rule).  A call from no user
+        collective's frame (the autograd thread's gradient all-reduce, DDP's broadcasts) is DDP's own."""
         shapes = tuple("x".join(map(str, s)) if isinstance(s, tuple) else str(s) for s in self.input_sizes)
-        return Collective(self.group, self.seq, self.op, shapes, self.input_dtypes).must_agree()
+        kind = self.activity.kind
+        origin = "user" if kind in ("collective", "object_collective") else "ddp"
+        return Collective(self.group, self.seq, self.op, shapes, self.input_dtypes, self.activity.site, origin)
 
-    @property
-    def activity(self) -> Activity:
+    def agrees(self) -> tuple:
+        """What the ranks' entries at this position must share (``evidence/agreement.py``)."""
+        return self.collective().must_agree()
+
+    @cached_property
+    def activity(self) -> StackActivity:
+        """Where the call stands, read from its stack once (entries are compared many times)."""
         return classify(list(self.frames))
 
-    def to_collective(self) -> dict[str, Any]:
+    def report_call(self) -> dict[str, Any]:
         shape = (list(self.input_sizes[0]) if len(self.input_sizes) == 1 else [list(s) for s in self.input_sizes]) \
             if self.input_sizes else None
         # gloo records every entry as "scheduled" (it does not track start/completion): not worth showing
@@ -177,13 +187,11 @@ def write_dump(prefix: str | None = None) -> str | None:
 
 
 # -- diagnosis ---------------------------------------------------------------------------------------
-def _fixes():
-    return runtime_fix("DDP201"), runtime_fix("DDP202"), runtime_fix("DDP203")
+FIX_201, FIX_202, FIX_203 = runtime_fix("DDP201"), runtime_fix("DDP202"), runtime_fix("DDP203")
 
 
-def _loc(e: Entry) -> Location | None:
-    s = e.activity.site
-    return Location(s.path, int(s.line or 0), s.function) if s else None
+def _loc(e: Entry):
+    return loc(e.activity.site)
 
 
 def _desc(e: Entry) -> str:
@@ -194,32 +202,10 @@ def _desc(e: Entry) -> str:
     return f"{what} (#{e.seq}) at {where(e.activity.site)}"
 
 
-def _ddp_internal(e: Entry) -> bool:
-    a = e.activity
-    return a.kind == "ddp" or (a.kind not in ("collective", "object_collective"))
-
-
-def _lint_code(entries: list[Entry]) -> dict[tuple[str, int], str]:
-    paths = sorted({e.activity.site.path for e in entries if e.activity.site and os.path.isfile(e.activity.site.path)})
-    if not paths:
-        return {}
-    try:
-        from ddp_doctor.lint import lint_paths
-
-        res = lint_paths(paths, select=["DDP201", "DDP202"])
-    except Exception:
-        return {}
-    return {(os.path.realpath(f.location.path), f.location.line): f.code for f in res.findings if f.location}
-
-
-def _flag(e: Entry, flags: dict) -> str | None:
-    s = e.activity.site
-    return flags.get((os.path.realpath(s.path), s.line)) if s else None
-
-
-def diagnose(dumps: list[RankDump]) -> tuple[str, list[Finding], dict[int, Entry | None]]:
-    """(verdict, findings, each rank's last recorded collective) from every rank's dump."""
-    fix201, fix202, fix203 = _fixes()
+def diagnose(dumps: list[RankDump], lint: tuple[LintMark, ...] | None = None
+             ) -> tuple[str, list[Finding], dict[int, Entry | None]]:
+    """(verdict, findings, each rank's last recorded collective) from every rank's dump; ``lint``: lint's marks
+    (default: lint the user's files the entries' stacks name, where they exist here)."""
     have = {d.rank: d for d in dumps}
     members = sorted({r for d in dumps for rs in d.groups.values() for r in rs} | set(have))
     missing = [r for r in members if r not in have]
@@ -232,8 +218,8 @@ def diagnose(dumps: list[RankDump]) -> tuple[str, list[Finding], dict[int, Entry
             by_group.setdefault(e.group, {}).setdefault(d.rank, {})[e.seq] = e
     findings: list[Finding] = []
     desync = False
-    all_entries = [e for d in dumps for e in d.entries]
-    flags = _lint_code(all_entries)
+    flags = lint_rank_conditional(e.activity.site.path for d in dumps for e in d.entries if e.activity.site) \
+        if lint is None else lint
     for group, per_rank in sorted(by_group.items()):
         ranks_in = sorted(per_rank)
         group_ranks = next((d.groups.get(group) for d in dumps if d.groups.get(group)), None) or ranks_in
@@ -243,15 +229,14 @@ def diagnose(dumps: list[RankDump]) -> tuple[str, list[Finding], dict[int, Entry
         for seq in range(lo, hi + 1):
             at = {r: per_rank[r].get(seq) for r in present}
             there = {r: e for r, e in at.items() if e is not None}
-            sigs = Counter(e.signature() for e in there.values())
-            if len(sigs) > 1:
-                findings.append(_mismatch(seq, there, flags, fix201, fix202, fix203))
+            if len({e.agrees() for e in there.values()}) > 1:
+                findings.append(_disagreement(seq, there, flags))
                 if all(max(per_rank[r]) > seq for r in present):  # they went on past it: paired silently
                     desync = True
                 break
             behind = sorted(r for r, e in at.items() if e is None)
             if behind:
-                findings.append(_behind(seq, there, behind, per_rank, flags, fix201))
+                findings.append(_behind(seq, there, behind, per_rank, flags))
                 break
         if findings:
             break
@@ -265,8 +250,7 @@ def diagnose(dumps: list[RankDump]) -> tuple[str, list[Finding], dict[int, Entry
             recent = sorted((e for e in holder.entries if not e.is_p2p and e.group == ref.group),
                             key=lambda e: e.seq)[-3:]
             msg += (f" Rank {holder.rank}'s last recorded collectives: " + "; ".join(_desc(e) for e in recent) + ".")
-        findings.append(Finding("DDP204", msg, "Look at that rank's stderr for an abort or exception; make every "
-                                "rank record and dump (TORCH_FR_BUFFER_SIZE, TORCH_FR_DUMP_TEMP_FILE).",
+        findings.append(Finding("DDP204", msg, runtime_fix("DDP204.no-dump"),
                                 location=_loc(ref) if ref else None, ranks=missing,
                                 severity="error" if not findings else "warning",
                                 evidence={"missing_dumps": missing}))
@@ -274,62 +258,49 @@ def diagnose(dumps: list[RankDump]) -> tuple[str, list[Finding], dict[int, Entry
     return verdict, findings, last
 
 
-def _mismatch(seq, there: dict[int, Entry], flags, fix201, fix202, fix203) -> Finding:
-    groups: dict[tuple, list[int]] = {}
-    for r, e in sorted(there.items()):
-        groups.setdefault(e.signature(), []).append(r)
-    explicit = [r for r, e in there.items() if not _ddp_internal(e)]
-    internal = [r for r, e in there.items() if _ddp_internal(e)]
+def _disagreement(seq, there: dict[int, Entry], lint: tuple[LintMark, ...]) -> Finding:
+    """Ranks recorded different calls at one sequence number: the odd ones out, by the one policy
+    (``diagnose.blame``)."""
+    b = blame_calls({r: e.collective() for r, e in there.items()}, lint)
     per_rank = "; ".join(f"rank {r}: {_desc(e)}" for r, e in sorted(there.items()))
     ev = {"seq": seq, "group": next(iter(there.values())).group_desc,
-          "calls": {str(r): e.to_collective() | {"site": e.activity.site.to_json() if e.activity.site else None}
+          "calls": {str(r): e.report_call() | {"site": e.activity.site.to_json() if e.activity.site else None}
                     for r, e in there.items()}}
-    same_op = len({e.op for e in there.values()}) == 1
-    if explicit and internal and not same_op and len({there[r].signature() for r in explicit}) == 1:
-        e = there[explicit[0]]
-        code = _flag(e, flags) or "DDP201"
-        msg = (f"At collective #{seq} of group {e.group_desc or e.group} the ranks recorded different calls: "
-               f"{per_rank}. {'Rank' if len(explicit) == 1 else 'Ranks'} {', '.join(map(str, sorted(explicit)))} "
-               f"called {e.op} where the other ranks were in DDP's own {there[internal[0]].op} (the training step): "
-               "a collective only some ranks reach.")
-        return Finding(code, msg, fix201 if code == "DDP201" else fix202, location=_loc(e), ranks=sorted(explicit),
-                       evidence=ev)
-    flagged = [r for r, e in there.items() if _flag(e, flags)]
-    flagged_sigs = {there[r].signature() for r in flagged}
-    if len(flagged_sigs) == 1 and len(flagged) < len(there):
-        e = there[flagged[0]]
-        fault = [r for r, x in there.items() if x.signature() == e.signature()]
-        code = _flag(e, flags)
-        msg = (f"At collective #{seq} of group {e.group_desc or e.group} the ranks recorded different calls: "
-               f"{per_rank}. ddp-doctor lint flags rank {fault[0]}'s line as {code} (reached under a rank-dependent "
-               "condition).")
-        return Finding(code, msg, fix201 if code == "DDP201" else fix202, location=_loc(e), ranks=sorted(fault),
-                       evidence=ev)
-    (top, n_top), *rest = Counter({k: len(v) for k, v in groups.items()}).most_common()
-    fault = [r for k, rs in groups.items() if k != top for r in rs] if rest and n_top > rest[0][1] else sorted(there)
-    e = there[min(r for r in fault if there[r].signature() != top) if any(there[r].signature() != top for r in fault)
-               else fault[0]]
-    what = "ops" if not same_op else ("shapes" if len({x.input_sizes for x in there.values()}) > 1 else "dtypes")
-    msg = (f"At collective #{seq} of group {e.group_desc or e.group} the ranks recorded different {what}: {per_rank}. "
-           "The ranks paired calls that do not match (hang, crash or silently wrong data).")
-    return Finding("DDP203", msg, fix203, location=_loc(e), ranks=sorted(fault), evidence=ev)
+    e = there[b.ranks[0]]
+    head = f"At collective #{seq} of group {e.group_desc or e.group} the ranks recorded different"
+    if b.code in ("DDP201", "DDP202"):
+        fix = FIX_201 if b.code == "DDP201" else FIX_202
+        if b.lint_seen:
+            msg = (f"{head} calls: {per_rank}. ddp-doctor lint flags rank {b.ranks[0]}'s line as {b.code} (reached "
+                   "under a rank-dependent condition).")
+        else:
+            internal = next(x for r, x in sorted(there.items()) if r not in b.ranks)
+            msg = (f"{head} calls: {per_rank}. {'Rank' if len(b.ranks) == 1 else 'Ranks'} "
+                   f"{', '.join(map(str, b.ranks))} called {e.op} where the other ranks were in DDP's own "
+                   f"{internal.op} (the training step): a collective only some ranks reach.")
+        return Finding(b.code, msg, fix, location=loc(b.site), ranks=list(b.ranks), evidence=ev)
+    what = "ops" if len({x.op for x in there.values()}) > 1 else (
+        "shapes" if len({x.input_sizes for x in there.values()}) > 1 else "dtypes")
+    msg = f"{head} {what}: {per_rank}. The ranks paired calls that do not match (hang, crash or silently wrong data)."
+    return Finding("DDP203", msg, FIX_203, location=loc(b.site), ranks=list(b.ranks), evidence=ev)
 
 
-def _behind(seq, there: dict[int, Entry], behind: list[int], per_rank, flags, fix201) -> Finding:
+def _behind(seq, there: dict[int, Entry], behind: list[int], per_rank, lint: tuple[LintMark, ...]) -> Finding:
     e = next(iter(there.values()))
     ahead = sorted(there)
     lasts = {r: per_rank[r][max(per_rank[r])] for r in behind}
     was = "; ".join(f"rank {r}'s last recorded collective is {_desc(x)}" for r, x in sorted(lasts.items()))
     ev = {"seq": seq, "group": e.group_desc or e.group,
-          "waiting": {str(r): x.to_collective() for r, x in there.items()},
-          "last": {str(r): x.to_collective() for r, x in lasts.items()}}
-    code = _flag(e, flags)
+          "waiting": {str(r): x.report_call() for r, x in there.items()},
+          "last": {str(r): x.report_call() for r, x in lasts.items()}}
+    code = lint_code_at(lint, e.activity.site)
     if code:
         msg = (f"Ranks {', '.join(map(str, ahead))} entered {_desc(e)}, which ranks {', '.join(map(str, behind))} "
                "never "
                f"reached ({was}); ddp-doctor lint flags that line as {code} (reached under a rank-dependent "
                "condition).")
-        return Finding(code, msg, fix201, location=_loc(e), ranks=ahead, evidence=ev)
+        return Finding(code, msg, FIX_201 if code == "DDP201" else FIX_202, location=_loc(e), ranks=ahead,
+                       evidence=ev)
     msg = (f"{'Rank' if len(behind) == 1 else 'Ranks'} {', '.join(map(str, behind))} never reached collective #{seq} "
            f"({_desc(e)}, entered by rank {', '.join(map(str, ahead))}): {was}, so it stalled outside collectives "
            "after that line (data loading, I/O, a lock) or ended.")
@@ -346,14 +317,14 @@ def build_report(directory: str, dumps: list[RankDump]) -> dict[str, Any]:
         e = last.get(r)
         state = "in_collective" if e is not None else ("no_dump" if r not in last else "unknown")
         ranks.append({"rank": r, "state": state,
-                      "epoch": None, "step": None, "last_collective": e.to_collective() if e else None,
+                      "epoch": None, "step": None, "last_collective": e.report_call() if e else None,
                       "stack": [f.to_json() for f in e.frames] if e else [],
                       "where": e.activity.site.to_json() if e and e.activity.site else None,
                       "exit_code": None, "signal": None})
+    from ddp_doctor.report import report_v1
     from ddp_doctor.report.snippets import stack_sources
 
-    return {"schema": "ddp-doctor/report/v1", "verdict": verdict, "exit_code": 0 if verdict == "ok" else 1,
-            "sources": stack_sources(r["stack"] for r in ranks), "world_size": len(members), "findings": [f.to_report_dict() for f in findings], "ranks": ranks,
-            "source": "flight_recorder", "flight_recorder": {"dir": str(directory),
-                                                             "files": {str(d.rank): d.path for d in dumps},
-                                                             "version": dumps[0].version if dumps else None}}
+    return report_v1(verdict, len(members), [f.to_report_dict() for f in findings], ranks,
+                     sources=stack_sources(r["stack"] for r in ranks), source="flight_recorder",
+                     flight_recorder={"dir": str(directory), "files": {str(d.rank): d.path for d in dumps},
+                                      "version": dumps[0].version if dumps else None})

@@ -79,15 +79,15 @@ def ack_key(attempt: int, rank: int) -> str:
     return f"ddpd/ack/{attempt}/{rank}"
 
 
-def host_store(port: int = 0, secret: bytes | None = None):
+def host_store(port: int = 0, secret: bytes | None = None, interface: str = "0.0.0.0", timeout_s: float = 30.0):
     """Host the side-channel TCPStore; returns (channel, port): values signed with ``secret``, by default the
-    job's (:mod:`ddp_doctor.channel`)."""
+    job's (:mod:`ddp_doctor.channel`).  ``interface``: 127.0.0.1 for a store only this node's ranks use."""
     import torch.distributed as dist
 
     from ddp_doctor.channel import SideChannel, job_secret
 
-    store = dist.TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=30))
+    store = dist.TCPStore(interface, port, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=timeout_s))
     return SideChannel(store, secret=secret or job_secret()), store.port
 
 

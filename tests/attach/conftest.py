@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,12 +12,9 @@ import pytest
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
 SCRIPTS = HERE / "scripts"
+sys.path.append(str(HERE.parent / "launchers"))  # appended: this directory's conftest stays the one imported
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from launch_helpers import free_port, kill_tree  # noqa: E402 - the one port picker and process-tree kill of the tests
 
 
 class HungJob:
@@ -63,28 +58,6 @@ class HungJob:
     def kill(self) -> None:
         kill_tree(self.proc)
         self.out.close()
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL a launcher and every process under it: torch's agent starts each rank in its own session,
-    so killing the launcher's process group alone leaves the ranks running."""
-    import psutil
-
-    try:
-        tree = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.Error:
-        tree = []
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    proc.wait(timeout=30)
-    psutil.wait_procs(tree, timeout=10)
 
 
 @pytest.fixture

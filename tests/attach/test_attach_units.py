@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ddp_doctor.attach.classify import classify
-from ddp_doctor.attach.stacks import parse_pyspy_json
+from ddp_doctor.attach.pyspy import parse_pyspy_json
 from ddp_doctor.evidence import Site
 
 SRC = Path(__file__).resolve().parents[2] / "src"

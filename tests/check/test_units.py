@@ -4,7 +4,7 @@ import itertools
 import pytest
 
 from ddp_doctor.check import audit, faults, plan
-from ddp_doctor.check.diagnose import bandwidth_table, build_report
+from ddp_doctor.check.results import bandwidth_table, build_report
 from ddp_doctor.findings import CATALOGUE
 
 
@@ -214,3 +214,25 @@ def test_every_pair_deadline_grows_with_the_number_of_rounds_only_when_needed():
     assert plan.test_deadline("pairs", 10, 4) == 10 and plan.test_deadline("barrier", 10, 64) == 10
     assert plan.test_deadline("pairs", 10, 64) == pytest.approx(0.5 * 63 / 0.9)
     assert plan.test_deadline("pairs", 10, 64, nnodes=2) == 10
+
+
+# ----------------------------------------------------------------------------- side channel
+def test_check_uses_the_signed_store(monkeypatch):
+    """check's values go through run's SideChannel: a value written without the job's secret reads as missing."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from ddp_doctor.channel import SECRET_ENV, SideChannel
+    from ddp_doctor.check import channel
+
+    monkeypatch.setenv(SECRET_ENV, "ab" * 32)
+    host = channel.host_store(timeout_s=5.0)
+    assert isinstance(host, SideChannel) and host.secret
+    client = channel.connect("127.0.0.1", host.port, timeout_s=5.0)
+    channel.Channel(client).set("res/0/ring", {"status": "pass"})
+    assert channel.get(host, "res/0/ring") == {"status": "pass"}
+    raw = dist.TCPStore("127.0.0.1", host.port, is_master=False, timeout=timedelta(seconds=5), wait_for_workers=False)
+    raw.set("stop", '{"test": "ring"}')  # forged: no signature
+    assert channel.get(host, "stop") is None and not channel.wait_for(host, "stop", timeout_s=0.2)
+    assert channel.wait_for(host, "res/0/ring", timeout_s=1.0)

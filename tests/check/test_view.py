@@ -3,7 +3,7 @@ import io
 
 from rich.console import Console
 
-from ddp_doctor.check.diagnose import build_report
+from ddp_doctor.check.results import build_report
 from ddp_doctor.report.check_view import print_check
 
 

@@ -62,24 +62,30 @@ class Procs:
         return [p.wait(timeout=timeout) for p in self.procs]
 
     def kill(self) -> None:
-        import psutil
-
         for p in self.procs:
-            try:
-                tree = psutil.Process(p.pid).children(recursive=True)  # ranks live in sessions of their own
-            except psutil.Error:
-                tree = []
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            for c in tree:
-                try:
-                    c.kill()
-                except psutil.Error:
-                    pass
-            p.wait(timeout=30)
-            psutil.wait_procs(tree, timeout=10)
+            kill_tree(p)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a launcher and every process under it: torch's agent starts each rank in its own session,
+    so killing the launcher's process group alone leaves the ranks running."""
+    import psutil
+
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        tree = []
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for c in tree:
+        try:
+            c.kill()
+        except psutil.Error:
+            pass
+    proc.wait(timeout=30)
+    psutil.wait_procs(tree, timeout=10)
 
 
 def rank_env(**extra) -> dict:

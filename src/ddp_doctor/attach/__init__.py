@@ -10,16 +10,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ddp_doctor.attach.diagnose import activity_state, diagnose
-from ddp_doctor.attach.discover import Job, find_job
-from ddp_doctor.attach.sample import RankView, sample_job
-from ddp_doctor.attach.stacks import AttachError
+from ddp_doctor.attach.assess import activity_state, diagnose
+from ddp_doctor.attach.discover import DiscoveredJob, find_job
+from ddp_doctor.attach.sample import SampledRank, sample_job
+from ddp_doctor.attach.pyspy import AttachError
+from ddp_doctor.report import report_v1
 from ddp_doctor.report.snippets import stack_sources
 
 __all__ = ["AttachError", "attach", "build_report", "find_job", "stop_job"]
 
 
-def build_report(job: Job, views: list[RankView], verdict: str, findings: list) -> dict[str, Any]:
+def build_report(job: DiscoveredJob, views: list[SampledRank], verdict: str, findings: list) -> dict[str, Any]:
     """The report/v1 object; ``partial`` when this node holds only some of the job's ranks."""
     ranks = []
     for v in views:
@@ -42,14 +43,13 @@ def build_report(job: Job, views: list[RankView], verdict: str, findings: list) 
     cmd = views[0].proc.cmdline if views else []
     stacks = [st for r in ranks for st in (r["stack"], *(t["stack"] for t in r["threads"]),
                                            *(w["stack"] for w in r["workers"]))]
-    return {
-        "sources": stack_sources(stacks),  # the files these processes ran: the only ones snippets quote
-        "schema": "ddp-doctor/report/v1", "verdict": verdict, "exit_code": 1 if verdict != "ok" else 0,
-        "world_size": job.world_size, "findings": [f.to_report_dict() for f in findings], "ranks": ranks,
-        "source": "attach", "command": cmd, "job": job.job, "nodes": [job.node],
-        "partial": not job.whole_job_here, "agent_pid": job.agent_pid,
-        "sampled_s": round(views[0].window_s, 1) if views else 0.0, "attached_at": time.time(),
-    }
+    return report_v1(
+        verdict, job.world_size, [f.to_report_dict() for f in findings], ranks,
+        sources=stack_sources(stacks),  # the files these processes ran: the only ones snippets quote
+        source="attach", command=cmd, job=job.job, nodes=[job.node],
+        partial=not job.whole_job_here, agent_pid=job.agent_pid,
+        sampled_s=round(views[0].window_s, 1) if views else 0.0, attached_at=time.time(),
+    )
 
 
 def attach(pids: list[int] | None = None, samples: int = 3, interval_s: float = 1.0) -> dict[str, Any]:

@@ -13,7 +13,9 @@ import os
 from dataclasses import dataclass
 
 from ddp_doctor import frames as _frames
-from ddp_doctor.evidence import Site
+from ddp_doctor.diagnose.common import user_frame, where
+from ddp_doctor.evidence import Collective, Site
+from ddp_doctor.evidence.agreement import OBJECT_COLLECTIVES
 
 C10D_FILES = ("distributed_c10d.py",)
 COLLECTIVES = frozenset({
@@ -23,7 +25,6 @@ COLLECTIVES = frozenset({
     "send", "recv", "batch_isend_irecv", "all_gather_object", "gather_object", "broadcast_object_list",
     "scatter_object_list", "send_object_list", "recv_object_list",
 })
-OBJECT_COLLECTIVES = frozenset(c for c in COLLECTIVES if "object" in c)
 DDP_FILE = os.path.join("nn", "parallel", "distributed.py")
 
 
@@ -32,13 +33,8 @@ def is_user(f: Site) -> bool:
     return _frames.is_user(f.path)
 
 
-def user_frame(stack) -> Site | None:
-    """The innermost user frame of a stack given outermost first."""
-    return _frames.innermost_user(stack)
-
-
 @dataclass(frozen=True)
-class Activity:
+class StackActivity:
     """Where a rank is: ``kind`` collective | object_collective | ddp | data | outside | no_python."""
 
     kind: str
@@ -68,11 +64,13 @@ class Activity:
         return f"is at {at}" + (f" (inside {self.op})" if self.op else "")
 
 
-def where(site: Site | None) -> str:
-    if site is None:
-        return "an unknown line"
-    fn = site.function
-    return f"{os.path.basename(site.path)}:{site.line}" + (f" ({fn})" if fn and fn != "<module>" else "")
+def to_collective(a: StackActivity) -> Collective | None:
+    """The adapter to the shared policy: the collective a rank stands in, as the run path records one.  A stack
+    shows no position (group, sequence number) and no tensors: ``diagnose.blame`` then tells calls apart by
+    op and line."""
+    if not a.in_collective or a.op is None:
+        return None
+    return Collective(None, None, a.op, site=a.site, origin="ddp" if a.kind == "ddp" else "user")
 
 
 def _name(f: Site) -> str:
@@ -80,30 +78,30 @@ def _name(f: Site) -> str:
     return (f.function or "").rsplit(".", 1)[-1]
 
 
-def classify(stack) -> Activity:
+def classify(stack) -> StackActivity:
     """The activity of one thread's stack (outermost first)."""
     if not stack:
-        return Activity("no_python", None, None)
+        return StackActivity("no_python", None, None)
     site = user_frame(stack)
     for f in stack:  # outermost collective first: all_gather_object, not the all_gather inside it
         if f.path.endswith(C10D_FILES) and _name(f) in COLLECTIVES:
             kind = "object_collective" if _name(f) in OBJECT_COLLECTIVES else "collective"
-            return Activity(kind, _name(f), site)
+            return StackActivity(kind, _name(f), site)
     for f in stack:
         if f.path.endswith(DDP_FILE):
             if _name(f) == "__init__":
-                return Activity("ddp", "ddp.init(broadcast_params)", site)
+                return StackActivity("ddp", "ddp.init(broadcast_params)", site)
             if _name(f) in ("forward", "_pre_forward", "_sync_buffers", "_sync_module_buffers",
                               "_default_broadcast_coalesced", "_distributed_broadcast_coalesced"):
-                return Activity("ddp", "ddp.forward(broadcast_buffers)", site)
+                return StackActivity("ddp", "ddp.forward(broadcast_buffers)", site)
     for f in stack:
         if _name(f) in ("_engine_run_backward", "run_backward") or (
                 _name(f) == "backward" and os.sep + "autograd" + os.sep in f.path):
-            return Activity("ddp", "ddp.backward(allreduce_grads)", site)
+            return StackActivity("ddp", "ddp.backward(allreduce_grads)", site)
     for f in stack:
         if f.path.endswith(os.path.join("utils", "data", "dataloader.py")) and _name(f) in (
                 "__next__", "_next_data", "_get_data", "_try_get_data"):
-            return Activity("data", "DataLoader.__next__", site)
+            return StackActivity("data", "DataLoader.__next__", site)
     inner = stack[-1]
     lib = None if is_user(inner) else f"{os.path.basename(inner.path)}:{inner.line} {inner.function}"
-    return Activity("outside", lib, site)
+    return StackActivity("outside", lib, site)

@@ -11,7 +11,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ddp_doctor.attach.stacks import PTRACE_HELP, AttachError
+from ddp_doctor.attach.pyspy import PTRACE_HELP, AttachError
 
 
 @dataclass
@@ -30,7 +30,7 @@ class RankProcess:
 
 
 @dataclass
-class Job:
+class DiscoveredJob:
     """The ranks found on this node and the launcher process that started them (if any)."""
 
     job: str
@@ -113,7 +113,7 @@ def _is_python(p) -> bool:
         return False
 
 
-def find_jobs(pids: list[int] | None = None) -> list[Job]:
+def find_jobs(pids: list[int] | None = None) -> list[DiscoveredJob]:
     """Distributed jobs on this node; only those containing ``pids`` (a rank, a worker or the launcher) if given."""
     import psutil
 
@@ -171,9 +171,9 @@ def find_jobs(pids: list[int] | None = None) -> list[Job]:
             owner = workers[owner]
         if owner in ranks:
             ranks[owner][0].workers.append(w)
-    jobs: dict[str, Job] = {}
+    jobs: dict[str, DiscoveredJob] = {}
     for rp, ppid in ranks.values():
-        job = jobs.setdefault(rp.job, Job(rp.job, rp.world_size, []))
+        job = jobs.setdefault(rp.job, DiscoveredJob(rp.job, rp.world_size, []))
         job.ranks.append(rp)
     for job in jobs.values():
         job.ranks.sort(key=lambda r: r.rank)
@@ -186,7 +186,7 @@ def find_jobs(pids: list[int] | None = None) -> list[Job]:
     return sorted(jobs.values(), key=lambda j: -len(j.ranks))
 
 
-def find_job(pids: list[int] | None = None) -> Job:
+def find_job(pids: list[int] | None = None) -> DiscoveredJob:
     """The one job to attach to; AttachError (with what to do) when there is none or several."""
     jobs = find_jobs(pids)
     if not jobs:

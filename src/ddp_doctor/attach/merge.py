@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_doctor.attach.classify import Activity
-from ddp_doctor.attach.diagnose import diagnose
+from ddp_doctor.attach.classify import StackActivity
+from ddp_doctor.attach.assess import diagnose
 from ddp_doctor.attach.discover import RankProcess
-from ddp_doctor.attach.sample import RankView, WorkerView
+from ddp_doctor.attach.sample import SampledRank, SampledWorker
 from ddp_doctor.evidence import Site, ThreadStack
+from ddp_doctor.report import REPORT_KEYS, report_v1
 
 
 class MergeError(ValueError):
@@ -23,15 +24,15 @@ def _frames(stack: list[dict]) -> tuple[Site, ...]:
     return tuple(Site.from_json(f) for f in stack or [] if f.get("path"))
 
 
-def _view(r: dict[str, Any], world_size: int) -> RankView:
+def _view(r: dict[str, Any], world_size: int) -> SampledRank:
     act = r.get("activity") or {}
     w = r.get("where")
     site = Site.from_json(w) if isinstance(w, dict) and w.get("path") else None
     proc = RankProcess(int(r.get("pid") or 0), int(r["rank"]), r.get("local_rank"), world_size, None, "", [])
     stack = ThreadStack("MainThread", True, _frames(r.get("stack")))
-    workers = [WorkerView(int(x.get("pid") or 0), ThreadStack("MainThread", True, _frames(x.get("stack"))),
+    workers = [SampledWorker(int(x.get("pid") or 0), ThreadStack("MainThread", True, _frames(x.get("stack"))),
                           float(x.get("unchanged_s") or 0)) for x in r.get("workers") or []]
-    return RankView(proc, Activity(act.get("kind") or "outside", act.get("op"), site), stack, [stack],
+    return SampledRank(proc, StackActivity(act.get("kind") or "outside", act.get("op"), site), stack, [stack],
                     float(r.get("unchanged_s") or 0), float(act.get("window_s") or 0), act.get("cpu_s"),
                     bool(act.get("moved")), gone=bool(act.get("gone")), workers=workers, io_bytes=act.get("io_bytes"))
 
@@ -55,11 +56,8 @@ def merge(reports: list[dict[str, Any]], names: list[str] | None = None) -> dict
     complete = set(by_rank) >= set(range(world))
     verdict, findings = diagnose(views, world, complete)
     nodes = [n for rep in reports for n in rep.get("nodes") or []]
-    out = dict(reports[0])
-    out.update({"verdict": verdict, "exit_code": 0 if verdict == "ok" else 1, "world_size": world,
-                "findings": [f.to_report_dict() for f in findings], "ranks": [by_rank[k] for k in sorted(by_rank)],
-                "nodes": nodes, "nnodes": len(set(nodes)) or len(reports), "partial": not complete,
-                "merged_from": names})
-    for k in ("report_path", "html_path"):
-        out.pop(k, None)
-    return out
+    kept = {k: v for k, v in reports[0].items() if k not in REPORT_KEYS and k not in ("report_path", "html_path")}
+    kept.update({"nodes": nodes, "nnodes": len(set(nodes)) or len(reports), "partial": not complete,
+                 "merged_from": names})
+    return report_v1(verdict, world, [f.to_report_dict() for f in findings], [by_rank[k] for k in sorted(by_rank)],
+                     **kept)

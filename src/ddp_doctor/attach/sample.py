@@ -4,9 +4,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ddp_doctor.attach.classify import Activity, classify
-from ddp_doctor.attach.discover import Job, RankProcess
-from ddp_doctor.attach.stacks import dump, main_thread, stack_key
+from ddp_doctor.attach.classify import StackActivity, classify
+from ddp_doctor.attach.discover import DiscoveredJob, RankProcess
+from ddp_doctor.attach.pyspy import dump, main_thread, stack_key
 from ddp_doctor.evidence import ThreadStack
 
 
@@ -15,7 +15,7 @@ BUSY_IO_BYTES = 4096
 
 
 @dataclass
-class WorkerView:
+class SampledWorker:
     """A DataLoader worker (or other child) of a rank: its main thread's latest stack."""
 
     pid: int
@@ -24,11 +24,11 @@ class WorkerView:
 
 
 @dataclass
-class RankView:
+class SampledRank:
     """One rank as seen over the sampling window."""
 
     proc: RankProcess
-    activity: Activity
+    activity: StackActivity
     stack: ThreadStack | None  # main thread, latest sample
     threads: list[ThreadStack]
     unchanged_s: float  # the main thread's position (activity and user line) has not changed for at least this
@@ -36,7 +36,7 @@ class RankView:
     cpu_s: float | None  # CPU seconds the process (all threads) used during the window
     moved: bool  # the position changed between samples
     gone: bool = False
-    workers: list[WorkerView] = field(default_factory=list)
+    workers: list[SampledWorker] = field(default_factory=list)
     io_bytes: int | None = None  # bytes read + written by the process during the window (/proc/PID/io)
 
     @property
@@ -98,7 +98,7 @@ def _unchanged(history: list[tuple[float, tuple]]) -> tuple[float, bool]:
     return t_last - since, moved
 
 
-def sample_job(job: Job, samples: int = 3, interval_s: float = 1.0) -> list[RankView]:
+def sample_job(job: DiscoveredJob, samples: int = 3, interval_s: float = 1.0) -> list[SampledRank]:
     """``samples`` stack dumps of every rank ``interval_s`` apart; ranks that vanish are marked gone."""
     samples = max(1, samples)
     cpu0 = {r.pid: _cpu(r.pid) for r in job.ranks}
@@ -150,7 +150,7 @@ def sample_job(job: Job, samples: int = 3, interval_s: float = 1.0) -> list[Rank
         for w in r.workers:
             if w in last:
                 wm = main_thread(last[w])
-                workers.append(WorkerView(w, wm, _unchanged(whist[w])[0]))
-        views.append(RankView(r, classify(mt.frames if mt else []), mt, threads, unchanged, window, cpu, moved,
+                workers.append(SampledWorker(w, wm, _unchanged(whist[w])[0]))
+        views.append(SampledRank(r, classify(mt.frames if mt else []), mt, threads, unchanged, window, cpu, moved,
                               gone=r.pid in gone or not threads, workers=workers, io_bytes=io))
     return views

@@ -7,7 +7,7 @@ Pieces (each usable alone):
 - :mod:`.audit` — the per-node environment audit (shm, limits, CPUs, env vars, versions);
 - :mod:`.worker` — runs in every rank (started through torch's elastic launcher);
 - :mod:`.monitor` — runs in the launcher: side channel (TCPStore), deadlines, stopping;
-- :mod:`.diagnose` — per-test results -> findings (DDP5xx) and the check report dict.
+- :mod:`.results` — per-test results -> findings (DDP5xx) and the check report dict.
 
 Rendering lives in :mod:`ddp_doctor.report.check_view`.
 """

@@ -5,7 +5,7 @@ torch's elastic launcher runs in the main thread.  It reads what the ranks publi
 (:mod:`.channel`), decides that a rank is stuck when it has been in one test longer than
 the deadline plus the gate grace, tells the ranks to leave (``ack``), stops the stuck
 ranks it started (by PID, after checking they are its own descendants), and returns a
-snapshot for :mod:`.diagnose` — whether the ranks finished, hung or died.
+snapshot for :mod:`.results` — whether the ranks finished, hung or died.
 """
 from __future__ import annotations
 

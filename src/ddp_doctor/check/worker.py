@@ -388,10 +388,10 @@ def main() -> int:
     host, port = cfg["store"].rsplit(":", 1)
     lstore = channel.connect(host, int(port), timeout_s=max(30.0, 4 * deadline))
     ch = channel.Channel(lstore)
-    lstore.set("master", json.dumps({
+    ch.set("master", {
         "addr": os.environ["MASTER_ADDR"], "port": int(os.environ["MASTER_PORT"]), "world_size": world,
         "group_world_size": group_world, "run_id": os.environ.get("TORCHELASTIC_RUN_ID", ""),
-        "restart": os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")}))
+        "restart": os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")})
     started_info = {"rank": rank, "pid": os.getpid(), "local_rank": local_rank,
                     "group_rank": group_rank, "host": socket.gethostname()}
     ch.set(f"started/{rank}", started_info)
@@ -467,10 +467,7 @@ def main() -> int:
 
 def _wait_ack(lstore, deadline: float) -> None:
     """Wait until the launcher has read everything (bounded: the launcher may be gone)."""
-    try:
-        lstore.wait(["ack"], timedelta(seconds=4 * deadline + 10))
-    except Exception:  # noqa: BLE001
-        pass
+    channel.wait_for(lstore, "ack", 4 * deadline + 10)
 
 
 if __name__ == "__main__":

@@ -189,11 +189,15 @@ def run_check(rest: list[str], *, deadline: float = 10.0, sizes=None, workers: i
         return 2
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from ddp_doctor.check.diagnose import build_report
+    from ddp_doctor.channel import ensure_job_secret
+    from ddp_doctor.check.results import build_report
     from ddp_doctor.check.monitor import Monitor, stop_all_descendants
     from ddp_doctor.launch import launch
     from ddp_doctor.report import check_view
 
+    # the ranks and this launcher sign what they post (run's store, ddp_doctor.channel): one node's secret is
+    # made here; several nodes need the user's, on every node
+    ensure_job_secret(multi_node=int(str(args.nnodes).split(":")[-1]) > 1 and not args.standalone)
     logdir = tempfile.mkdtemp(prefix="ddp-doctor-check-")
     monitor = Monitor(deadline, startup_timeout=rendezvous_timeout + 60.0, rendezvous_timeout=rendezvous_timeout)
     config = {"store": monitor.address, "deadline": deadline, "rendezvous_timeout": rendezvous_timeout,

@@ -38,13 +38,13 @@ def _lint(con, script: Path) -> list[dict[str, Any]]:
     except ImportError:
         con.print("  (the linter is not part of this build)")
         return []
+    from ddp_doctor.report import report_v1
     from ddp_doctor.report.snippets import attach_snippets
     from ddp_doctor.report.terminal import print_report
 
     res = lint_paths([str(script)])
     findings = [dict(f.to_report_dict(), source="lint") for f in res.findings]
-    doc = attach_snippets({"schema": "ddp-doctor/report/v1", "verdict": "ok", "exit_code": 1 if findings else 0,
-                           "world_size": 0, "findings": findings, "ranks": []}, allowed={str(script)})
+    doc = attach_snippets(report_v1("ok", 0, findings, [], exit_code=1 if findings else 0), allowed={str(script)})
     if findings:
         print_report(doc, file=con.file, color=con.is_terminal and not con.no_color)
     else:

@@ -7,6 +7,7 @@ import os
 from ddp_doctor.evidence import GROUP_CREATION, Collective, JobEvidence, RankState, Site, Verdict
 from ddp_doctor.findings import Finding, runtime_fix
 
+from ddp_doctor.diagnose.blame import agreement, odd_ones_out
 from ddp_doctor.diagnose.common import (FIX_101, FIX_201, FIX_202, FIX_203, lint_flagged, lint_line, loc, others_text, ranks_of,
                                         step_evidence, user_frame, where)
 from ddp_doctor.diagnose.live import group_ranks
@@ -106,16 +107,7 @@ def classify_calls(calls: dict[int, Collective | None],
     if subset and len(subset) < len(calls):
         return "DDP202", subset, calls[subset[0]].site
     # same op/site, disagreeing shapes or dtypes; or different ops both sides know
-    groups: dict[tuple, list[int]] = {}
-    for r, c in calls.items():
-        if c:
-            groups.setdefault(c.signature(), []).append(r)
-    sizes = {len(v) for v in groups.values()}
-    if len(sizes) == 1:  # no majority to blame: every rank is part of the mismatch
-        minority = sorted(r for v in groups.values() for r in v)
-    else:
-        minority = min(groups.values(), key=len) if groups else []
-    site = calls[minority[0]].site if minority else None
+    minority, site = odd_ones_out(calls)
     return "DDP203", minority, site
 
 
@@ -179,7 +171,7 @@ def blame_positions(in_coll: dict[int, Collective], ranks: dict[int, RankState])
         absent = [m for m in members if m not in calls]
         if any(m not in ranks or ranks[m].missing or ranks[m].finished for m in absent):
             continue  # a member that is gone: the exit diagnosis speaks for it
-        if not absent and len({c.signature() for c in calls.values()}) == 1:
+        if not absent and len({agreement(c) for c in calls.values()}) == 1:
             continue  # every member is in it and they agree
         calls.update({a: in_coll.get(a) for a in absent})
         passed = passed_not_member(calls, ranks)

@@ -131,13 +131,13 @@ FIX_101 = runtime_fix("DDP101")
 def lint_line(lint, code: str, near: Site | None, path_hint: str | None) -> Site | None:
     """The lint finding of ``code`` in the user's script nearest to ``near`` (the statically located cause):
     its cause line when lint named one elsewhere (a helper's early ``return``), else its own line."""
-    base = os.path.basename((near.path if near else None) or path_hint or "")
+    path = (near.path if near else None) or path_hint
 
     def lines(m):
         return [x for x in ((m.path, m.line), (m.cause.path, m.cause.line) if m.cause else None) if x]
 
     cands = [m for m in lint or () if m.code == code and
-             (not base or any(os.path.basename(p) == base for p, _ in lines(m)))]
+             (not path or any(same_file(p, path) for p, _ in lines(m)))]
     if not cands:
         return None
     line = (near.line if near else 0) or 0
@@ -150,9 +150,19 @@ def lint_flagged(lint, code: str, site: Site) -> bool:
     return any(m.code == code and same_line(m.path, m.line, site.path, site.line) for m in lint or ())
 
 
+def same_file(path_a: str | None, path_b: str | None) -> bool:
+    """One source file seen from lint and from the runtime: a file of the same name (paths differ between
+    nodes, launch dirs and where a dump is read), unless both files are here and are different files."""
+    if os.path.basename(path_a or "") != os.path.basename(path_b or ""):
+        return False
+    if path_a and path_b and path_a != path_b and os.path.isfile(path_a) and os.path.isfile(path_b):
+        return os.path.samefile(path_a, path_b)
+    return True
+
+
 def same_line(path_a: str | None, line_a: int | None, path_b: str | None, line_b: int | None) -> bool:
-    """One source line seen from lint and from the runtime (paths differ between nodes and launch dirs)."""
-    return line_a == line_b and os.path.basename(path_a or "") == os.path.basename(path_b or "")
+    """One source line seen from lint and from the runtime (``same_file``, same line number)."""
+    return line_a == line_b and same_file(path_a, path_b)
 
 
 # the ranks-fall-out-of-step family: lint's guess at the cause and the runtime's name for what happened

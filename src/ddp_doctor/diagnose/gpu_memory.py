@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddp_doctor.diagnose.perf import _loc, _ranks, _where
-from ddp_doctor.findings import Finding
+from ddp_doctor.findings import Finding, runtime_fix
 
 
 def diagnose_gpu_memory(ev: dict[str, Any]) -> list[Finding]:
@@ -39,14 +39,10 @@ def _gpu_finding(item: dict[str, Any]) -> Finding:
     if load:
         msg = (base + f" Cause: torch.load at {_where(load.get('site'))} (map_location={load.get('map_location')!r}) "
                f"put tensors on {', '.join(load.get('devices') or [])}.")
-        return Finding("DDP301", msg, "Load with map_location set to this rank's device: "
-                       "torch.load(path, map_location=f'cuda:{local_rank}') or "
-                       "ddp_doctor.fixes.load_checkpoint(path).",
+        return Finding("DDP301", msg, runtime_fix("DDP301"),
                        location=_loc(load.get("site")), ranks=[r], evidence=item)
     init = item.get("cuda_init")
     where = f" Cause: CUDA was first used at {_where(init.get('site'))} on device {init.get('device')}" \
         f"{' before torch.cuda.set_device()' if init.get('before_set_device') else ''}." if init else ""
-    return Finding("DDP302", base + where,
-                   "Call torch.cuda.set_device(local_rank) first thing (before any .cuda(), torch.cuda call, or "
-                   "library that touches CUDA), and use explicit devices: ddp_doctor.fixes.local_device().",
+    return Finding("DDP302", base + where, runtime_fix("DDP302"),
                    location=_loc(init.get("site")) if init else None, ranks=[r], evidence=item)

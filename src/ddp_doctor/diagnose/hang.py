@@ -5,6 +5,7 @@ from __future__ import annotations
 from ddp_doctor.evidence import Collective, JobEvidence, RankState, Verdict
 from ddp_doctor.findings import Finding, runtime_fix
 
+from ddp_doctor.diagnose.blame import agreement
 from ddp_doctor.diagnose.collectives import blame_positions, classify_calls, finding_for_calls
 from ddp_doctor.diagnose.common import (FIX_201, FIX_202, doing, loc, others_text, rank_site, ranks_of,
                                         step_evidence, user_frame, where)
@@ -51,7 +52,7 @@ def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Finding]:
         return [Finding(code, msg, FIX_201 if code == "DDP201" else FIX_202, location=loc(site),
                         ranks=sorted(fault), evidence=ev_)]
     if in_coll:
-        keys = {(c.group, c.seq, *c.signature()) for c in in_coll.values()}
+        keys = {(c.group, c.seq, *agreement(c)) for c in in_coll.values()}
         if len(keys) > 1:
             calls = {r: c for r, c in in_coll.items()}
             seqs = {c.seq for c in calls.values()}

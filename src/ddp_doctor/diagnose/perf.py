@@ -17,7 +17,7 @@ import os
 import statistics
 from typing import Any
 
-from ddp_doctor.findings import Finding, Location
+from ddp_doctor.findings import Finding, Location, runtime_fix
 
 # thresholds (documented in docs/perf.md)
 DATA_SHARE = 0.30          # DDP401: data wait >= 30% of the step time ...
@@ -418,8 +418,7 @@ def diagnose_worker_restarts(ev: dict[str, Any]) -> list[Finding]:
                f"{_ranks_str(g['ranks'])} -- about {_ms(wasted)} lost over {g['epochs']} epochs (each epoch also "
                "re-imports and re-builds whatever the dataset does at worker start).")
         out.append(Finding(
-            "DDP403", msg, "Pass persistent_workers=True to the DataLoader (workers, and their dataset copies, "
-            "then live for the whole run; call sampler.set_epoch() as usual).",
+            "DDP403", msg, runtime_fix("DDP403"),
             location=_loc(ld.get("site")), ranks=sorted(g["ranks"]),
             evidence={"epoch_start_s": round(startup, 4), "steady_batch_s": round(steady, 5),
                       "epochs": g["epochs"], "wasted_s": round(wasted, 3), "num_workers": ld.get("num_workers")}))
@@ -453,8 +452,7 @@ def diagnose_unused_parameters(ev: dict[str, Any]) -> list[Finding]:
                f"ever had an unused parameter ({_ranks_str(g['ranks'])} checked, {d.get('params')} parameters): "
                "every backward pass pays an extra traversal of the autograd graph for nothing.")
         out.append(Finding(
-            "DDP405", msg, "Construct DDP with find_unused_parameters=False (the default). Keep True only if some "
-            "inputs skip parameters (then DDP raises a clear error telling you so).",
+            "DDP405", msg, runtime_fix("DDP405"),
             location=_loc(d.get("site")), ranks=sorted(g["ranks"]),
             evidence={"params": d.get("params"), "unused_parameter_size": d.get("unused_parameter_size", 0)}))
     return out

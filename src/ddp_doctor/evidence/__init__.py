@@ -19,10 +19,11 @@ the nodes it suspects, through a :class:`Control` message.
 ``RankState.perf`` holds the performance family's records (``loads``, ``cuda``, ``gpu``, ``h2d``,
 ``loadavg``, ``cpu_count``): written by ``probe/perf.py``, read by ``diagnose/perf.py`` only.
 """
+from ddp_doctor.evidence.agreement import GROUP_CREATION
 from ddp_doctor.evidence.job import (EVIDENCE_OUT_ENV, Capture, JobEvidence, LintMark, NodeLoss, Suspicion, Verdict,
                                      exit_from_wire, rank_state_from_wire, stacks_from_wire, to_wire)
 from ddp_doctor.evidence.rank import PERF_KEYS, RankState, missing_rank
-from ddp_doctor.evidence.records import (GROUP_CREATION, SCHEMA, Activity, Collective, DataWait, DdpModel, DdpParam,
+from ddp_doctor.evidence.records import (SCHEMA, Activity, Collective, DataWait, DdpModel, DdpParam,
                                          ExitStatus, GroupInit, LoaderState, RaisedError, Refused, SamplerState, Site,
                                          SiteCount,
                                          SkippedSync, ThreadStack, FrameValues, TimelineEvent, Timing, WorkerExit, WorkerStack,

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ddp_doctor.evidence.agreement import GROUP_CREATION, must_agree  # noqa: F401 - GROUP_CREATION: the records' names
+from ddp_doctor.evidence.agreement import must_agree
 
 SCHEMA = "ddp-doctor/evidence/v1"
 
@@ -70,9 +70,6 @@ class Collective:
     step_in_epoch: int | None = None
     join: bool = False   # issued inside DDP's Join: ranks' calls legitimately differ there
     blocking: bool = False  # the rank's thread is inside this synchronous call (not an issued async one)
-
-    def signature(self) -> tuple:
-        return (self.op, self.shapes, self.dtypes)
 
     def must_agree(self) -> tuple:
         """What torch requires every rank's call at this position to agree on (``evidence.agreement``)."""

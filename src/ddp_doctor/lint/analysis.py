@@ -18,7 +18,7 @@ from ddp_doctor.lint.buffers import wrapped_module_has_no_buffers
 from ddp_doctor.lint.evaluate import RANKS
 from ddp_doctor.lint.model import ModuleModel
 from ddp_doctor.lint.names import NOTCONST, arg_or_kw, const_value, dotted, final_name, kwarg
-from ddp_doctor.lint.scopes import Cond, Scope, Site
+from ddp_doctor.lint.scopes import Cond, GuardedCall, Scope
 
 _UNWRAP = {"enumerate", "tqdm", "iter", "zip", "islice", "trange", "track", "progress_bar", "Bar", "chain",
            "cycle", "prefetch", "CUDAPrefetcher", "DataPrefetcher", "data_prefetcher", "MetricLogger", "log_every"}
@@ -31,11 +31,11 @@ def _cached(model: ModuleModel, key, fn):
 
 
 # ------------------------------------------------------------- helpers ---
-def fn_direct_sites(model: ModuleModel, fn: ast.AST) -> list[Site]:
+def fn_direct_sites(model: ModuleModel, fn: ast.AST) -> list[GuardedCall]:
     return model.scopes[fn].sites if fn in model.scopes else []
 
 
-def backward_sites(model: ModuleModel, scope: Scope, depth: int = 0) -> list[Site]:
+def backward_sites(model: ModuleModel, scope: Scope, depth: int = 0) -> list[GuardedCall]:
     """Sites in ``scope`` that run a backward, directly or via a same-file helper (one level)."""
     out = []
     for site in scope.sites:

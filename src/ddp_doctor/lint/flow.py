@@ -6,7 +6,7 @@ import ast
 from typing import Iterator
 
 from ddp_doctor.lint.names import dotted, final_name
-from ddp_doctor.lint.scopes import Cond, FuncNode, Jump, LoopNode, Scope, Site
+from ddp_doctor.lint.scopes import Cond, FuncNode, GuardedCall, Jump, LoopNode, Scope
 
 
 def _terminates(body: list[ast.stmt]) -> str | None:
@@ -105,7 +105,7 @@ class ControlFlow:
             scope.stmts.append((stmt, conds, loops))
             for expr in iter_header_exprs(stmt):
                 for call in calls_in(expr):
-                    scope.sites.append(Site(call, conds, loops, stmt, scope))
+                    scope.sites.append(GuardedCall(call, conds, loops, stmt, scope))
             self._record_assign(scope, stmt, conds)
             if isinstance(stmt, FuncNode) or isinstance(stmt, ast.ClassDef):
                 if isinstance(stmt, ast.ClassDef):

@@ -26,7 +26,7 @@ class Cond:
 
 
 @dataclass(eq=False)
-class Site:
+class GuardedCall:
     """A call, with the conditions and loops under which it runs in its scope."""
 
     call: ast.Call
@@ -53,7 +53,7 @@ class Scope:
     cls: ast.ClassDef | None = None
     params: list[str] = field(default_factory=list)
     assigns: dict[str, list[tuple[ast.expr, tuple[Cond, ...]]]] = field(default_factory=dict)
-    sites: list[Site] = field(default_factory=list)
+    sites: list[GuardedCall] = field(default_factory=list)
     jumps: list[Jump] = field(default_factory=list)
     loops: list[tuple[ast.stmt, tuple[Cond, ...], tuple[ast.stmt, ...]]] = field(default_factory=list)
     stmts: list[tuple[ast.stmt, tuple[Cond, ...], tuple[ast.stmt, ...]]] = field(default_factory=list)
@@ -216,7 +216,7 @@ class ScopeIndex:
                 return self.methods.get(cls, {}).get(func.attr)
         return None
 
-    def call_sites_of(self, fn: ast.AST) -> list[Site]:
+    def call_sites_of(self, fn: ast.AST) -> list[GuardedCall]:
         key = ("callers", fn)
         if key in self._cache:
             return self._cache[key]
@@ -250,7 +250,7 @@ class ScopeIndex:
                         return True
         return False
 
-    def _sites_named(self, name: str) -> list[Site]:
+    def _sites_named(self, name: str) -> list[GuardedCall]:
         """Call sites whose callee's final name is ``name`` (an index built once per module)."""
         index = self._cache.get("sites_by_name")
         if index is None:

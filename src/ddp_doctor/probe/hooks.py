@@ -17,7 +17,7 @@ import time
 import weakref
 
 from ddp_doctor import store as side
-from ddp_doctor.evidence.records import GROUP_CREATION
+from ddp_doctor.evidence.agreement import GROUP_CREATION
 from ddp_doctor.probe import ddp_params, group_calls, groups, lifeline, workers
 from ddp_doctor.probe.recorder import EpochRec, LoaderRec, Recorder, user_site
 

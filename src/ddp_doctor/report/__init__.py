@@ -153,6 +153,23 @@ def _check_json_schema() -> dict[str, Any]:
 CHECK_JSON_SCHEMA = _check_json_schema()
 
 
+REPORT_KEYS = ("schema", "verdict", "exit_code", "world_size", "findings", "ranks")
+
+
+def report_v1(verdict: str, world_size: int, findings: list[dict[str, Any]], ranks: list[dict[str, Any]],
+              exit_code: int | None = None, **extra: Any) -> dict[str, Any]:
+    """The one builder of a ``ddp-doctor/report/v1`` document (``run``, ``attach`` and its merge, Flight Recorder,
+    the demo): the contract's keys first, then what the source adds (``extra``, never a contract key).
+    ``findings``: report/v1 finding objects (``Finding.to_report_dict``); ``exit_code`` defaults to 0 when the
+    verdict is ok, else 1."""
+    clash = set(extra) & set(REPORT_KEYS)
+    if clash:
+        raise ValueError(f"report/v1 keys given as extras: {sorted(clash)}")
+    code = (0 if verdict == "ok" else 1) if exit_code is None else exit_code
+    return {"schema": REPORT_SCHEMA_ID, "verdict": verdict, "exit_code": code, "world_size": world_size,
+            "findings": findings, "ranks": ranks, **extra}
+
+
 def report_json(data: dict[str, Any]) -> str:
     """A report as the text its JSON file holds."""
     return json.dumps(data, indent=2, sort_keys=False) + "\n"

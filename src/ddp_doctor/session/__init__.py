@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ddp_doctor import store as side
+from ddp_doctor.channel import ensure_job_secret
 from ddp_doctor.evidence import ExitStatus, Verdict
 from ddp_doctor.procs import descendants, terminate
 from ddp_doctor.session import assemble
@@ -105,7 +106,7 @@ class Job:
         except Exception:
             pass
         self.nnodes = nnodes_max
-        _job_secret(multi_node=nnodes_max > 1 and not a.standalone)
+        ensure_job_secret(multi_node=nnodes_max > 1 and not a.standalone)
         if nnodes_max <= 1 or a.standalone:
             self.store, port = side.host_store(0)
             self.store_addr = f"127.0.0.1:{port}"
@@ -337,23 +338,6 @@ def _failures(e: BaseException) -> dict[int, ExitStatus]:
                 sig = str(-code)
         out[int(rank)] = ExitStatus(code, sig)
     return out
-
-
-def _job_secret(multi_node: bool) -> None:
-    """The side channel's HMAC key (``ddp_doctor.channel``), handed to the ranks in their environment.
-
-    One node: made here, per job.  Several nodes: every node's launcher needs the same key and
-    there is no channel to share it secretly, so it must come from the user (``DDP_DOCTOR_SECRET``
-    on every node); without it the side channel runs unauthenticated, and says so."""
-    from ddp_doctor.channel import SECRET_ENV, new_secret
-
-    if os.environ.get(SECRET_ENV):
-        return
-    if multi_node:
-        print(f"ddp-doctor: side channel unauthenticated (set the same {SECRET_ENV} on every node to sign it; "
-              "see README 'Security model')", file=sys.stderr)
-        return
-    os.environ[SECRET_ENV] = new_secret()
 
 
 def _is_local(host: str) -> bool:

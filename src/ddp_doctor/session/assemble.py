@@ -13,11 +13,12 @@ from typing import Any
 
 from ddp_doctor import store as side
 from ddp_doctor.diagnose import diagnose
+from ddp_doctor.diagnose.blame import lint_mark
 from ddp_doctor.diagnose.common import same_hazard, same_line
 from ddp_doctor.diagnose.live import find_desync
-from ddp_doctor.evidence import (EVIDENCE_OUT_ENV, Capture, ExitStatus, JobEvidence, LintMark, RankState, Site,
-                                 Verdict)
-from ddp_doctor.findings import Finding, plain
+from ddp_doctor.evidence import EVIDENCE_OUT_ENV, Capture, ExitStatus, JobEvidence, LintMark, RankState, Verdict
+from ddp_doctor.findings import plain
+from ddp_doctor.report import report_v1
 from ddp_doctor.watcher import FATAL, stacks
 
 
@@ -64,21 +65,18 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
     runtime = [f.to_report_dict() | {"source": "runtime"} for f in findings]
     lint = [f.to_report_dict() | {"source": "lint"} for f in lint_findings]
     confirm_lint(runtime, lint)
-    report: dict[str, Any] = {
-        "schema": "ddp-doctor/report/v1",
-        "verdict": verdict,
-        "exit_code": exit_code,
-        "world_size": w.world_size,
-        "findings": runtime,
-        "ranks": [rank_entry(r, st, job.failures, lost) for r, st in sorted(evidence.ranks.items())],
-        "command": ["ddp-doctor", "run", *job.argv],
-        "launcher": "ddp-doctor run",
-        "started_at": job.started_at,
-        "duration_s": round(time.time() - job.t0, 3),
-        "hang_timeout_s": evidence.hang_limit_s,
-        "nnodes": str(job.args.nnodes),
-        "lint": {"path": job.args.training_script, "findings": lint},
-    }
+    ranks = [rank_entry(r, st, job.failures, lost) for r, st in sorted(evidence.ranks.items())]
+    report = report_v1(
+        verdict, w.world_size, runtime, ranks,
+        exit_code=exit_code,
+        command=["ddp-doctor", "run", *job.argv],
+        launcher="ddp-doctor run",
+        started_at=job.started_at,
+        duration_s=round(time.time() - job.t0, 3),
+        hang_timeout_s=evidence.hang_limit_s,
+        nnodes=str(job.args.nnodes),
+        lint={"path": job.args.training_script, "findings": lint},
+    )
     if decision is not None:
         t_detect = decision.t_detect
         stats = {"reason": decision.reason, "limit": evidence.hang_limit_how}
@@ -211,15 +209,6 @@ def save_evidence(evidence: JobEvidence, decision: Verdict | None, failures: dic
             json.dump(Capture(evidence, decision, failures).to_json(), f, default=str)
     except OSError as e:
         print(f"ddp-doctor: could not save the evidence to {path}: {e}", file=sys.stderr)
-
-
-def lint_mark(f: Finding) -> LintMark:
-    """A lint finding as the runtime uses it; its first related location is the cause when it has one."""
-    rel = next(iter(f.evidence.get("related") or ()), None)  # lint's {"path", "line", "message"}
-    cause = None
-    if isinstance(rel, dict) and rel.get("line"):
-        cause = Site(os.path.abspath(rel["path"]), int(rel["line"]), None)
-    return LintMark(f.code, f.location.path, f.location.line, cause)
 
 
 def confirm_lint(runtime: list[dict[str, Any]], lint: list[dict[str, Any]]) -> None:

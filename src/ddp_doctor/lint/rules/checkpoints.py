@@ -6,7 +6,7 @@ import ast
 from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import ModuleModel
 from ddp_doctor.lint.names import arg_or_kw
-from ddp_doctor.lint.scopes import Scope, Site
+from ddp_doctor.lint.scopes import GuardedCall, Scope
 from ddp_doctor.lint.rules.base import Context, Rule
 from ddp_doctor.lint.rules.devices import is_dist_script
 
@@ -69,7 +69,7 @@ class SaveOnEveryRank(Rule):
                 )
 
     @staticmethod
-    def _guarded(m: ModuleModel, site: Site) -> bool:
+    def _guarded(m: ModuleModel, site: GuardedCall) -> bool:
         scope = site.scope
         if m.rank_conds(site.conds, scope) or scope.rank_guarded_all or A.single_process_only(m, site.conds, scope):
             return True  # rank-guarded, or never run under DDP (`if local_rank == -1:`)

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.function_summary import Related
 from ddp_doctor.lint.names import arg_or_kw
-from ddp_doctor.lint.scopes import Cond, Scope, Site
+from ddp_doctor.lint.scopes import Cond, GuardedCall, Scope
 from ddp_doctor.lint.rules.base import Context, Rule
 
 
-def _guard_text(ctx: Context, site: Site, conds: list[Cond]) -> str:
+def _guard_text(ctx: Context, site: GuardedCall, conds: list[Cond]) -> str:
     if site.scope.rank_guarded_all and not conds:
         return f"`{site.scope.name}` is decorated to run on rank 0 only"
     c = conds[-1]
@@ -23,7 +23,7 @@ def _guard_text(ctx: Context, site: Site, conds: list[Cond]) -> str:
     return f"it runs only where `{t if c.positive else f'not ({t})'}` holds{_per_node(ctx, site, c)}"
 
 
-def _per_node(ctx: Context, site: Site, c: Cond) -> str:
+def _per_node(ctx: Context, site: GuardedCall, c: Cond) -> str:
     """A local-rank test is true once per *node*: say so (one writer per node, not per job)."""
     if "local" not in ctx.text(c.test, 200).lower():
         return ""
@@ -38,9 +38,9 @@ def _inside(node: ast.AST, container: ast.AST) -> bool:
     return container.lineno <= node.lineno <= (container.end_lineno or container.lineno) and node is not container
 
 
-def _groups(ctx: Context, scope: Scope, classify) -> dict[str, list[tuple[Site, list[Cond], Desc]]]:
+def _groups(ctx: Context, scope: Scope, classify) -> dict[str, list[tuple[GuardedCall, list[Cond], Desc]]]:
     """Sites of ``scope`` classified by ``classify(site) -> (key, description) | None``."""
-    groups: dict[str, list[tuple[Site, list[Cond], Desc]]] = {}
+    groups: dict[str, list[tuple[GuardedCall, list[Cond], Desc]]] = {}
     for site in scope.sites:
         got = classify(site)
         if got is None:
@@ -59,7 +59,7 @@ class Desc:
     related: tuple[Related, ...] = ()
 
 
-def _other_file(ctx: Context, site: Site, scope: Scope, what: str):
+def _other_file(ctx: Context, site: GuardedCall, scope: Scope, what: str):
     """The summary of the function of another project file that ``site`` calls, if it ``what``s."""
     m = ctx.model
     if m.project is None or not (site.conds or scope.rank_guarded_all):
@@ -76,7 +76,7 @@ def _other_file(ctx: Context, site: Site, scope: Scope, what: str):
     return m.project.summary_of_call(m, site.call.func, scope)
 
 
-def _unbalanced(ctx: Context, scope: Scope, group) -> list[tuple[Site, list[Cond], str]]:
+def _unbalanced(ctx: Context, scope: Scope, group) -> list[tuple[GuardedCall, list[Cond], str]]:
     guarded = [g for g in group if g[1] or scope.rank_guarded_all]
     if not guarded:
         return []
@@ -97,7 +97,7 @@ class RankConditionalCollective(Rule):
     def check(self, ctx: Context) -> None:
         m = ctx.model
         for scope in m.scopes.values():
-            def classify(site: Site):
+            def classify(site: GuardedCall):
                 name = m.collective_name(site.call, scope)
                 if name:
                     if m.uses_subgroup(site.call):
@@ -141,7 +141,7 @@ class DDPForwardOnSubset(Rule):
         if not m.is_distributed:
             return
         for scope in m.scopes.values():
-            def classify(site: Site):
+            def classify(site: GuardedCall):
                 target = A.forward_target(site.call)
                 if target is not None and m.is_ddp_value(target, scope):
                     if A.no_buffer_broadcast(m, target, scope) and A.in_no_grad(m, scope, site.call.lineno):

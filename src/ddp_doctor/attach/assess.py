@@ -1,4 +1,4 @@
-"""Rank views of a live job -> verdict and findings (pure: no I/O but an optional lint of the user's files).
+"""Sampled ranks of a live job -> verdict and findings (pure: no I/O but an optional lint of the user's files).
 
 The product rule: blame the rank that is not where the others are, at its innermost user frame.
 ``attach`` has no history (no sequence numbers), only where each rank is now and whether it moved
@@ -14,20 +14,17 @@ during the sampling window, so the verdict policy is the cautious half of ``run`
 """
 from __future__ import annotations
 
-from collections import Counter
+from typing import Sequence
 
-from ddp_doctor.attach.classify import Activity, is_user, user_frame, where
-from ddp_doctor.attach.sample import RankView
-from ddp_doctor.findings import Finding, Location, runtime_fix
+from ddp_doctor.attach.classify import StackActivity, is_user, to_collective
+from ddp_doctor.attach.sample import SampledRank
+from ddp_doctor.diagnose.blame import agreement, blame_calls, lint_code_at, lint_rank_conditional
+from ddp_doctor.diagnose.common import loc, user_frame, where
+from ddp_doctor.evidence import LintMark
+from ddp_doctor.findings import Finding, runtime_fix
 
 FIX_201, FIX_202, FIX_203 = runtime_fix("DDP201"), runtime_fix("DDP202"), runtime_fix("DDP203")
-FIX_205, FIX_TRANSPORT = runtime_fix("DDP205.stall"), runtime_fix("DDP205.transport")
-FIX_204 = ("Find why that rank ended (its stderr / the launcher's log: an exception, the OOM killer, sys.exit) and "
-           "make every rank stop together; torchrun's agent tears the others down only when a rank *fails*.")
-
-
-def _loc(site) -> Location | None:
-    return Location(site.path, int(site.line or 0), site.function) if site else None
+FIX_204, FIX_205, FIX_TRANSPORT = runtime_fix("DDP204"), runtime_fix("DDP205.stall"), runtime_fix("DDP205.transport")
 
 
 def _rank_list(ranks) -> str:
@@ -35,12 +32,12 @@ def _rank_list(ranks) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
-def _for(v: RankView) -> str:
+def _for(v: SampledRank) -> str:
     return f"rank {v.proc.rank} {v.activity.describe()}" + (
         f" (unchanged for {v.unchanged_s:.0f}s+)" if v.stuck and v.unchanged_s >= 1 else "")
 
 
-def _worker_sites(v: RankView) -> list[tuple[int, object]]:
+def _worker_sites(v: SampledRank) -> list[tuple[int, object]]:
     out = []
     for w in v.workers:
         frames = w.stack.frames if w.stack else ()
@@ -50,7 +47,7 @@ def _worker_sites(v: RankView) -> list[tuple[int, object]]:
     return out
 
 
-def _evidence(views: list[RankView]) -> dict:
+def _evidence(views: list[SampledRank]) -> dict:
     return {"where": {str(v.proc.rank): {"activity": v.activity.kind, "op": v.activity.op,
                                           "site": v.activity.site.to_json() if v.activity.site else None,
                                           "unchanged_s": round(v.unchanged_s, 1),
@@ -64,35 +61,16 @@ def _evidence(views: list[RankView]) -> dict:
                         for v in views for w in v.workers}}
 
 
-def _lint_flags(views: list[RankView]) -> dict[tuple[str, int], str]:
-    """{(path, line): code} of lint's rank-conditional findings in the files the ranks stand in."""
-    paths = sorted({f.path for v in views if v.stack for f in v.stack.frames if is_user(f) and f.path.endswith(".py")})
-    if not paths:
-        return {}
-    try:
-        from ddp_doctor.lint import lint_paths
-
-        res = lint_paths(paths, select=["DDP201", "DDP202"])
-    except Exception:  # lint is a hint here; never let it break the diagnosis
-        return {}
-    return {(f.location.path, f.location.line): f.code for f in res.findings if f.location}
+def _lint(views: list[SampledRank]) -> tuple[LintMark, ...]:
+    """lint's rank-conditional lines in the user's files the ranks stand in."""
+    return lint_rank_conditional(f.path for v in views if v.stack for f in v.stack.frames if is_user(f))
 
 
-def _lint_code(site, flags: dict) -> str | None:
-    if site is None:
-        return None
-    import os
-
-    for (path, line), code in flags.items():
-        if line == site.line and os.path.realpath(path) == os.path.realpath(site.path):
-            return code
-    return None
-
-
-def diagnose(views: list[RankView], world_size: int, whole_job_here: bool,
-             lint: dict | None = None) -> tuple[str, list[Finding]]:
-    """Verdict (ok | hang | crash) and findings for one sampled job."""
-    flags = _lint_flags(views) if lint is None else lint
+def diagnose(views: list[SampledRank], world_size: int, whole_job_here: bool,
+             lint: Sequence[LintMark] | None = None) -> tuple[str, list[Finding]]:
+    """Verdict (ok | hang | crash) and findings for one sampled job; ``lint``: lint's marks (default: lint the
+    user's files the ranks stand in)."""
+    flags = _lint(views) if lint is None else tuple(lint)
     live = [v for v in views if not v.gone]
     found = {v.proc.rank for v in views}
     missing = sorted(set(range(world_size)) - found) if whole_job_here else []
@@ -104,7 +82,7 @@ def diagnose(views: list[RankView], world_size: int, whole_job_here: bool,
         how = ", ".join(f"rank {r} " + ("is not running (no process on this node)" if r in missing
                                           else "has exited (zombie, not yet reaped)") for r in gone)
         msg = f"{how.capitalize()} while the others wait for it: {others}."
-        return "crash", [Finding("DDP204", msg, FIX_204, location=_loc(waiting[0].activity.site), ranks=gone,
+        return "crash", [Finding("DDP204", msg, FIX_204, location=loc(waiting[0].activity.site), ranks=gone,
                                  evidence={**ev, "gone": gone})]
     if not live:
         return "ok", []
@@ -112,17 +90,14 @@ def diagnose(views: list[RankView], world_size: int, whole_job_here: bool,
         return "ok", _busy_notes(live)
     inside = [v for v in live if v.activity.in_collective]
     outside = [v for v in live if not v.activity.in_collective]
+    one_call = len({agreement(c) for v in inside if (c := to_collective(v.activity))}) == 1
     if inside and outside:
-        waits = {(v.activity.op, _key(v.activity.site)) for v in inside}
-        code = _lint_code(inside[0].activity.site, flags) if len(waits) == 1 else None
+        code = lint_code_at(flags, inside[0].activity.site) if one_call else None
         if code:  # the waiting ranks stand in a collective lint calls rank-conditional: they are the odd ones
             return "hang", [_subset(code, inside, outside, ev, lint_seen=True)]
         return "hang", [_stall(outside, inside, ev)]
     if inside:
-        groups: dict[tuple, list[RankView]] = {}
-        for v in inside:
-            groups.setdefault(v.activity.key(), []).append(v)
-        if len(groups) == 1:
+        if one_call:
             a = inside[0].activity
             if whole_job_here:
                 msg = (f"Every rank waits inside the same {a.op} at {where(a.site)} and it never completes: the "
@@ -131,56 +106,36 @@ def diagnose(views: list[RankView], world_size: int, whole_job_here: bool,
                 msg = (f"Every rank on this node waits inside {a.op} at {where(a.site)}: a rank on another node is "
                        "elsewhere, or the transport is stuck. Attach on every node and merge the reports with "
                        "`ddp-doctor report a.json b.json ...` to name it.")
-            return "hang", [Finding("DDP205", msg, FIX_TRANSPORT, location=_loc(a.site), ranks=sorted(found),
+            return "hang", [Finding("DDP205", msg, FIX_TRANSPORT, location=loc(a.site), ranks=sorted(found),
                                     evidence=ev)]
-        return "hang", [_mismatch(groups, inside, ev, flags)]
+        return "hang", [_disagreement(inside, ev, flags)]
     return "hang", [_stall(live, [], ev)]
 
 
-def _key(site) -> tuple:
-    return (site.path, site.line) if site else (None, None)
-
-
-def _subset(code: str, fault: list[RankView], others: list[RankView], ev: dict, lint_seen: bool = False) -> Finding:
+def _subset(code: str, fault: list[SampledRank], others: list[SampledRank], ev: dict, lint_seen: bool = False) -> Finding:
     a = fault[0].activity
     msg = (f"{_rank_list(v.proc.rank for v in fault).capitalize()} {'waits' if len(fault) == 1 else 'wait'} in "
            f"{a.op}() at {where(a.site)}, a collective the other ranks never entered: "
            + "; ".join(_for(v) for v in others) + ".")
     if lint_seen:
         msg += f" ddp-doctor lint flags that line as {code} (reached under a rank-dependent condition)."
-    return Finding(code, msg, FIX_201 if code == "DDP201" else FIX_202, location=_loc(a.site),
+    return Finding(code, msg, FIX_201 if code == "DDP201" else FIX_202, location=loc(a.site),
                    ranks=sorted(v.proc.rank for v in fault), evidence=ev)
 
 
-def _mismatch(groups: dict[tuple, list[RankView]], inside: list[RankView], ev: dict, flags: dict) -> Finding:
-    """Ranks stuck in different collectives: find the odd group out."""
-    explicit = [v for v in inside if v.activity.explicit]
-    ddp = [v for v in inside if not v.activity.explicit]
-    if explicit and ddp:
-        fwd = [v for v in ddp if v.activity.op and v.activity.op.startswith("ddp.forward")]
-        if fwd and len(fwd) < len(ddp) and len({v.activity.key() for v in fwd}) == 1:
-            return _subset("DDP202", fwd, [v for v in inside if v not in fwd], ev)
-        if len({v.activity.key() for v in explicit}) == 1:
-            return _subset(_lint_code(explicit[0].activity.site, flags) or "DDP201", explicit, ddp, ev)
-    flagged = [(k, vs) for k, vs in groups.items() if _lint_code(vs[0].activity.site, flags)]
-    if len(flagged) == 1:
-        k, vs = flagged[0]
-        return _subset(_lint_code(vs[0].activity.site, flags), vs, [v for v in inside if v not in vs], ev,
-                       lint_seen=True)
-    sizes = Counter({k: len(vs) for k, vs in groups.items()})
-    (top, n_top), *rest = sizes.most_common()
-    if rest and n_top > rest[0][1]:  # a clear majority: the rest are the odd ones
-        fault = [v for k, vs in groups.items() if k != top for v in vs]
-    else:  # no majority (e.g. 2 ranks): name every rank, point at the first rank that is not rank 0's
-        fault = inside
-    site = next((v.activity.site for v in sorted(fault, key=lambda v: v.proc.rank)
-                 if v.activity.key() != groups[top][0].activity.key()), fault[0].activity.site)
+def _disagreement(inside: list[SampledRank], ev: dict, lint: Sequence[LintMark]) -> Finding:
+    """Ranks stuck in different collectives: the odd ones out, by the one policy (``diagnose.blame``)."""
+    calls = {v.proc.rank: c for v in inside if (c := to_collective(v.activity)) is not None}
+    b = blame_calls(calls, lint)
+    fault = [v for v in inside if v.proc.rank in b.ranks]
+    if b.code in ("DDP201", "DDP202"):
+        return _subset(b.code, fault, [v for v in inside if v not in fault], ev, lint_seen=b.lint_seen)
     msg = ("At the same point the ranks wait in different collectives, which never pair: "
            + "; ".join(_for(v) for v in sorted(inside, key=lambda v: v.proc.rank)) + ".")
-    return Finding("DDP203", msg, FIX_203, location=_loc(site), ranks=sorted(v.proc.rank for v in fault), evidence=ev)
+    return Finding("DDP203", msg, FIX_203, location=loc(b.site), ranks=list(b.ranks), evidence=ev)
 
 
-def _stall(stuck: list[RankView], waiting: list[RankView], ev: dict) -> Finding:
+def _stall(stuck: list[SampledRank], waiting: list[SampledRank], ev: dict) -> Finding:
     parts = []
     site = None
     for v in sorted(stuck, key=lambda v: v.proc.rank):
@@ -193,11 +148,11 @@ def _stall(stuck: list[RankView], waiting: list[RankView], ev: dict) -> Finding:
            " not in a collective: " + "; ".join(parts) + ".")
     if waiting:
         msg += " Meanwhile " + "; ".join(_for(v) for v in sorted(waiting, key=lambda v: v.proc.rank)) + "."
-    return Finding("DDP205", msg, FIX_205, location=_loc(site), ranks=sorted(v.proc.rank for v in stuck),
+    return Finding("DDP205", msg, FIX_205, location=loc(site), ranks=sorted(v.proc.rank for v in stuck),
                    evidence=ev)
 
 
-def _busy_notes(live: list[RankView]) -> list[Finding]:
+def _busy_notes(live: list[SampledRank]) -> list[Finding]:
     """Some rank still moves or computes: not a hang (yet). Say who waits on whom, as a warning."""
     waiting = [v for v in live if v.activity.in_collective and v.stuck]
     busy = [v for v in live if not v.stuck]
@@ -209,11 +164,11 @@ def _busy_notes(live: list[RankView]) -> list[Finding]:
         for v in sorted(busy, key=lambda v: v.proc.rank)) + ", while " + "; ".join(_for(v) for v in waiting) +
         ". Attach again later; if the busy rank's line never changes it is the one to look at.")
     b = sorted(busy, key=lambda v: v.proc.rank)[0]
-    return [Finding("DDP205", msg, FIX_205, location=_loc(b.activity.site), severity="warning",
+    return [Finding("DDP205", msg, FIX_205, location=loc(b.activity.site), severity="warning",
                     ranks=sorted(v.proc.rank for v in busy), evidence=_evidence(live))]
 
 
-def activity_state(a: Activity, gone: bool) -> str:
+def activity_state(a: StackActivity, gone: bool) -> str:
     if gone:
         return "exited"
     return {"collective": "in_collective", "object_collective": "in_collective", "ddp": "in_collective",

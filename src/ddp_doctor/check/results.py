@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddp_doctor.check import CHECK_SCHEMA_ID, audit, plan
-from ddp_doctor.findings import Finding, Severity
+from ddp_doctor.findings import Finding, Severity, runtime_fix
 
 BROKEN = ("timeout", "error")
 
@@ -81,8 +81,7 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
         findings.append(_finding(
             "DDP501", "No rank joined: the rendezvous did not complete"
             + (f" ({snapshot.get('job_error')})" if snapshot.get("job_error") else ""),
-            "Check that every node runs the same command with the same --nnodes and a --rdzv-endpoint "
-            "every node can reach (no localhost on multi-node), and that the port is free.",
+            runtime_fix("DDP501.no-rank"),
             [], "rendezvous", error=snapshot.get("job_error")))
     culprits: set[int] = set()
     rdzv_bad = []
@@ -101,8 +100,7 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
                 f"no answer within the deadline ({stuck.get(r, 'rendezvous')})" if started else "never started")
         findings.append(_finding(
             "DDP501", f"Rank {r} did not join the process group: {what}",
-            "Check the rank's host can reach MASTER_ADDR:MASTER_PORT (firewall, GLOO_SOCKET_IFNAME / "
-            "NCCL_SOCKET_IFNAME), and that its environment imports torch.",
+            runtime_fix("DDP501.not-joined"),
             [r], "rendezvous", host=(started or {}).get("host"), detail=(rr or {}).get("detail")))
 
     # ---------------------------------------------------------------- exits
@@ -113,7 +111,7 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
         code = "DDP501" if f["test"] == "rendezvous" else "DDP204"
         findings.append(_finding(
             code, f"Rank {r} {how} during '{f['test']}'; the launcher stopped the job",
-            "Read the rank's log below; SIGKILL usually means the OOM killer (dmesg | grep -i oom).",
+            runtime_fix("DDP204.check-exit"),
             [r], f["test"], exit_code=f.get("exitcode"), signal=f.get("signal"), log_tail=f.get("log_tail")))
 
     # ---------------------------------------------------------------- per test
@@ -176,7 +174,7 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
     for key, groups in audit.version_groups(hellos).items():
         desc = "; ".join(f"{key} {value} on {_ranks_str(ranks)}" for value, ranks in groups.items())
         findings.append(_finding("DDP508", f"{key} versions differ across ranks: {desc}",
-                                 "Run every node from the same image / lock file (same torch, CUDA, NCCL, Python).",
+                                 runtime_fix("DDP508"),
                                  [r for ranks in groups.values() for r in ranks], None, key=key, groups=groups))
 
     # two ranks on one physical GPU (same host, same device UUID)
@@ -188,8 +186,7 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
         if len(ranks) > 1:
             findings.append(_finding(
                 "DDP509", f"{_ranks_str(ranks)} on {host} use the same GPU ({uuid})",
-                "Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) first, and do not give every rank the "
-                "same CUDA_VISIBLE_DEVICES.", ranks, None, host=host, device_uuid=uuid))
+                runtime_fix("DDP509"), ranks, None, host=host, device_uuid=uuid))
 
     # ---------------------------------------------------------------- ranks
     ranks_out = []
@@ -280,8 +277,7 @@ def _test_findings(test: str, per_rank: list[dict[str, Any]], pairs, stuck: dict
         if waiters:
             msg += f" ({_ranks_str(waiters)} timed out waiting for it)"
         out.append(_finding("DDP502", msg,
-                            "Look at that rank's host and device first (its log, nvidia-smi, dmesg); "
-                            "run NCCL_DEBUG=INFO ddp-doctor check for the backend's view.",
+                            runtime_fix("DDP502.hung"),
                             [r], test, waiting=waiters, kind="hung"))
     explained = set(culprits)
     if pairs is not None:
@@ -292,14 +288,12 @@ def _test_findings(test: str, per_rank: list[dict[str, Any]], pairs, stuck: dict
             if row["status"] == "fail":   # data arrived, but wrong
                 out.append(_finding("DDP503", f"Link {a} <-> {b} delivered wrong data in '{test}': "
                                     + "; ".join(row["details"]),
-                                    "Re-run with NCCL_P2P_DISABLE=1: if the data becomes right, the peer-to-peer path "
-                                    "between these two devices is at fault (ACS/IOMMU, driver).",
+                                    runtime_fix("DDP503.pair"),
                                     [a, b], test, pair=[a, b]))
                 explained |= {a, b}
                 continue
             out.append(_finding("DDP502", f"Link {a} <-> {b} failed in '{test}': " + "; ".join(row["details"]),
-                                "One pair failing while the others pass points to that path: try NCCL_P2P_DISABLE=1 "
-                                "once to confirm, then check `nvidia-smi topo -m`, ACS/IOMMU and the NICs.",
+                                runtime_fix("DDP502.pair"),
                                 [a, b], test, pair=[a, b], kind="pair"))
             explained |= {a, b}
         others = [e for e in broken if e["rank"] not in explained and not set(e.get("waiting_for") or []) & explained]
@@ -311,14 +305,12 @@ def _test_findings(test: str, per_rank: list[dict[str, Any]], pairs, stuck: dict
         ranks = [e["rank"] for e in others]
         detail = "; ".join(f"rank {e['rank']}: {e['detail']}" for e in others[:4])
         out.append(_finding("DDP502", f"'{test}' failed on {_ranks_str(ranks)}: {detail}",
-                            "If every rank fails, suspect the backend/network configuration (interface, firewall); "
-                            "if a few, their hosts or devices. Re-run with a larger --deadline to rule out slowness.",
+                            runtime_fix("DDP502.collective"),
                             ranks, test, kind="collective"))
     if wrong and pairs is None:
         ranks = [e["rank"] for e in wrong]
         detail = "; ".join(f"rank {e['rank']}: {e['detail']}" for e in wrong[:4])
         out.append(_finding("DDP503", f"'{test}' delivered wrong data to {_ranks_str(ranks)}: {detail}",
-                            "Test the named rank's device alone (memory test, nvidia-smi -q ECC), then re-run with "
-                            "NCCL_P2P_DISABLE=1: if that fixes it, the peer-to-peer path is at fault.",
+                            runtime_fix("DDP503"),
                             ranks, test))
     return out

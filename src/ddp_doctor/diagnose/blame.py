@@ -1,0 +1,122 @@
+"""The odd rank out: whom to blame when ranks' calls differ, and whether lint flags the culprits' line.
+
+One policy for every evidence source.  ``run``'s probe states (``diagnose/collectives.py``), ``attach``'s
+stack samples (``attach/assess.py``) and Flight Recorder dumps (``flightrec.py``) are each turned into
+:class:`evidence.Collective` records by their adapter first, so one situation gets one code, one culprit
+and one line wherever it was seen (docs/verdicts.md, "The culprit")."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+from ddp_doctor.diagnose.common import same_line
+from ddp_doctor.evidence import Collective, LintMark, Site
+from ddp_doctor.findings import Finding
+
+# lint's codes that say "this line is reached under a rank-dependent condition"
+RANK_CONDITIONAL = ("DDP201", "DDP202")
+
+
+@dataclass(frozen=True)
+class Blame:
+    """The ranks at fault, the code, and the line to show; ``lint_seen``: the code is lint's (it flags that
+    line), not inferred from where the ranks stand."""
+
+    code: str
+    ranks: tuple[int, ...]
+    site: Site | None
+    lint_seen: bool = False
+
+
+def ddp_own(c: Collective) -> bool:
+    """A collective DDP issues itself (parameter / buffer broadcast, gradient all-reduce), not the user's code."""
+    return c.origin == "ddp" or c.op.startswith("ddp.")
+
+
+def agreement(c: Collective) -> tuple:
+    """What two ranks' calls must share to be one call: torch's rule (``must_agree``) at a known position;
+    without one (``attach`` sees only where each rank stands, not which calls pair) also the line."""
+    if c.seq is not None:
+        return c.must_agree()
+    return (c.op, c.site.key() if c.site else None)
+
+
+def _agreeing(calls: Mapping[int, Collective | None]) -> dict[tuple, list[int]]:
+    """The ranks (ascending) of each set of calls that agree; ranks outside collectives (None) are in none."""
+    groups: dict[tuple, list[int]] = {}
+    for r, c in sorted(calls.items()):
+        if c is not None:
+            groups.setdefault(agreement(c), []).append(r)
+    return groups
+
+
+def odd_ones_out(calls: Mapping[int, Collective | None]) -> tuple[list[int], Site | None]:
+    """The ranks outside a clear majority of agreeing calls (every rank when there is none), and the lowest
+    such rank's line."""
+    groups = _agreeing(calls)
+    if not groups:
+        return [], None
+    ranked = sorted(groups.values(), key=len, reverse=True)
+    clear = len(ranked) > 1 and len(ranked[0]) > len(ranked[1])
+    fault = sorted(r for g in (ranked[1:] if clear else ranked) for r in g)
+    site = calls[fault[0]].site  # type: ignore[union-attr]
+    return fault, site
+
+
+def lint_code_at(lint: Sequence[LintMark] | None, site: Site | None) -> str | None:
+    """The rank-conditional code lint reports on ``site``'s line (``same_line``), if any."""
+    if site is None:
+        return None
+    return next((m.code for m in lint or () if m.code in RANK_CONDITIONAL
+                 and same_line(m.path, m.line, site.path, site.line)), None)
+
+
+def blame_calls(calls: Mapping[int, Collective], lint: Sequence[LintMark] | None = None) -> Blame:
+    """Ranks whose calls differ (``attach``: where each is stuck; Flight Recorder: one sequence number).
+
+    In order: ranks in the user's own collective while the others are in DDP's (a collective only some reach:
+    DDP201, or DDP202 when a subset runs DDP's forward); the one group of agreeing calls lint flags as
+    rank-conditional; else the ranks outside the majority (DDP203)."""
+    own = [r for r, c in sorted(calls.items()) if ddp_own(c)]
+    user = [r for r in sorted(calls) if r not in own]
+    if user and own:
+        fwd = [r for r in own if calls[r].op.startswith("ddp.forward")]
+        if fwd and len(fwd) < len(own) and len({agreement(calls[r]) for r in fwd}) == 1:
+            return Blame("DDP202", tuple(fwd), calls[fwd[0]].site)
+        same_op = len({c.op for c in calls.values()}) == 1
+        if not same_op and len({agreement(calls[r]) for r in user}) == 1:
+            site = calls[user[0]].site
+            return Blame(lint_code_at(lint, site) or "DDP201", tuple(user), site)
+    flagged = [rs for rs in _agreeing(calls).values() if lint_code_at(lint, calls[rs[0]].site)]
+    if len(flagged) == 1 and len(flagged[0]) < len(calls):
+        site = calls[flagged[0][0]].site
+        return Blame(lint_code_at(lint, site) or "DDP201", tuple(flagged[0]), site, lint_seen=True)
+    fault, site = odd_ones_out(calls)
+    return Blame("DDP203", tuple(fault), site)
+
+
+def lint_mark(f: Finding) -> LintMark:
+    """A lint finding (one with a location) as the runtime uses it; its first related location is the cause
+    when it has one."""
+    rel = next(iter(f.evidence.get("related") or ()), None)  # lint's {"path", "line", "message"}
+    cause = None
+    if isinstance(rel, dict) and rel.get("line"):
+        cause = Site(os.path.abspath(rel["path"]), int(rel["line"]), None)
+    return LintMark(f.code, f.location.path, f.location.line, cause)  # type: ignore[union-attr]
+
+
+def lint_rank_conditional(paths: Iterable[str]) -> tuple[LintMark, ...]:
+    """lint's rank-conditional findings in the user's files the ranks stand in (``attach``, Flight Recorder:
+    no lint ran before the job).  A hint, never required: a file that is gone or a lint that fails leaves the
+    diagnosis to what the ranks show."""
+    files = sorted({p for p in paths if p.endswith(".py") and os.path.isfile(p)})
+    if not files:
+        return ()
+    try:
+        from ddp_doctor.lint import lint_paths
+
+        res = lint_paths(files, select=list(RANK_CONDITIONAL))
+    except Exception:  # noqa: BLE001 - lint is a hint here; it never breaks the diagnosis
+        return ()
+    return tuple(lint_mark(f) for f in res.findings if f.location)
