@@ -18,8 +18,10 @@ SAME_LINE = {"DDP101", "DDP102", "DDP103", "DDP201", "DDP401", "DDP403", "DDP405
 ANY_LINE = {"DDP201", "DDP202", "DDP102"}
 # pitfalls that only show at run time (num_workers=1 is a setting lint rightly accepts; the wait is measured;
 # lint's DDP201 looks at conditions on the rank, not on a rank's data (`if bad:` of a batch), and accepts a
-# collective on an explicit subgroup under a rank condition (it cannot tell the group's members)
-RUNTIME_ONLY: set[str] = {"data_bound_few_workers.py", "bad_batch_gather_object.py", "node_leader_allreduce.py"}
+# collective on an explicit subgroup under a rank condition (it cannot tell the group's members); a shard-local
+# metric or an empty shard deciding over a collective is data, not the rank
+RUNTIME_ONLY: set[str] = {"data_bound_few_workers.py", "bad_batch_gather_object.py", "node_leader_allreduce.py",
+                          "best_metric_broadcast.py", "empty_shard_gather.py"}
 HANG_CODES = {"DDP101", "DDP201", "DDP202"}
 
 pytestmark = pytest.mark.skipif(not MANIFEST.exists(), reason="tests/scenarios not in this checkout")
