@@ -315,3 +315,26 @@ def test_a_collective_inside_an_arm_that_comes_back_is_one_only_some_ranks_make(
     f = Finding("DDP203", "At collective #0 ...", "fix", location=Location(path, a, "resume"), ranks=[0, 1])
     [g] = provenance.with_decisions([f], ranks)
     assert (g.code, g.ranks, g.location.line) == ("DDP203", [0, 1], _line(path, "# other"))
+
+
+def test_a_stack_cut_by_faulthandler_uses_the_frames_values_were_read_from(tmp_path):
+    """faulthandler keeps the innermost 100 frames: a rank deep in an import shows no user frame there; the
+    probe's values (read from the live frame chain) still say where its user frames are."""
+    path = _script(tmp_path, """
+        def prepare():
+            if dist.get_rank() != 0:
+                return  # decision
+            dist.barrier()  # rank0
+
+        def main():
+            prepare()
+            model = DDP(net)  # rank1
+    """)
+    dec, r0, r1 = _line(path, "# decision"), _line(path, "# rank0"), _line(path, "# rank1")
+    deep = tuple(Site("/x/site-packages/torch/_dynamo/m.py", i, "<module>") for i in range(100))
+    rank1 = RankState(rank=1, stack=deep, threads=(ThreadStack("MainThread", True, deep, (
+        FrameValues(Site(path, r1, "main")), FrameValues(Site(path, r1 + 2, "<module>")))),))
+    ranks = {0: _rank(0, [Site(path, r1 + 2, "<module>"), Site(path, r1 - 1, "main"), Site(path, r0, "prepare")]),
+             1: rank1}
+    d = provenance.locate([0], ranks)
+    assert d is not None and d.site.line == dec and d.kind == "return"

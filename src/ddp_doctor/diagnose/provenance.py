@@ -63,7 +63,24 @@ class Decision:
 
 # -- sources -----------------------------------------------------------------------------------------
 def _user_stack(st: RankState) -> list[Site]:
-    return [f for f in st.stack if is_user(f.path)]
+    """The rank's user frames, outermost first.  faulthandler keeps the innermost 100 frames only, so a
+    rank deep in an import (DDP's first call imports torch's dynamo) shows none of the user's: then the
+    frames the probe read values from (its innermost user frames, from the live frame chain)."""
+    frames = [f for f in st.stack if is_user(f.path)]
+    if frames:
+        return frames
+    main = next((t for t in st.threads if t.main), None)
+    return [fv.site for fv in reversed(main.values)] if main else []
+
+
+def _aligned(sa: list[Site], sb: list[Site]) -> tuple[list[Site], list[Site]]:
+    """Both stacks from their first common function on (one may lack outer frames)."""
+    same = lambda x, y: x.path == y.path and x.function == y.function  # noqa: E731
+    for j, f in enumerate(sa):
+        k = next((k for k, g in enumerate(sb) if same(f, g)), None)
+        if k is not None:
+            return sa[j:], sb[k:]
+    return sa, sb
 
 
 def _frame_values(st: RankState, path: str, function: str | None) -> FrameValues | None:
@@ -120,7 +137,7 @@ def locate(fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
     b = next((r for r in others if _user_stack(ranks[r]) and _user_stack(ranks[r]) != sa), None)
     if b is None:
         return None
-    sb = _user_stack(ranks[b])
+    sa, sb = _aligned(sa, _user_stack(ranks[b]))
     i = 0
     while i < min(len(sa), len(sb)) and sa[i].path == sb[i].path and sa[i].function == sb[i].function:
         if sa[i].line != sb[i].line:
