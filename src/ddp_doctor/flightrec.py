@@ -25,8 +25,9 @@ from typing import Any
 
 from ddp_doctor.attach.classify import StackActivity, classify
 from ddp_doctor.diagnose.blame import blame_calls, lint_code_at, lint_rank_conditional
+from ddp_doctor.diagnose import provenance
 from ddp_doctor.diagnose.common import loc, where
-from ddp_doctor.evidence import Collective, LintMark, Site
+from ddp_doctor.evidence import Collective, LintMark, RankState, Site
 from ddp_doctor.findings import Finding, runtime_fix
 
 DEFAULT_PREFIX_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
@@ -255,7 +256,9 @@ def diagnose(dumps: list[RankDump], lint: tuple[LintMark, ...] | None = None
                                 severity="error" if not findings else "warning",
                                 evidence={"missing_dumps": missing}))
     verdict = ("desync" if desync else "hang") if any(f.severity.value == "error" for f in findings) else "ok"
-    return verdict, findings, last
+    # where the ranks parted, as run and attach say it: each rank stands at its last recorded call's stack
+    standing = {r: RankState(rank=r, stack=e.frames) for r, e in last.items() if e is not None}
+    return verdict, provenance.with_decisions(findings, standing), last
 
 
 def _disagreement(seq, there: dict[int, Entry], lint: tuple[LintMark, ...]) -> Finding:

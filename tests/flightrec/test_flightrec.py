@@ -88,6 +88,7 @@ def test_op_mismatch_from_dumps(dumps, tmp_path):
     assert {c["op"] for c in f["evidence"]["calls"].values()} == {"all_gather", "all_reduce"}
     lines = {c["site"]["line"] for c in f["evidence"]["calls"].values()}
     assert lines == {_line("op rank 0"), _line("op rank 1")}
+    assert f["location"]["line"] == _line("op decision")  # where the ranks parted, as run says it
 
 
 def test_aborted_rank_has_no_dump(dumps, tmp_path):

@@ -19,8 +19,9 @@ from typing import Sequence
 from ddp_doctor.attach.classify import StackActivity, is_user, to_collective
 from ddp_doctor.attach.sample import SampledRank
 from ddp_doctor.diagnose.blame import agreement, blame_calls, lint_code_at, lint_rank_conditional
+from ddp_doctor.diagnose import provenance
 from ddp_doctor.diagnose.common import loc, user_frame, where
-from ddp_doctor.evidence import LintMark
+from ddp_doctor.evidence import LintMark, RankState
 from ddp_doctor.findings import Finding, runtime_fix
 
 FIX_201, FIX_202, FIX_203 = runtime_fix("DDP201"), runtime_fix("DDP202"), runtime_fix("DDP203")
@@ -69,7 +70,16 @@ def _lint(views: list[SampledRank]) -> tuple[LintMark, ...]:
 def diagnose(views: list[SampledRank], world_size: int, whole_job_here: bool,
              lint: Sequence[LintMark] | None = None) -> tuple[str, list[Finding]]:
     """Verdict (ok | hang | crash) and findings for one sampled job; ``lint``: lint's marks (default: lint the
-    user's files the ranks stand in)."""
+    user's files the ranks stand in).  Each finding located at the decision where the ranks parted, as run's
+    (``diagnose.provenance``: from the sampled stacks; py-spy reads no values)."""
+    verdict, findings = _assess(views, world_size, whole_job_here, lint)
+    ranks = {v.proc.rank: RankState(rank=v.proc.rank, stack=tuple(v.stack.frames) if v.stack else ())
+             for v in views if not v.gone}
+    return verdict, provenance.with_decisions(findings, ranks)
+
+
+def _assess(views: list[SampledRank], world_size: int, whole_job_here: bool,
+            lint: Sequence[LintMark] | None) -> tuple[str, list[Finding]]:
     flags = _lint(views) if lint is None else tuple(lint)
     live = [v for v in views if not v.gone]
     found = {v.proc.rank for v in views}

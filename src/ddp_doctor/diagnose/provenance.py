@@ -186,10 +186,16 @@ def _parted_in(path, function, line, a, b, ranks, sa, sb, depth) -> Decision | N
     left = _loop_exit(fn, lines, line, a, b, ranks, path, function)
     if left is not None:
         return left
-    # one rank is still inside a helper the other already left: that helper's early exit
+    # one rank is still inside a helper the other already left: that helper's early exit, else the branch on
+    # the rank in it that the other skipped
     for inner, outer, other in ((sa, a, b), (sb, b, a)):
         if len(inner) > depth + 1:
             got = _early_exit(inner[depth + 1], outer, other, ranks)
+            if got is not None:
+                return got
+    for inner, outer in ((sa, a), (sb, b)):
+        for frame in inner[depth + 1:]:
+            got = rank_branch(frame, [outer], ranks)
             if got is not None:
                 return got
     return None

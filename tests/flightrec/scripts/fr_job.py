@@ -15,12 +15,12 @@ from ddp_doctor.flightrec import write_dump
 def train(model, rank, case):
     for step in range(3):
         model(torch.randn(2, 4)).sum().backward()
-        if case == "barrier" and step == 1 and rank == 0:
-            dist.barrier()  # expect: barrier
+        if case == "barrier" and step == 1 and rank == 0:  # expect: barrier
+            dist.barrier()
     if case == "broadcast_size":
         dist.broadcast(torch.ones(4 + 4 * rank), src=0)  # expect: broadcast_size
     if case == "op":
-        if rank == 0:
+        if rank == 0:  # expect: op decision
             dist.all_gather([torch.zeros(3) for _ in range(2)], torch.ones(3))  # expect: op rank 0
         else:
             dist.all_reduce(torch.ones(3))  # expect: op rank 1
