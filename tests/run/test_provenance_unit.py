@@ -338,3 +338,24 @@ def test_a_stack_cut_by_faulthandler_uses_the_frames_values_were_read_from(tmp_p
              1: rank1}
     d = provenance.locate([0], ranks)
     assert d is not None and d.site.line == dec and d.kind == "return"
+
+
+def test_an_operand_that_reads_the_rank_makes_the_test_read_it(tmp_path):
+    import ast
+
+    from ddp_doctor.diagnose import source
+
+    path = _script(tmp_path, """
+        import sys
+        MODE = sys.argv[1]
+
+        def main(trainer, args):
+            if MODE == "eval" and trainer.is_world_process_zero():
+                pass
+            if not (args.local_rank != -1):
+                pass
+    """)
+    tree, _ = source.parse_file(path)
+    fn = source.function_at(tree, "main", 6)
+    tests = [n.test for n in source.own_nodes(fn) if isinstance(n, ast.If)]
+    assert sorted(source.reads_rank(path, fn, t) for t in tests) == [False, True]

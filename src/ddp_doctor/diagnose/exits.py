@@ -160,6 +160,31 @@ def _consequence(st: RankState) -> bool:
     return any(w in msg for w in _CONSEQUENCE_WORDS)
 
 
+def _alone_after(waiting: dict[int, RankState], done: list[RankState]) -> list[int]:
+    """Waiting ranks in a collective of their own (not DDP's) at a line no finished rank ever reached: with the
+    same step counts, not a rank that left training early but ranks that went on alone (an evaluation on
+    the main process only)."""
+    seen = {k for st in done for _op, k in st.sites_seen}
+    return sorted(r for r, st in waiting.items() if (c := _waited_in(st)) and c.site
+                  and not c.op.startswith("ddp.") and c.site.key() not in seen)
+
+
+def _waited_in(st: RankState):
+    """The collective a rank waits in, or failed in (a broken connection when the peer ended)."""
+    return st.in_collective or (st.exc.collective if st.exc else None)
+
+
+def _went_on_alone(alone: list[int], done: list[int], ranks: dict[int, RankState]) -> Finding:
+    c = _waited_in(ranks[alone[0]])
+    rs, ds = ", ".join(map(str, alone)), ", ".join(map(str, done))
+    msg = (f"Rank {rs} went on alone into {c.op}() at {where(c.site)}, a line rank {ds} never reached before it "
+           f"finished the same {ranks[done[0]].step} training steps: {others_text(ranks, set(done))}. A collective "
+           "after training that only some ranks make (an evaluation, a save, a metric gather on the main process) "
+           "has no partner.")
+    return Finding("DDP201", msg, runtime_fix("DDP201"), location=loc(c.site), ranks=alone,
+                   evidence={"finished": done, **step_evidence(ranks)})
+
+
 def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
     ranks = ranks_of(ev)
     lint = ev.lint
@@ -179,6 +204,8 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
                              "for it", lint)
         if parted is not None:  # where the ranks parted, not where it showed
             out.append(parted)
+        elif len(set(steps.values())) <= 1 and (alone := _alone_after(waiting, [ranks[r] for r in done])):
+            out.append(_went_on_alone(alone, done, ranks))
         elif len(set(steps.values())) <= 1 and waiting:
             msg = (f"Rank {', '.join(map(str, done))} left the training loop and finished after "
                    f"{steps[done[0]]} steps while the others still train: {others_text(ranks, set(done))}. "

@@ -35,7 +35,13 @@ def lint_model(path: str):
 
 
 def reads_rank(path: str, fn: ast.AST, test: ast.expr) -> bool:
-    """Does the test's truth differ between ranks because it reads the rank (per lint's evaluation)?"""
+    """Does the test's truth differ between ranks because it reads the rank (per lint's evaluation)?  An
+    operand of `and`/`or`/`not` that does is enough: the others (a mode flag lint cannot evaluate) are the
+    same on every rank."""
+    if isinstance(test, ast.BoolOp):
+        return any(reads_rank(path, fn, v) for v in test.values)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return reads_rank(path, fn, test.operand)
     model = lint_model(path)
     scope = model.scopes.get(fn) if model is not None else None
     if scope is None:
