@@ -359,3 +359,32 @@ def test_an_operand_that_reads_the_rank_makes_the_test_read_it(tmp_path):
     fn = source.function_at(tree, "main", 6)
     tests = [n.test for n in source.own_nodes(fn) if isinstance(n, ast.If)]
     assert sorted(source.reads_rank(path, fn, t) for t in tests) == [False, True]
+
+
+def test_a_hang_names_the_members_that_passed_a_group_they_are_not_in(tmp_path):
+    """Ranks 0 and 3 wait in their pair's all_reduce at line L; ranks 1 and 2 made that call with the other
+    pair's group (torch skipped it) and are elsewhere now, in a collective or not: DDP203 on 1 and 2."""
+    from ddp_doctor.diagnose import diagnose
+    from ddp_doctor.evidence import Collective, JobEvidence, SiteCount, Verdict
+
+    path = _script(tmp_path, """
+        def main(rank):
+            pairs = [new_group([0, 1]), new_group([2, 3])]
+            pair = pairs[rank % 2]  # decision
+            for step in range(10):
+                loss = step_ddp()  # ddp
+                dist.all_reduce(t, group=pair)  # showed
+    """)
+    dec, ddp, at = _line(path, "# decision"), _line(path, "# ddp"), _line(path, "# showed")
+    site = Site(path, at, "main")
+    skipped = (SiteCount("all_reduce", site, 1),)
+    ranks = {0: RankState(rank=0, in_collective=Collective("pg:0,1", 3, "all_reduce", site=site)),
+             1: RankState(rank=1, not_member=skipped, stack=(Site(path, ddp, "main"),)),
+             2: RankState(rank=2, not_member=skipped,
+                          in_collective=Collective("world", 9, "ddp.backward(allreduce_grads)",
+                                                   site=Site(path, ddp, "main"))),
+             3: RankState(rank=3, in_collective=Collective("pg:2,3", 3, "all_reduce", site=site))}
+    verdict, findings = diagnose(JobEvidence(4, ranks), Verdict("hang", stalled_s=30.0, limit_s=30.0))
+    f = findings[0]
+    assert (verdict, f.code, f.ranks, f.location.line) == ("hang", "DDP203", [1, 2], dec)
+    assert "not members of" in f.message and "rank 0 waits in all_reduce on pg:0,1" in f.message
