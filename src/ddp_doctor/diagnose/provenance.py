@@ -25,6 +25,7 @@ _NAN_WORDS = re.compile(r"isnan|isfinite|isinf|\bnan\b|\binf\b", re.I)
 _EMPTY_WORDS = re.compile(r"\bis None\b|\bis not None\b|\blen\(|numel\(|\bempty\b|\bnot \w+$", re.I)
 _FILE_WORDS = re.compile(r"exists\(|isfile\(|isdir\(|os\.path|glob\(|listdir\(", re.I)
 _EMPTY = ("None", "list of 0", "tuple of 0", "dict of 0")
+_NONFINITE = ("nan", "inf", "-inf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +62,7 @@ class Decision:
                 "values": {str(r): dict(kv) for r, kv in self.values}, "why": self.why}
 
 
-# -- sources -----------------------------------------------------------------------------------------
+# -- the ranks' frames --------------------------------------------------------------------------
 def _user_stack(st: RankState) -> list[Site]:
     """The rank's user frames, outermost first.  faulthandler keeps the innermost 100 frames only, so a
     rank deep in an import (DDP's first call imports torch's dynamo) shows none of the user's: then the
@@ -110,7 +111,7 @@ def why_it_varies(condition: str, values, by_rank: bool) -> str:
     seen = [v for _r, kv in values for _k, v in kv]
     if by_rank:
         return "The condition reads the rank itself: the ranks take different ways by design."
-    if _NAN_WORDS.search(condition) or any("nan" in v or "inf" in v for v in seen):
+    if _NAN_WORDS.search(condition) or any(v.removeprefix("tensor(").rstrip(")") in _NONFINITE for v in seen):
         return "It tests for a NaN/inf, which one rank's own batch can produce while the others' do not."
     if _EMPTY_WORDS.search(condition) or (len(set(seen)) > 1 and any(v in _EMPTY for v in seen)):
         return "It tests for an empty or missing batch or shard, which only some ranks may get."
