@@ -15,38 +15,14 @@ from ddp_doctor import store as side
 from ddp_doctor.diagnose import diagnose
 from ddp_doctor.diagnose.blame import lint_mark
 from ddp_doctor.diagnose.common import same_hazard, same_line
-from ddp_doctor.diagnose.live import find_desync
 from ddp_doctor.evidence import EVIDENCE_OUT_ENV, Capture, ExitStatus, JobEvidence, LintMark, RankState, Verdict
 from ddp_doctor.findings import plain
 from ddp_doctor.report import report_v1
-from ddp_doctor.watcher import FATAL, stacks
-
-
-def _with_late_desync(decision: Verdict | None, late: Verdict) -> Verdict:
-    """A desync found in the final states replaces an exit decision's story, keeping its timing."""
-    if decision is None:
-        return late
-    return decision.with_(reason=late.reason, kind=late.kind, group=late.group, seq=late.seq, calls=late.calls,
-                          parted=late.parted)
 
 
 def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
     w = job.watcher
-    decision = w.decision
-    if decision is None or (decision.reason == "exit" and not decision.finished):
-        # ranks that failed together inside one collective: their final states may show the mismatch
-        try:
-            late = find_desync(w.views, w.world_size)
-        except Exception:
-            late = None
-        if late is not None:
-            decision = _with_late_desync(decision, late)
-    for r, info in job.failures.items():  # exits the agent reaped before the watcher saw them
-        v = w.views.get(r)
-        if v is not None and v.state and not v.exit:
-            v.exit = info
-            if info.signal in FATAL and not v.stack and v.state.pid:
-                v.stack = tuple(stacks.fatal_stack(w.run_dir, v.state.pid))
+    decision = w.settle(job.failures)
     marks = tuple(lint_mark(f) for f in lint_findings if f.location)
     evidence = w.evidence().with_(lint=marks)
     save_evidence(evidence, decision, job.failures)

@@ -29,7 +29,7 @@ from ddp_doctor import store as side
 from ddp_doctor.diagnose import live as judge
 from ddp_doctor.diagnose.jobview import JobView
 from ddp_doctor.diagnose.summary import Summarizer, calm
-from ddp_doctor.evidence import (JobEvidence, NodeDetail, NodeSummary, RankState, Verdict, WorkerStack,
+from ddp_doctor.evidence import (ExitStatus, JobEvidence, NodeDetail, NodeSummary, RankState, Verdict, WorkerStack,
                                  rank_state_from_wire, stacks_from_wire)
 from ddp_doctor.watcher.root import DETAIL_ALL
 from ddp_doctor.watcher.stacks import FATAL, fatal_stack, parse_faulthandler, peek_exit, signal_dumps, tore_down
@@ -261,6 +261,28 @@ class Watcher(threading.Thread):
         self._watch()
         if self.decision is None and self.failed_attempt is not None:
             self.decision = self.failed_attempt  # the job ended without the restart torch's agent owed us
+
+    def settle(self, failures: dict[int, ExitStatus]) -> Verdict | None:
+        """The last word once the job has ended, decided here once: when the live decision was none or a
+        failure, a mismatch the final states show (ranks that failed together inside one collective); then
+        the exits torch's agent reaped before this watcher saw them (and a fatal signal's stack)."""
+        d = self.decision
+        if d is None or (d.reason == "exit" and not d.finished):
+            try:
+                late = judge.find_desync(self.views, self.world_size)
+            except Exception:  # noqa: BLE001 - the live decision stands
+                late = None
+            if late is not None:  # a desync replaces an exit's story, keeping its timing
+                self.decision = late if d is None else d.with_(
+                    reason=late.reason, kind=late.kind, group=late.group, seq=late.seq, calls=late.calls,
+                    parted=late.parted)
+        for r, info in failures.items():
+            v = self.views.get(r)
+            if v is not None and v.state and not v.exit:
+                v.exit = info
+                if info.signal in FATAL and not v.stack and v.state.pid:
+                    v.stack = tuple(fatal_stack(self.run_dir, v.state.pid))
+        return self.decision
 
     def interval(self) -> float:
         """Seconds between full looks: ``CALM_POLL`` while a single node's job is calm, else ``poll``.
