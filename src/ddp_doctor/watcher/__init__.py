@@ -387,13 +387,13 @@ class Watcher(threading.Thread):
                 ranks[r] = RankState(rank=r, missing=True, exit=v.exit, stack=tuple(v.stack),
                                      workers=tuple(v.workers))
                 continue
-            fatal = False
-            if not v.stack and v.exit and v.exit.signal in FATAL and v.state.pid and not v.remote:
-                v.stack = tuple(fatal_stack(self.run_dir, v.state.pid))
-                fatal = bool(v.stack)
+            stack, fatal = tuple(v.stack), False  # (read, never written back: a getter does not change the views)
+            if not stack and v.exit and v.exit.signal in FATAL and v.state.pid and not v.remote:
+                stack = tuple(fatal_stack(self.run_dir, v.state.pid))
+                fatal = bool(stack)
             teardown = v.state.teardown or bool(v.exit and v.exit.signal in FATAL and v.state.pid and not v.remote
                                                 and tore_down(self.run_dir, v.state.pid))
-            ranks[r] = v.state.with_(teardown=teardown, stack=tuple(v.stack), threads=tuple(v.threads), workers=tuple(v.workers),
+            ranks[r] = v.state.with_(teardown=teardown, stack=stack, threads=tuple(v.threads), workers=tuple(v.workers),
                                      exit=v.exit, busy=v.busy(), stalled_s=round(now - v.progress_t, 2),
                                      idle_s=round(v.idle_s(now), 2),
                                      sites_seen=frozenset(v.sites_seen), fatal_stack=fatal)
