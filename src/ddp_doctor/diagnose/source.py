@@ -53,8 +53,10 @@ def reads_rank(path: str, fn: ast.AST, test: ast.expr) -> bool:
 
 
 def function_at(tree: ast.Module, name: str | None, line: int) -> ast.AST:
-    """The innermost def named ``name`` whose lines hold ``line`` (the module for "<module>")."""
+    """The innermost def named ``name`` whose lines hold ``line`` (the module for "<module>"); py-spy names a
+    method by its qualified name ("Model.on_train_batch_end")."""
     best: ast.AST = tree
+    name = name.rsplit(".", 1)[-1] if name else name
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and name in (node.name, None) \
                 and node.lineno <= line <= (node.end_lineno or node.lineno):
