@@ -7,6 +7,7 @@ import os
 from ddp_doctor.evidence import GROUP_CREATION, Collective, JobEvidence, RankState, Site, Verdict
 from ddp_doctor.findings import Finding, runtime_fix
 
+from ddp_doctor.diagnose.apiwords import called, lint_subset, op_text, why_all
 from ddp_doctor.diagnose.common import (FIX_101, FIX_201, FIX_202, FIX_203, lint_flagged, lint_line, loc, others_text, ranks_of,
                                         step_evidence, user_frame, where)
 from ddp_doctor.diagnose.live import group_ranks
@@ -183,7 +184,7 @@ def blame_positions(in_coll: dict[int, Collective], ranks: dict[int, RankState])
 def _call_text(c: Collective, group, seq, tensors: bool = True) -> str:
     pos = "" if c.group == group else f" ({'' if c.seq is None else f'#{c.seq} '}on {c.group})"
     args = "(" + ", ".join(c.shapes) + ")" if c.shapes and tensors else ""
-    return f"{c.op}{args}{pos} at {where(c.site)}"
+    return f"{op_text(c, args)}{pos} at {where(c.site)}"
 
 
 def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group, seq, detected_how: str) -> Finding:
@@ -197,8 +198,9 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
     else:
         on, never = "", "a line the other ranks never reach"
     if code == "DDP201":
-        msg = (f"Rank {rs} called {calls[at_fault[0]].op}() at {where(site)}{on}, {never}; "
-               f"{others_text(ranks, fault)}. {detected_how} (collective #{seq} on {group}: {calls_txt}).")
+        msg = (f"Rank {rs} {called(calls[at_fault[0]], site)}{on}, {never}; "
+               f"{others_text(ranks, fault)}.{why_all(calls[at_fault[0]])} {detected_how} "
+               f"(collective #{seq} on {group}: {calls_txt}).")
         fix = FIX_201
     elif code == "DDP202":
         msg = (f"Rank {rs} ran the DDP model at {where(site)}{on}, where the other ranks never do: its DDP "
@@ -317,6 +319,8 @@ def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Finding]:
         parted.evidence.update({"group": d.group, "seq": d.seq, "calls": {str(r): c for r, c in calls.items()}})
         return [parted]
     code, fault, site = classify_calls(calls, ranks)
+    if code == "DDP203" and (flagged := lint_subset(calls, ranks, lint)):
+        code, fault, site = "DDP201", flagged, calls[flagged[0]].site
     if code == "DDP201":
         early = _left_loop_early(ranks, calls, fault, site, lint, d.group, d.seq)
         if early:

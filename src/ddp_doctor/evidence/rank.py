@@ -128,7 +128,7 @@ class RankState:
         d["fingerprints"] = [[c.group, c.seq, c.op, list(c.shapes), list(c.dtypes), idx(c.site), c.epoch,
                               c.step_in_epoch, *((1,) if c.join else ())] for c in self.fingerprints]
         d["site_counts"] = [[sc.op, idx(sc.site), sc.calls] for sc in self.site_counts]
-        d["sites"] = [[s.path, s.line, s.function] for s in sites]
+        d["sites"] = [s.to_list() for s in sites]
         d["collectives"] = {"count": self.coll_count, "time_s": self.coll_time_s}
         d["sites_seen"] = [[op, list(k) if k else None] for op, k in sorted(self.sites_seen, key=str)]
         if self.group is not None:

@@ -19,17 +19,26 @@ def _tuple(xs) -> tuple:
 # -- small records -------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Site:
-    """A source line: a call site, a stack frame, where a rank is."""
+    """A source line: a call site, a stack frame, where a rank is.  ``api``: the torch API the user called
+    there that issued the collective (``ddp_doctor.apis``: "dcp.save"), when not a collective itself."""
     path: str
     line: int
     function: str | None = None
+    api: str | None = None
 
     def key(self) -> tuple:
         """Sites compare by file name, line and function (paths differ between nodes)."""
         return (os.path.basename(self.path), self.line, self.function)
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "line": self.line, "function": self.function}
+        d = {"path": self.path, "line": self.line, "function": self.function}
+        if self.api:
+            d["api"] = self.api
+        return d
+
+    def to_list(self) -> list:
+        """The compact form of the sites tables: [path, line, function(, api)]."""
+        return [self.path, self.line, self.function] + ([self.api] if self.api else [])
 
     @classmethod
     def from_json(cls, d) -> "Site | None":
@@ -38,8 +47,8 @@ class Site:
         if isinstance(d, Site):
             return d
         if isinstance(d, (list, tuple)):
-            return cls(d[0], int(d[1] or 0), d[2] if len(d) > 2 else None)
-        return cls(d["path"], int(d.get("line") or 0), d.get("function"))
+            return cls(d[0], int(d[1] or 0), d[2] if len(d) > 2 else None, d[3] if len(d) > 3 else None)
+        return cls(d["path"], int(d.get("line") or 0), d.get("function"), d.get("api"))
 
 
 def _site_json(s: Site | None):

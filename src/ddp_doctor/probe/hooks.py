@@ -20,6 +20,8 @@ import weakref
 from ddp_doctor import store as side
 from ddp_doctor.evidence.records import GROUP_CREATION
 from ddp_doctor.probe import ddp_params, group_calls, groups, lifeline, workers
+from ddp_doctor.probe.apisite import user_site_api
+from ddp_doctor.probe.describe import describe as describe_call
 from ddp_doctor.probe.recorder import EpochRec, LoaderRec, Recorder, user_site
 
 COLLECTIVES = (
@@ -27,29 +29,13 @@ COLLECTIVES = (
     "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list",
     "reduce", "gather", "gather_object", "scatter", "scatter_object_list", "barrier", "monitored_barrier",
     "all_reduce_coalesced", "all_gather_coalesced", "_all_gather_base", "_reduce_scatter_base",
+    "all_gather_single", "reduce_scatter_single",  # torch >= 2.13; FSDP2's all-gather and reduce-scatter
 )
 
 REC: Recorder | None = None
 _tls = threading.local()
 _group_key = group_calls.group_key
 _installed = False
-
-
-def _describe(args, kwargs) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    import torch
-
-    shapes: list[str] = []
-    dtypes: list[str] = []
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            shapes.append("x".join(map(str, a.shape)) or "scalar")
-            dtypes.append(str(a.dtype).replace("torch.", ""))
-        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
-            shapes.append("[" + ",".join("x".join(map(str, t.shape)) for t in a[:8]) + ("..." if len(a) > 8 else "") + "]")
-            dtypes.append(str(a[0].dtype).replace("torch.", ""))
-        if len(shapes) >= 3:
-            break
-    return tuple(shapes), tuple(dtypes)
 
 
 def _inside(entry, call, *args, **kwargs):
@@ -139,11 +125,11 @@ def _wrap_collective(fn, name: str, describe=None):
                 g = args[gidx]
             if describe is None:
                 key = _group_key(g)
-                shapes, dtypes = _describe(args, kwargs) if key is not None else ((), ())
+                shapes, dtypes = describe_call(name, args, kwargs) if key is not None else ((), ())
             else:
                 key, shapes, dtypes = GROUP_CREATION, describe(args, kwargs), ()
             if key is not None and shapes is not None:
-                entry = REC.coll_enter(key, name, shapes, dtypes, user_site(sys._getframe(1)))
+                entry = REC.coll_enter(key, name, shapes, dtypes, user_site_api(sys._getframe(1)))
                 if REC.flush is not None and REC.site_counts.get((name, entry[5])) == 1:
                     REC.flush()  # its first call at this line: posted before gloo can abort on a mismatch
             if aidx is not None and entry is not None:

@@ -1,0 +1,64 @@
+"""The API table (ddp_doctor.apis) and the probe's walk that names the API a collective was issued inside."""
+from __future__ import annotations
+
+import sys
+
+from ddp_doctor import apis
+from ddp_doctor.evidence import Collective, Site
+from ddp_doctor.evidence.rank import RankState
+from ddp_doctor.diagnose.apiwords import called, op_text, why_all
+from ddp_doctor.probe.apisite import user_site_api
+
+TORCH = "/venv/lib/python3.11/site-packages/torch/"
+
+
+def _torch_fn(path: str, src: str, name: str, env: dict):
+    exec(compile(src, TORCH + path, "exec"), env)
+    return env[name]
+
+
+def test_table_entries_are_unique_and_found_by_file_and_qualname():
+    keys = [(a.path, a.qualname) for a in apis.TABLE]
+    assert len(keys) == len(set(keys))
+    a = apis.lookup(TORCH + "distributed/checkpoint/state_dict_saver.py", "save")
+    assert a is not None and a.name == "dcp.save"
+    assert apis.lookup(TORCH + "distributed/checkpoint/state_dict_loader.py", "save") is None
+    assert apis.lookup("/home/me/state_dict_saver.py", "save") is None
+    assert "every rank must call it" in apis.collective_why("dcp.save")
+
+
+def test_walk_records_the_outermost_api_below_the_user_frame():
+    env: dict = {"sys": sys, "probe": user_site_api}
+    _torch_fn("distributed/distributed_c10d.py", "def gather_object():\n    return probe(sys._getframe())\n",
+              "gather_object", env)
+    _torch_fn("distributed/checkpoint/utils.py", "def reduce_scatter():\n    return gather_object()\n",
+              "reduce_scatter", env)
+    save = _torch_fn("distributed/checkpoint/state_dict_saver.py", "def save():\n    return reduce_scatter()\n",
+                     "save", env)
+    site = save()  # this line is the user's
+    assert site[0] == __file__ and site[2] == "test_walk_records_the_outermost_api_below_the_user_frame"
+    assert site[3] == "dcp.save"
+
+
+def test_direct_call_costs_one_frame_and_names_no_api():
+    site = user_site_api(sys._getframe())
+    assert len(site) == 3 and site[0] == __file__
+
+
+def test_site_api_travels_on_the_wire():
+    s = Site("/x/train.py", 46, "main", "dcp.save")
+    assert Site.from_json(s.to_json()) == s and Site.from_json(s.to_list()) == s
+    assert Site.from_json(Site("/x/train.py", 3).to_list()).api is None
+    c = Collective("world", 40, "gather_object", site=s)
+    st = RankState(rank=0, in_collective=c, fingerprints=(c,))
+    back = RankState.from_json(st.to_json())
+    assert back.in_collective.site.api == "dcp.save" and back.fingerprints[0].site.api == "dcp.save"
+
+
+def test_words_name_the_api_with_the_collective_as_detail():
+    c = Collective("world", 40, "gather_object", site=Site("/x/train.py", 46, "main", "dcp.save"))
+    assert called(c, c.site) == "entered `dcp.save` at train.py:46 (main)"
+    assert op_text(c) == "`dcp.save` (gather_object inside it)"
+    assert "`dcp.save` is collective: every rank must call it" in why_all(c)
+    plain = Collective("world", 1, "barrier", site=Site("/x/train.py", 3, "main"))
+    assert called(plain, plain.site) == "called barrier() at train.py:3 (main)" and why_all(plain) == ""
