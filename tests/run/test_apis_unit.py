@@ -62,3 +62,29 @@ def test_words_name_the_api_with_the_collective_as_detail():
     assert "`dcp.save` is collective: every rank must call it" in why_all(c)
     plain = Collective("world", 1, "barrier", site=Site("/x/train.py", 3, "main"))
     assert called(plain, plain.site) == "called barrier() at train.py:3 (main)" and why_all(plain) == ""
+
+
+def _fsdp_rank(r: int, calls, seen, **kw) -> RankState:
+    fps = tuple(Collective("world", s, "all_gather_single", ("1088", "544"), ("float32",) * 2, site=site)
+                for s, site in calls)
+    return RankState(rank=r, fingerprints=fps, sites_seen=frozenset(("all_gather_single", k) for k in seen), **kw)
+
+
+def test_api_parting_finds_the_rank_that_alone_ran_the_sharded_model():
+    from ddp_doctor.diagnose.apiwords import api_parting
+    from ddp_doctor.evidence import ExitStatus
+
+    fwd = "the forward of an FSDP2 (`fully_shard`) module"
+    train, ev = Site("/x/t.py", 47, "main", fwd), Site("/x/t.py", 32, "evaluate", fwd)
+    r0 = _fsdp_rank(0, [(1, train), (2, ev)], [train.key(), ev.key()])
+    r1 = _fsdp_rank(1, [(1, train), (2, train)], [train.key()])
+    fault, calls = api_parting({0: r0, 1: r1})
+    assert fault == [0] and calls[0].site == ev
+    # both ranks ran both lines: no one alone
+    r1b = _fsdp_rank(1, [(1, train), (2, train)], [train.key(), ev.key()])
+    assert api_parting({0: r0, 1: r1b}) is None
+    # a rank gloo killed posted up to position 1: past it, only with stale=True
+    dead = _fsdp_rank(1, [(1, train)], [train.key()], exit=ExitStatus(-6, "SIGABRT"))
+    assert api_parting({0: r0, 1: dead}) is None
+    fault, calls = api_parting({0: r0, 1: dead}, stale=True)
+    assert fault == [0] and calls[1] is None

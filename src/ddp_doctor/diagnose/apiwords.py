@@ -58,3 +58,53 @@ def lint_subset(calls: dict[int, Collective | None], ranks: dict[int, RankState]
     if any(k in seen.get(o, ()) for k in flagged_lines for o in known if o not in flagged):
         return []  # the others ran that line too: not a branch only these ranks take
     return sorted(flagged)
+
+
+def api_parting(ranks: dict[int, RankState], stale: bool = False) -> tuple[list[int], dict] | None:
+    """Where ranks parted inside an API before a mismatch showed: the first position whose calls agree as torch
+    sees them, at least one issued inside a table API, some ranks at a line no other rank ever issued a
+    collective at (rank 0's evaluation through an FSDP2 model: its all-gathers pair silently with rank 1's
+    next training forward, and only later a reduce-scatter meets an all-gather).  (those ranks, the calls),
+    or None.  ``stale``: ranks killed by a signal are judged by their last post (``_past_the_dead``).
+    Explains a proof, never makes one."""
+    fps = {r: {(c.group, c.seq): c for c in st.fingerprints} for r, st in ranks.items()
+           if st.fingerprints and not st.missing}
+    if len(fps) < 2:
+        return None
+    common = set.intersection(*(set(m) for m in fps.values()))
+    seen = {r: {k for _op, k in ranks[r].sites_seen} for r in fps}
+    for key in sorted(common, key=lambda k: (k[1] if k[1] is not None else -1, str(k[0]))):
+        calls = {r: m[key] for r, m in fps.items()}
+        vals = list(calls.values())
+        if any(c.join or c.site is None for c in vals) or key[0] == GROUP_CREATION:
+            continue
+        if len({c.must_agree() for c in vals}) > 1:
+            return None  # the ranks disagree here already: that is the proof, not a parting before it
+        if not any(c.site.api for c in vals) or len({c.site.key() for c in vals}) < 2:
+            continue
+        fault = sorted(r for r, c in calls.items()
+                       if all(c.site.key() not in seen[o] for o in calls if o != r))
+        if 0 < len(fault) < len(calls):
+            return fault, calls
+    return _past_the_dead(ranks, fps, seen) if stale else None
+
+
+def _past_the_dead(ranks: dict[int, RankState], fps: dict, seen: dict) -> tuple[list[int], dict] | None:
+    """A rank killed by a signal (gloo's abort on the mismatch) posted its calls up to 0.25 s before it died:
+    past its last known position, the first call the live ranks issued inside an API at a line the dead
+    ones never issued a collective at (their calls there unknown: None)."""
+    dead = [r for r in fps if ranks[r].exit is not None and ranks[r].exit.killed]
+    live = [r for r in fps if r not in dead]
+    if not dead or not live:
+        return None
+    beyond = sorted({k for r in live for k in fps[r] if k[1] is not None and all(k not in fps[d] for d in dead)
+                     and any(k[0] == g for d in dead for g, _ in fps[d])}, key=lambda k: (k[1], str(k[0])))
+    for key in beyond:
+        calls = {r: fps[r].get(key) for r in fps}
+        mine = {r: c for r, c in calls.items() if r in live and c is not None and c.site is not None}
+        if len(mine) != len(live) or len({c.must_agree() for c in mine.values()}) > 1:
+            return None
+        fault = sorted(r for r, c in mine.items() if c.site.api and all(c.site.key() not in seen[d] for d in dead))
+        if fault:
+            return fault, calls
+    return None

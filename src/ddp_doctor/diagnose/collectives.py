@@ -7,7 +7,7 @@ import os
 from ddp_doctor.evidence import GROUP_CREATION, Collective, JobEvidence, RankState, Site, Verdict
 from ddp_doctor.findings import Finding, runtime_fix
 
-from ddp_doctor.diagnose.apiwords import called, lint_subset, op_text, why_all
+from ddp_doctor.diagnose.apiwords import api_parting, called, lint_subset, op_text, why_all
 from ddp_doctor.diagnose.common import (FIX_101, FIX_201, FIX_202, FIX_203, lint_flagged, lint_line, loc, others_text, ranks_of,
                                         step_evidence, user_frame, where)
 from ddp_doctor.diagnose.live import group_ranks
@@ -313,6 +313,9 @@ def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Finding]:
                                       "Detected as it happened, before any timeout: the ranks wait for each other "
                                       "in collectives of different groups")]
     shown = "; ".join(f"rank {r}: {_call_text(c, d.group, d.seq)}" for r, c in sorted(calls.items()))
+    api = _api_parted(ranks, f"it showed as a mismatch at collective #{d.seq} on {on_group(d.group)} ({shown})")
+    if api is not None:
+        return [api]
     parted = from_parted(ranks, dict(d.parted), f"it showed as a mismatch at collective #{d.seq} on "
                                                  f"{on_group(d.group)} ({shown})", lint)
     if parted is not None:
@@ -327,6 +330,17 @@ def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Finding]:
             return [early]
     return [finding_for_calls(code, fault, site, calls, ranks, d.group, d.seq,
                                "Detected as it happened, before any timeout")]
+
+
+def _api_parted(ranks: dict[int, RankState], showed: str, stale: bool = False) -> Finding | None:
+    """DDP201 where some ranks alone entered an API (``apiwords.api_parting``), with how it showed later."""
+    found = api_parting(ranks, stale)
+    if found is None:
+        return None
+    fault, calls = found
+    first = calls[fault[0]]
+    return finding_for_calls("DDP201", fault, first.site, calls, ranks, first.group, first.seq,
+                             f"The ranks parted there; {showed}")
 
 
 def from_parted(ranks: dict[int, RankState], parted: dict[int, Collective], showed: str, lint) -> Finding | None:
@@ -389,6 +403,9 @@ def diagnose_fatal_collective(ev: JobEvidence) -> list[Finding]:
             calls[r] = c
     if not fatal_ops or len(calls) < 2:
         return []
+    api = _api_parted(ranks, "it showed when gloo aborted the process (SIGABRT) on a later mismatch", stale=True)
+    if api is not None:
+        return [api]
     code, fault, site = classify_calls(calls, ranks)
     seqs = {(c.group, c.seq) for c in calls.values() if c.seq is not None}
     group, seq = seqs.pop() if len(seqs) == 1 else ("world", "?")

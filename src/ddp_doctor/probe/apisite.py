@@ -25,10 +25,25 @@ def _api_of(code) -> str | None:
     return name
 
 
+def _called_as_module(frame) -> bool:
+    """Was this ``forward`` run by ``nn.Module.__call__`` (torch's frames right above it)?"""
+    f = frame.f_back
+    for _ in range(3):
+        if f is None or kind(f.f_code.co_filename) == USER:
+            return False
+        if getattr(f.f_code, "co_qualname", "").startswith("Module._"):
+            return True
+        f = f.f_back
+    return False
+
+
 def user_site_api(frame) -> tuple | None:
     """(path, line, function) of the innermost user frame, or (path, line, function, API) when the call
     went through an API of the table (the outermost one below the user's frame); failing a user frame, the
-    innermost library frame, as ``frames.user_site_of``."""
+    innermost library frame, as ``frames.user_site_of``.  A collective issued inside an API (FSDP2's
+    all-gather in a sharded layer's forward) from within the user's own ``Module.forward`` is the user's
+    call of that module: the sharded model's forward is the same code in training and in an evaluation
+    only rank 0 runs; the line that called the model tells them apart."""
     fallback = None
     api = None
     f = frame
@@ -36,6 +51,9 @@ def user_site_api(frame) -> tuple | None:
         code = f.f_code
         k = kind(code.co_filename)
         if k == USER:
+            if api and code.co_name == "forward" and _called_as_module(f):
+                f = f.f_back  # the user's Module.forward: the line that called the module is the user's call
+                continue
             return (code.co_filename, f.f_lineno, code.co_name, api) if api else \
                 (code.co_filename, f.f_lineno, code.co_name)
         if k == LIBRARY:
