@@ -11,6 +11,7 @@ from ddp_doctor.diagnose.apiwords import api_parting, called, lint_subset, op_te
 from ddp_doctor.diagnose.common import (FIX_101, FIX_201, FIX_202, FIX_203, lint_flagged, lint_line, loc, others_text, ranks_of,
                                         step_evidence, user_frame, where)
 from ddp_doctor.diagnose.live import group_ranks
+from ddp_doctor.diagnose.sizes import explain as explain_sizes
 from ddp_doctor.diagnose.steps import uneven_steps
 
 FIX_203_GROUP = runtime_fix("DDP203.group")
@@ -216,13 +217,14 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
                f"later collectives pair across the wrong groups. {detected_how}.")
         fix = FIX_203_GROUP
     else:
-        differs = _differs(calls)
+        sized = explain_sizes(calls, len(ranks))
+        differs = (sized.text or _differs(calls)) if sized else _differs(calls)
         if differs:  # the tensors are spelled out there, rank by rank
             calls_txt = "; ".join(f"rank {r}: {_call_text(c, group, seq, tensors=False)}"
                                   for r, c in sorted(calls.items()) if c)
         msg = (f"At collective #{seq} on {on_group(group)} the ranks disagree: {calls_txt}.{differs} gloo/NCCL pair "
                f"calls by position only, so this hangs, crashes or silently mixes data. {detected_how}.")
-        fix = FIX_203
+        fix = sized.fix if sized else FIX_203
     ev = {"group": group, "seq": seq, "calls": {str(r): c for r, c in calls.items() if c}, **step_evidence(ranks)}
     return Finding(code, msg, fix, location=loc(site), ranks=sorted(fault), evidence=ev)
 
@@ -238,6 +240,9 @@ def tensors_text(c: Collective) -> str:
     """A call's tensors in the user's words: "float32 [4]", a list as "list of float32 [50], [50]"."""
     parts = []
     for i, s in enumerate(c.shapes):
+        if "=" in s:  # a size the probe recorded (split sizes, a list's length), not a tensor
+            parts.append(s)
+            continue
         dt = c.dtypes[i] if i < len(c.dtypes) else "?"
         parts.append(f"list of {dt} {_shape(s)}" if s.startswith("[") else f"{dt} {_shape(s)}")
     return " and ".join(parts)
@@ -376,7 +381,7 @@ def from_parted(ranks: dict[int, RankState], parted: dict[int, Collective], show
 C10D_MARKERS = (os.sep + "distributed" + os.sep + "distributed_c10d.py", os.sep + "distributed" + os.sep + "c10d_logger.py")
 
 
-def _fatal_call(st: RankState) -> Collective | None:
+def fatal_call(st: RankState) -> Collective | None:
     """{op, site} of the collective a rank was inside when a fatal signal (gloo abort) killed it."""
     if st.signal not in ("SIGABRT", "SIGSEGV", "SIGBUS"):
         return None
@@ -394,9 +399,13 @@ def diagnose_fatal_collective(ev: JobEvidence) -> list[Finding]:
     """A rank aborted inside a collective (gloo EnforceNotMet on a mismatch): compare with where the others were."""
     ranks = ranks_of(ev)
     calls = {}
-    fatal_ops = {c.op for c in (_fatal_call(st) for st in ranks.values()) if c}
+    fatal = [c for c in (fatal_call(st) for st in ranks.values()) if c]
+    fatal_ops = {c.op for c in fatal}
+    pos = next(((c.group, c.seq) for c in fatal if c.seq is not None), None)
     for r, st in ranks.items():
-        c = _fatal_call(st) or st.in_collective or (st.exc.collective if st.exc else None)
+        # a peer gloo let through the mismatched call is judged by its call at that position, not a later one
+        at = next((f for f in st.fingerprints if (f.group, f.seq) == pos), None) if pos else None
+        c = fatal_call(st) or at or st.in_collective or (st.exc.collective if st.exc else None)
         if not c and st.last_collective and st.last_collective.op in fatal_ops:
             c = st.last_collective  # it got through the same call (gloo paired it), then failed on the result
         if c:

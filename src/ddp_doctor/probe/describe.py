@@ -32,15 +32,16 @@ def _arg(args, kwargs, i: int, name: str):
 
 def describe(op: str, args, kwargs) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``tensors`` plus the per-rank sizes of ``op``'s call, where it has them."""
-    shapes, dtypes = tensors(args, kwargs)
     if op in _SPLITS:
         o, i = _SPLITS[op]
+        shapes, dtypes = tensors(args[:min(o, i)], {k: v for k, v in kwargs.items() if k in ("output", "input")})
         extra = []
         for pos, name in ((o, "output_split_sizes"), (i, "input_split_sizes")):
             v = _arg(args, kwargs, pos, name)
             if v is not None:
                 extra.append(f"{name}={[int(x) for x in list(v)[:64]]}".replace(" ", ""))
         return shapes + tuple(extra), dtypes
+    shapes, dtypes = tensors(args, kwargs)
     if op in _OBJECT_LISTS:
         lst = _arg(args, kwargs, _OBJECT_LISTS[op], "object_list" if op != "scatter_object_list" else
                    "input_object_list")
