@@ -43,3 +43,20 @@ def test_object_lists_of_different_lengths_name_each_length_and_the_box():
     c = {r: Collective("world", 3, "broadcast_object_list", (f"objects={n}",)) for r, n in ((0, 3), (1, 2))}
     s = explain(c, 2)
     assert "rank 0: 3, rank 1: 2" in s.text and "box" in s.fix
+
+
+def test_functional_collectives_are_recorded_in_c10d_layout(monkeypatch):
+    from ddp_doctor.probe import funcol
+
+    class PG:
+        def size(self):
+            return 2
+
+    monkeypatch.setattr(funcol, "_process_group", lambda g, tag="": PG())
+    gather = funcol._describer("all_gather_into_tensor", 2, "mul", lambda pg: "world")
+    assert gather((torch.empty(4, 3), 0, "mesh"), {}) == ("world", ("8x3", "4x3"), ("float32", "float32"))
+    a2a = funcol._describer("all_to_all_single", 3, None, lambda pg: "pg:0,1")
+    key, shapes, _ = a2a((torch.empty(6, 2), [2, 4], [3, 3], "g"), {})
+    assert key == "pg:0,1" and shapes == ("6x2", "output_split_sizes=[2,4]", "input_split_sizes=[3,3]")
+    outside = funcol._describer("all_reduce", 2, None, lambda pg: None)
+    assert outside((torch.empty(1), "sum", "g"), {})[0] is None

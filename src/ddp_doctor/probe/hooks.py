@@ -19,7 +19,7 @@ import weakref
 
 from ddp_doctor import store as side
 from ddp_doctor.evidence.records import GROUP_CREATION
-from ddp_doctor.probe import ddp_params, group_calls, groups, lifeline, workers
+from ddp_doctor.probe import ddp_params, funcol, group_calls, groups, lifeline, workers
 from ddp_doctor.probe.apisite import user_site_api
 from ddp_doctor.probe.describe import describe as describe_call
 from ddp_doctor.probe.recorder import EpochRec, LoaderRec, Recorder, user_site
@@ -103,9 +103,10 @@ def _issue(entry, call, args, kwargs, *, wait_here: bool):
     return work
 
 
-def _wrap_collective(fn, name: str, describe=None):
+def _wrap_collective(fn, name: str, describe=None, call=None):
     """``describe``: (args, kwargs) -> the arguments of a group creation (recorded under GROUP_CREATION),
-    or None where this call is not one every rank makes; without it, a collective on its own group."""
+    or None where this call is not one every rank makes; without it, a collective on its own group.
+    ``call``: (args, kwargs) -> (group key, shapes, dtypes) where torch's call is not c10d's (probe/funcol.py)."""
     try:
         params = list(inspect.signature(fn).parameters)
         gidx = params.index("group") if "group" in params else None
@@ -123,7 +124,9 @@ def _wrap_collective(fn, name: str, describe=None):
             g = kwargs.get("group")
             if g is None and gidx is not None and len(args) > gidx:
                 g = args[gidx]
-            if describe is None:
+            if call is not None:
+                key, shapes, dtypes = call(args, kwargs)
+            elif describe is None:
                 key = _group_key(g)
                 shapes, dtypes = describe_call(name, args, kwargs) if key is not None else ((), ())
             else:
@@ -164,6 +167,11 @@ def _patch_collectives() -> None:
         setattr(c10d, name, wrapped)
         if getattr(dist, name, None) is fn:
             setattr(dist, name, wrapped)
+
+
+def _patch_funcol() -> None:
+    """Functional collectives (DTensor's redistributions, ``full_tensor``): issued, not waited, in the call."""
+    funcol.patch(_wrap_collective, _group_key)
 
 
 def _patch_group_creation() -> None:
@@ -477,8 +485,8 @@ def install(rec: Recorder) -> None:
     except Exception:
         return
     _register_stack_dump("rank")
-    for patch in (_patch_groups, _patch_collectives, _patch_group_creation, _patch_ddp, _patch_data, _patch_optimizer,
-                  _patch_perf):
+    for patch in (_patch_groups, _patch_collectives, _patch_funcol, _patch_group_creation, _patch_ddp, _patch_data,
+                  _patch_optimizer, _patch_perf):
         try:
             patch()
         except Exception as e:  # pragma: no cover - depends on torch version
