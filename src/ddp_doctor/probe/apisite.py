@@ -8,7 +8,7 @@ stops at the first frame: the hot path costs what it did.  A site entered throug
 from __future__ import annotations
 
 from ddp_doctor import apis
-from ddp_doctor.frames import LIBRARY, USER, kind
+from ddp_doctor.frames import USER, kind, user_site_of
 
 _MISSING = object()
 _CODE_API: dict = {}  # code object -> API name | None
@@ -44,24 +44,18 @@ def user_site_api(frame) -> tuple | None:
     all-gather in a sharded layer's forward) from within the user's own ``Module.forward`` is the user's
     call of that module: the sharded model's forward is the same code in training and in an evaluation
     only rank 0 runs; the line that called the model tells them apart."""
-    fallback = None
-    api = None
-    f = frame
-    while f is not None:
-        code = f.f_code
-        k = kind(code.co_filename)
-        if k == USER:
-            if api and code.co_name == "forward" and _called_as_module(f):
-                f = f.f_back  # the user's Module.forward: the line that called the module is the user's call
-                continue
-            return (code.co_filename, f.f_lineno, code.co_name, api) if api else \
-                (code.co_filename, f.f_lineno, code.co_name)
-        if k == LIBRARY:
-            if fallback is None:
-                fallback = (code.co_filename, f.f_lineno, code.co_name)
-        else:
-            name = _api_of(code)
-            if name is not None:
-                api = name
-        f = f.f_back
-    return fallback
+    code = frame.f_code
+    if kind(code.co_filename) == USER:  # the user called the collective: nothing to look up
+        return (code.co_filename, frame.f_lineno, code.co_name)
+    found: list[str] = []
+
+    def internal(c) -> None:
+        name = _api_of(c)
+        if name is not None:
+            found.append(name)
+
+    def past(f) -> bool:
+        return bool(found) and f.f_code.co_name == "forward" and _called_as_module(f)
+
+    site = user_site_of(frame, internal, past)
+    return site + (found[-1],) if site is not None and found else site
