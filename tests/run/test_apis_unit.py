@@ -88,3 +88,22 @@ def test_api_parting_finds_the_rank_that_alone_ran_the_sharded_model():
     assert api_parting({0: r0, 1: dead}) is None
     fault, calls = api_parting({0: r0, 1: dead}, stale=True)
     assert fault == [0] and calls[1] is None
+
+
+def test_a_rank_that_ran_the_sharded_model_once_more_is_the_culprit_not_the_one_that_went_on():
+    from ddp_doctor.diagnose.apiwords import more_often
+    from ddp_doctor.evidence.records import SiteCount
+
+    fwd = Site("/x/s.py", 23, "score", "the forward of an FSDP2 (`fully_shard`) module")
+    after = Site("/x/s.py", 41, "main")
+
+    def st(r, n, seen):
+        return RankState(rank=r, site_counts=(SiteCount("all_gather_single", fwd, n),),
+                         sites_seen=frozenset(("all_gather_single", s.key()) for s in seen))
+
+    calls = {0: Collective("world", 12, "all_gather_single", site=fwd), 1: Collective("world", 12, "all_reduce",
+                                                                                      site=after)}
+    fault, counts = more_often(calls, {0: st(0, 13, [fwd]), 1: st(1, 12, [fwd])})
+    assert fault == [0] and "rank 0: 13, rank 1: 12" in counts
+    # rank 1 never ran the forward at all: not a longer loop (a rank-conditional call instead)
+    assert more_often(calls, {0: st(0, 13, [fwd]), 1: st(1, 0, [])}) is None

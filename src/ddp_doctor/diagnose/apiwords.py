@@ -108,3 +108,32 @@ def _past_the_dead(ranks: dict[int, RankState], fps: dict, seen: dict) -> tuple[
         if fault:
             return fault, calls
     return None
+
+
+def _count_at(st: RankState, op: str, key: tuple) -> int:
+    return sum(sc.calls for sc in st.site_counts if sc.op == op and sc.site is not None and sc.site.key() == key)
+
+
+def more_often(calls: dict[int, Collective | None], ranks: dict[int, RankState]) -> tuple[list[int], str] | None:
+    """Ranks that entered an API at a line every rank runs, once more than the others: at the mismatch they
+    are at that line (an FSDP2 model's forward in a loop of per-rank micro-batches) while the others went
+    on past it.  The others are not the ones "calling alone": they finished the loop.  (those ranks, the
+    per-rank counts in words), or None."""
+    known = {r: c for r, c in calls.items() if c is not None and c.site is not None and r in ranks}
+    extra = []
+    for r, c in known.items():
+        if not c.site.api:
+            continue
+        key, others = c.site.key(), [o for o in known if o != r]
+        if not others or any(known[o].site.key() == key for o in others):
+            continue
+        if not all(any(k == key for _op, k in ranks[o].sites_seen) for o in others):
+            continue  # a line the others never ran: a rank-conditional call, not a longer loop
+        mine = _count_at(ranks[r], c.op, key)
+        if mine and all(_count_at(ranks[o], c.op, key) < mine for o in others):
+            extra.append(r)
+    if not extra or len(extra) == len(known):
+        return None
+    c = known[extra[0]]
+    counts = ", ".join(f"rank {r}: {_count_at(ranks[r], c.op, c.site.key())}" for r in sorted(known))
+    return sorted(extra), f"{c.op} calls at that line: {counts}"

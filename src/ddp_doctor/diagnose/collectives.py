@@ -7,7 +7,7 @@ import os
 from ddp_doctor.evidence import GROUP_CREATION, Collective, JobEvidence, RankState, Site, Verdict
 from ddp_doctor.findings import Finding, runtime_fix
 
-from ddp_doctor.diagnose.apiwords import api_parting, called, lint_subset, op_text, why_all
+from ddp_doctor.diagnose.apiwords import api_parting, called, lint_subset, more_often, op_text, why_all
 from ddp_doctor.diagnose.common import (FIX_101, FIX_201, FIX_202, FIX_203, lint_flagged, lint_line, loc, others_text, ranks_of,
                                         step_evidence, user_frame, where)
 from ddp_doctor.diagnose.live import group_ranks
@@ -326,6 +326,9 @@ def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Finding]:
     if parted is not None:
         parted.evidence.update({"group": d.group, "seq": d.seq, "calls": {str(r): c for r, c in calls.items()}})
         return [parted]
+    longer = more_often(calls, ranks)
+    if longer is not None:
+        return [_ran_longer(longer, calls, ranks, d.group, d.seq)]
     code, fault, site = classify_calls(calls, ranks)
     if code == "DDP203" and (flagged := lint_subset(calls, ranks, lint)):
         code, fault, site = "DDP201", flagged, calls[flagged[0]].site
@@ -335,6 +338,19 @@ def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Finding]:
             return [early]
     return [finding_for_calls(code, fault, site, calls, ranks, d.group, d.seq,
                                "Detected as it happened, before any timeout")]
+
+
+def _ran_longer(longer: tuple[list[int], str], calls, ranks, group, seq) -> Finding:
+    """DDP201 for ranks that entered an API once more than the others at a line every rank runs."""
+    fault, counts = longer
+    c = calls[fault[0]]
+    calls_txt = "; ".join(f"rank {r}: {_call_text(x, group, seq)}" for r, x in sorted(calls.items()) if x)
+    msg = (f"Rank {', '.join(map(str, fault))} {called(c, c.site)} more often than the other ranks ({counts}): a "
+           f"loop that runs a different number of times per rank (micro-batches of each rank's own data); "
+           f"{others_text(ranks, set(fault))}.{why_all(c)} Detected as it happened, before any timeout "
+           f"(collective #{seq} on {group}: {calls_txt}).")
+    ev = {"group": group, "seq": seq, "calls": {str(r): x for r, x in calls.items() if x}, **step_evidence(ranks)}
+    return Finding("DDP201", msg, runtime_fix("DDP201.count"), location=loc(c.site), ranks=fault, evidence=ev)
 
 
 def _api_parted(ranks: dict[int, RankState], showed: str, stale: bool = False) -> Finding | None:
@@ -415,6 +431,10 @@ def diagnose_fatal_collective(ev: JobEvidence) -> list[Finding]:
     api = _api_parted(ranks, "it showed when gloo aborted the process (SIGABRT) on a later mismatch", stale=True)
     if api is not None:
         return [api]
+    longer = more_often(calls, ranks)
+    if longer is not None:
+        c = calls[longer[0][0]]
+        return [_ran_longer(longer, calls, ranks, c.group, c.seq)]
     code, fault, site = classify_calls(calls, ranks)
     seqs = {(c.group, c.seq) for c in calls.values() if c.seq is not None}
     group, seq = seqs.pop() if len(seqs) == 1 else ("world", "?")
