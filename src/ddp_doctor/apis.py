@@ -21,6 +21,7 @@ class Api:
     qualname: str   # its code object's co_qualname
     name: str       # the call as the user wrote it
     why: str        # what it does with every rank: why every rank must call it
+    fix: str = ""   # what to write instead, where the generic fix of a rank-conditional collective is wrong
 
 
 _CK = "distributed/checkpoint/"
@@ -32,23 +33,35 @@ _FWD = "the forward of an FSDP2 (`fully_shard`) module"
 _BWD = "the backward through an FSDP2 (`fully_shard`) module"
 _AG = "it all-gathers the module's parameter shards from every rank of its mesh"
 _RS = "it all-gathers parameters and reduce-scatters gradients across every rank of its mesh"
+_FSDP_FIX = ("Run the sharded model on every rank of its mesh, the same number of times (each rank on its share of "
+             "the data, then reduce the metric with all_reduce); or evaluate an unsharded copy on rank 0 (its full "
+             "state dict from `get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))`, gathered "
+             "on every rank, loaded into a plain module).")
+_DCP_FIX = ("Call `dcp.save` / `dcp.load` on every rank with that rank's state dict (DCP decides which rank writes "
+            "what); for one file written by rank 0 alone, gather a full state dict on every rank and `torch.save` it "
+            "on rank 0.")
 
 TABLE: tuple[Api, ...] = (
-    Api(_CK + "state_dict_saver.py", "save", "dcp.save", "it gathers every rank's save plan and agrees on one"),
+    Api(_CK + "state_dict_saver.py", "save", "dcp.save", "it gathers every rank's save plan and agrees on one",
+        _DCP_FIX),
     Api(_CK + "state_dict_saver.py", "async_save", "dcp.async_save", "it gathers every rank's save plan"),
     Api(_CK + "state_dict_saver.py", "save_state_dict", "dcp.save_state_dict", "it gathers every rank's save plan"),
-    Api(_CK + "state_dict_loader.py", "load", "dcp.load", "it gathers every rank's load plan and scatters the reads"),
+    Api(_CK + "state_dict_loader.py", "load", "dcp.load", "it gathers every rank's load plan and scatters the reads",
+        _DCP_FIX),
     Api(_CK + "state_dict_loader.py", "load_state_dict", "dcp.load_state_dict", "it gathers every rank's load plan"),
     Api(_ZERO, "ZeroRedundancyOptimizer.consolidate_state_dict", "ZeroRedundancyOptimizer.consolidate_state_dict",
-        "each rank broadcasts its shard of the optimizer state, so every rank must take part, not only `to`"),
+        "each rank broadcasts its shard of the optimizer state, so every rank must take part, not only `to`",
+        "Call `optimizer.consolidate_state_dict(to=0)` on every rank, then `optimizer.state_dict()` (and the save) "
+        "on rank 0 only."),
     Api(_ZERO, "ZeroRedundancyOptimizer.step", "ZeroRedundancyOptimizer.step",
         "each rank broadcasts the parameters it owns after stepping them"),
-    Api(_FSDP + "_fsdp_state.py", "FSDPState._pre_forward", _FWD, _AG),
-    Api(_FSDP + "_fsdp_state.py", "FSDPState._pre_backward", _BWD, _RS),
-    Api(_FSDP + "_fsdp_state.py", "FSDPState._root_post_backward_final_callback", _BWD, _RS),
-    Api(_FSDP + "_fsdp_param_group.py", "RegisterPostBackwardFunction.backward", _BWD, _RS),
+    Api(_FSDP + "_fsdp_state.py", "FSDPState._pre_forward", _FWD, _AG, _FSDP_FIX),
+    Api(_FSDP + "_fsdp_state.py", "FSDPState._pre_backward", _BWD, _RS, _FSDP_FIX),
+    Api(_FSDP + "_fsdp_state.py", "FSDPState._root_post_backward_final_callback", _BWD, _RS, _FSDP_FIX),
+    Api(_FSDP + "_fsdp_param_group.py", "RegisterPostBackwardFunction.backward", _BWD, _RS, _FSDP_FIX),
     Api(_FSDP + "_fully_shard.py", "FSDPModule.unshard", "FSDPModule.unshard", _AG),
-    Api(_DT, "DTensor.full_tensor", "DTensor.full_tensor", "it all-gathers the shards held by every rank of the mesh"),
+    Api(_DT, "DTensor.full_tensor", "DTensor.full_tensor", "it all-gathers the shards held by every rank of the mesh",
+        "Call `full_tensor()` on every rank of the mesh (then use the result on rank 0 only)."),
     Api(_DT, "DTensor.redistribute", "DTensor.redistribute", "it moves shards between every rank of the mesh"),
     Api(_DT, "distribute_tensor", "distribute_tensor", "it scatters or broadcasts the tensor over the mesh"),
     Api(_PP, "PipelineScheduleSingle.step", "the pipeline schedule's step",
@@ -81,3 +94,9 @@ def collective_why(name: str) -> str:
     reason = f" ({a.why})" if a else ""
     return f"`{name}` is collective: every rank must call it{reason}" if not name.startswith("the ") else \
         f"{name} is collective: every rank must run it{reason}"
+
+
+def api_fix(name: str | None) -> str:
+    """The fix of a rank-conditional call of API ``name`` ("" where the generic one fits)."""
+    a = BY_NAME.get(name) if name else None
+    return a.fix if a else ""

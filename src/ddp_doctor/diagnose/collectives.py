@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 
+from ddp_doctor.apis import api_fix
 from ddp_doctor.evidence import GROUP_CREATION, Collective, JobEvidence, RankState, Site, Verdict
 from ddp_doctor.findings import Finding, runtime_fix
 
-from ddp_doctor.diagnose.apiwords import api_parting, called, lint_subset, more_often, op_text, why_all
+from ddp_doctor.diagnose.apiwords import api_of, api_parting, called, lint_subset, more_often, op_text, why_all
 from ddp_doctor.diagnose.common import (FIX_101, FIX_201, FIX_202, FIX_203, lint_flagged, lint_line, loc, others_text, ranks_of,
                                         step_evidence, user_frame, where)
 from ddp_doctor.diagnose.live import group_ranks
@@ -202,7 +203,7 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
         msg = (f"Rank {rs} {called(calls[at_fault[0]], site)}{on}, {never}; "
                f"{others_text(ranks, fault)}.{why_all(calls[at_fault[0]])} {detected_how} "
                f"(collective #{seq} on {group}: {calls_txt}).")
-        fix = FIX_201
+        fix = api_fix(api_of(calls[at_fault[0]])) or FIX_201
     elif code == "DDP202":
         msg = (f"Rank {rs} ran the DDP model at {where(site)}{on}, where the other ranks never do: its DDP "
                f"{'buffer broadcast' if 'forward' in calls[at_fault[0]].op else 'gradient all-reduce'} "
