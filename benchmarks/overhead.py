@@ -53,6 +53,15 @@ if dist.get_rank() == 0:
 dist.destroy_process_group()
 """
 
+# (b) and (c): ms per step after the 20 warm-up steps, printed by rank 0
+STEPS_DONE = """
+sync()
+dt = time.perf_counter() - t0
+if dist.get_rank() == 0:
+    print(f"RESULT {dt / (steps - 20) * 1e3:.3f}", flush=True)
+dist.destroy_process_group()
+"""
+
 JOB_B = PRELUDE + """
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -71,12 +80,7 @@ for i, (x, y) in enumerate(loader):
     x, y = x.to(dev), y.to(dev)
     loss = nn.functional.mse_loss(model(x), y)
     opt.zero_grad(); loss.backward(); opt.step()
-sync()
-dt = time.perf_counter() - t0
-if dist.get_rank() == 0:
-    print(f"RESULT {dt / (steps - 20) * 1e3:.3f}", flush=True)
-dist.destroy_process_group()
-"""
+""" + STEPS_DONE
 
 JOB_C = PRELUDE + """
 import torch.nn as nn
@@ -97,12 +101,7 @@ for i in range(steps):
         sync(); dist.barrier(); sync(); t0 = time.perf_counter()
     loss = nn.functional.mse_loss(model(x), y)
     opt.zero_grad(); loss.backward(); opt.step()
-sync()
-dt = time.perf_counter() - t0
-if dist.get_rank() == 0:
-    print(f"RESULT {dt / (steps - 20) * 1e3:.3f}", flush=True)
-dist.destroy_process_group()
-"""
+""" + STEPS_DONE
 
 
 VARIANTS = ("a_torchrun", "a_doctor", "a_detail", "b_torchrun", "b_doctor", "c_torchrun", "c_doctor")
