@@ -120,6 +120,8 @@ def more_often(calls: dict[int, Collective | None], ranks: dict[int, RankState])
     on past it.  The others are not the ones "calling alone": they finished the loop.  (those ranks, the
     per-rank counts in words), or None."""
     known = {r: c for r, c in calls.items() if c is not None and c.site is not None and r in ranks}
+    if any(c.op.startswith("ddp.") for c in known.values()):
+        return None  # a DDP training loop: uneven steps (DDP101) say who skipped, not who stepped more
     extra = []
     for r, c in known.items():
         if not c.site.api:
