@@ -407,7 +407,9 @@ def fatal_call(st: RankState) -> Collective | None:
         return None
     op, site = c10d[-1].function or "?", user_frame(st.stack)
     known = st.in_collective  # posted before the call when it was the first at its line (shapes, dtypes)
-    if known and known.op == op and (not known.site or not site or known.site.key() == site.key()):
+    # the recorded call may be the outer one (broadcast_object_list around the broadcast gloo died in)
+    if known and any(f.function == known.op for f in c10d) and (not known.site or not site
+                                                                or known.site.key() == site.key()):
         return known
     return Collective("world", None, op, site=site)
 
