@@ -107,3 +107,21 @@ def test_a_rank_that_ran_the_sharded_model_once_more_is_the_culprit_not_the_one_
     assert fault == [0] and "rank 0: 13, rank 1: 12" in counts
     # rank 1 never ran the forward at all: not a longer loop (a rank-conditional call instead)
     assert more_often(calls, {0: st(0, 13, [fwd]), 1: st(1, 0, [])}) is None
+
+
+def test_lint_names_the_rank_conditional_side_when_both_lines_are_new():
+    from types import SimpleNamespace
+
+    from ddp_doctor.diagnose.apiwords import lint_subset
+
+    save = Site("/x/t.py", 34, "main", "dcp.save")
+    barrier = Site("/x/t.py", 35, "main")
+    calls = {0: Collective("world", 40, "gather_object", site=save), 1: Collective("world", 40, "barrier", site=barrier)}
+    ranks = {r: RankState(rank=r) for r in calls}
+    flagged = [SimpleNamespace(code="DDP201", path="/y/t.py", line=34, cause=None)]
+    assert lint_subset(calls, ranks, flagged) == [0]
+    assert lint_subset(calls, ranks, []) == []
+    both = flagged + [SimpleNamespace(code="DDP201", path="/y/t.py", line=35, cause=None)]
+    assert lint_subset(calls, ranks, both) == []
+    seen = {1: RankState(rank=1, sites_seen=frozenset({("gather_object", save.key())}))}
+    assert lint_subset(calls, {**ranks, **seen}, flagged) == []  # rank 1 ran that line too

@@ -43,10 +43,11 @@ def why_all(c: Collective) -> str:
 
 
 def lint_subset(calls: dict[int, Collective | None], ranks: dict[int, RankState], lint) -> list[int]:
-    """The ranks whose call is at a line lint flagged as rank-conditional (DDP201), when those are some but not
-    all of the ranks and every rank is at a line the others never ran: at this instant the position shows
-    only that the ranks disagree; the script says which branch only some ranks take.  Explains a proof
-    (the calls already disagree), never makes one."""
+    """The ranks whose call is at a line lint flagged as rank-conditional (DDP201) and the other ranks never
+    ran, when those are some but not all of the ranks.  Asked where the positions alone name no culprit
+    (DDP203: each rank at a line the others never ran, a `dcp.save` under `if rank == 0` against the
+    barrier after it): the script says which branch only some ranks take.  Explains a proof (the calls
+    already disagree), never makes one."""
     known = {r: c for r, c in calls.items() if c is not None and c.site is not None and c.group != GROUP_CREATION}
     if len(known) < 2 or not lint:
         return []
