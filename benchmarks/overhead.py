@@ -1,9 +1,10 @@
 """Overhead of `ddp-doctor run` vs plain torchrun (interleaved), on 2 gloo ranks (or NCCL on GPUs).
 
 (a) a loop of 1-element all_reduce (per-collective cost); also TORCH_DISTRIBUTED_DEBUG=DETAIL on (a);
-(b) a small DDP training loop (wall ratio); (c) an FSDP2 (`fully_shard`) training step, whose all-gathers and
-reduce-scatters torch issues inside the model's forward and backward (the probe walks to the user's frame).  Each job times its own loop (after a warm-up) on rank 0 and
-prints it, so start-up time (imports, rendezvous) is excluded.  The defaults time several seconds per job
+(b) a small DDP training loop (wall ratio); (c) an FSDP2 (`fully_shard`) training step, whose all-gathers
+and reduce-scatters torch issues inside the model's forward and backward (the probe walks to the user's
+frame).  Each job times its own loop (after a warm-up) on rank 0 and prints it, so start-up time (imports,
+rendezvous) is excluded.  The defaults time several seconds per job
 (the steady state a long job lives in) and alternate the variants, on a 2-core box where every stray
 thread competes with the two ranks: compare the ratios of one run, not numbers across days.
 ``--backend nccl`` puts every rank on ``cuda:LOCAL_RANK`` (one GPU: ``--nproc 1``); NCCL returns before a
@@ -197,8 +198,8 @@ def main(argv=None) -> int:
             json.dump({"backend": a.backend, "nproc": a.nproc, "reps": a.reps, "n": a.n, "steps": a.steps,
                        "samples": {k: v for k, v in res.items() if k in chosen},
                        "median": {k: (None if v != v else v) for k, v in med.items() if k in chosen},
-                       "bookkeeping_us": wrapped - bare, "units": {"a": "us per all_reduce", "b": "ms per DDP step",
-                                                                     "c": "ms per FSDP2 step"}},
+                       "bookkeeping_us": wrapped - bare,
+                       "units": {"a": "us per all_reduce", "b": "ms per DDP step", "c": "ms per FSDP2 step"}},
                       f, indent=1)
     missing = [k for k in chosen if not res[k]]
     if missing:

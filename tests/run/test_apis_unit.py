@@ -116,7 +116,8 @@ def test_lint_names_the_rank_conditional_side_when_both_lines_are_new():
 
     save = Site("/x/t.py", 34, "main", "dcp.save")
     barrier = Site("/x/t.py", 35, "main")
-    calls = {0: Collective("world", 40, "gather_object", site=save), 1: Collective("world", 40, "barrier", site=barrier)}
+    calls = {0: Collective("world", 40, "gather_object", site=save),
+             1: Collective("world", 40, "barrier", site=barrier)}
     ranks = {r: RankState(rank=r) for r in calls}
     flagged = [SimpleNamespace(code="DDP201", path="/y/t.py", line=34, cause=None)]
     assert lint_subset(calls, ranks, flagged) == [0]

@@ -14,8 +14,8 @@ def _a2a(shapes) -> Collective:
 
 def test_probe_records_split_sizes_and_list_lengths():
     out, inp = torch.empty(16, 8), torch.empty(16, 8)
-    shapes, dtypes = describe("all_to_all_single", (out, inp), {"output_split_sizes": [8, 8],
-                                                                 "input_split_sizes": torch.tensor([10, 6])})
+    splits = {"output_split_sizes": [8, 8], "input_split_sizes": torch.tensor([10, 6])}
+    shapes, dtypes = describe("all_to_all_single", (out, inp), splits)
     assert shapes == ("16x8", "16x8", "output_split_sizes=[8,8]", "input_split_sizes=[10,6]")
     assert dtypes == ("float32", "float32")
     assert describe("broadcast_object_list", ([1, 2, 3],), {})[0] == ("objects=3",)

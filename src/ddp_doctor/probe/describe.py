@@ -19,7 +19,8 @@ def tensors(args, kwargs) -> tuple[tuple[str, ...], tuple[str, ...]]:
             shapes.append("x".join(map(str, a.shape)) or "scalar")
             dtypes.append(str(a.dtype).replace("torch.", ""))
         elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
-            shapes.append("[" + ",".join("x".join(map(str, t.shape)) for t in a[:8]) + ("..." if len(a) > 8 else "") + "]")
+            more = "..." if len(a) > 8 else ""
+            shapes.append("[" + ",".join("x".join(map(str, t.shape)) for t in a[:8]) + more + "]")
             dtypes.append(str(a[0].dtype).replace("torch.", ""))
         if len(shapes) >= 3:
             break
