@@ -60,3 +60,19 @@ def test_functional_collectives_are_recorded_in_c10d_layout(monkeypatch):
     assert key == "pg:0,1" and shapes == ("6x2", "output_split_sizes=[2,4]", "input_split_sizes=[3,3]")
     outside = funcol._describer("all_reduce", 2, None, lambda pg: None)
     assert outside((torch.empty(1), "sum", "g"), {})[0] is None
+
+
+def test_a_gloo_abort_is_the_cause_and_the_reset_after_it_the_consequence():
+    from ddp_doctor.diagnose.exits import diagnose_exit
+    from ddp_doctor.evidence import ExitStatus, JobEvidence, RaisedError, RankState, Site, Verdict
+
+    c10d = Site("/venv/site-packages/torch/distributed/distributed_c10d.py", 4380, "all_gather_single")
+    aborted = RankState(rank=1, stack=(Site("/x/t.py", 48, "main"), c10d), exit=ExitStatus(-6, "SIGABRT"))
+    # the peer's reset surfaced outside a recorded call (the wait of an async all-gather)
+    reset = RaisedError("RuntimeError", "[pair.cc:537] Read error: Connection reset by peer",
+                        location=Site("/x/t.py", 47, "main"))
+    peer = RankState(rank=0, exc=reset, exit=ExitStatus(1))
+    out = diagnose_exit(JobEvidence(world_size=2, ranks={0: peer, 1: aborted}), Verdict("exit"))
+    assert [f.ranks for f in out] == [[1]]
+    assert "aborted by gloo (SIGABRT) inside all_gather_single" in out[0].message
+    assert "root cause" not in out[0].message
