@@ -70,6 +70,9 @@ TABLE: tuple[Api, ...] = (
         "every stage sends and receives each micro-batch"),
 )
 
+# the count of a pipeline schedule's ``step`` calls per user line, in a rank's site counts (probe/p2p.py)
+STEP_OP = "api.step"
+
 _BY_QUALNAME: dict[str, tuple[Api, ...]] = {}
 for _a in TABLE:
     _BY_QUALNAME[_a.qualname] = _BY_QUALNAME.get(_a.qualname, ()) + (_a,)

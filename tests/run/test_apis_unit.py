@@ -126,3 +126,20 @@ def test_lint_names_the_rank_conditional_side_when_both_lines_are_new():
     assert lint_subset(calls, ranks, both) == []
     seen = {1: RankState(rank=1, sites_seen=frozenset({("gather_object", save.key())}))}
     assert lint_subset(calls, {**ranks, **seen}, flagged) == []  # rank 1 ran that line too
+
+
+def test_the_stage_that_ran_the_pipeline_step_more_often_is_the_culprit():
+    from ddp_doctor.apis import STEP_OP
+    from ddp_doctor.diagnose.pipeline import ran_schedule_more
+    from ddp_doctor.evidence.records import SiteCount
+
+    line = Site("/x/p.py", 25, "main")
+
+    def st(r, n):
+        return RankState(rank=r, site_counts=(SiteCount(STEP_OP, line, n),))
+
+    fault, counts, site = ran_schedule_more({0: st(0, 4)}, {0: st(0, 4), 1: st(1, 3)})
+    assert fault == [0] and counts == {0: 4, 1: 3} and site == line
+    # the same count on every stage: the rank-conditional collective is the story, not the schedule
+    assert ran_schedule_more({0: st(0, 3)}, {0: st(0, 3), 1: st(1, 3)}) is None
+    assert ran_schedule_more({0: RankState(rank=0)}, {0: RankState(rank=0), 1: RankState(rank=1)}) is None

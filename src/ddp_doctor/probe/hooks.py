@@ -19,7 +19,7 @@ import weakref
 
 from ddp_doctor import store as side
 from ddp_doctor.evidence.records import GROUP_CREATION
-from ddp_doctor.probe import ddp_params, funcol, group_calls, groups, lifeline, workers
+from ddp_doctor.probe import ddp_params, funcol, group_calls, groups, lifeline, p2p, workers
 from ddp_doctor.probe.apisite import user_site_api
 from ddp_doctor.probe.describe import describe as describe_call
 from ddp_doctor.probe.recorder import EpochRec, LoaderRec, Recorder, user_site
@@ -172,6 +172,11 @@ def _patch_collectives() -> None:
 def _patch_funcol() -> None:
     """Functional collectives (DTensor's redistributions, ``full_tensor``): issued, not waited, in the call."""
     funcol.patch(_wrap_collective, _group_key)
+
+
+def _patch_p2p() -> None:
+    """Point-to-point calls: counted per line, never numbered with the collectives (probe/p2p.py)."""
+    p2p.patch(lambda: REC)
 
 
 def _patch_group_creation() -> None:
@@ -485,8 +490,8 @@ def install(rec: Recorder) -> None:
     except Exception:
         return
     _register_stack_dump("rank")
-    for patch in (_patch_groups, _patch_collectives, _patch_funcol, _patch_group_creation, _patch_ddp, _patch_data,
-                  _patch_optimizer, _patch_perf):
+    for patch in (_patch_groups, _patch_collectives, _patch_funcol, _patch_p2p, _patch_group_creation, _patch_ddp,
+                  _patch_data, _patch_optimizer, _patch_perf):
         try:
             patch()
         except Exception as e:  # pragma: no cover - depends on torch version
