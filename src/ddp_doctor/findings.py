@@ -94,9 +94,9 @@ RUNTIME_FIXES: dict[str, str] = {
         " ddp_doctor.fixes.rank_zero_first(): ...`."),
     "DDP201.count": (
         "Make every rank run the loop the same number of times: agree on the count first "
-        "(`n = torch.tensor([len(batches)]); dist.all_reduce(n, op=dist.ReduceOp.MAX)`) and let the ranks with "
-        "fewer batches run the model on a dummy (or empty) batch for the rest, or pad each rank's data to one "
-        "length (`DistributedSampler` pads; `drop_last=False`)."),
+        "(`n = torch.tensor([len(batches)]); dist.all_reduce(n, op=dist.ReduceOp.MAX)` and let the ranks with "
+        "fewer batches run on a dummy or empty batch for the rest, or `ReduceOp.MIN` and drop the extra "
+        "batches), or pad each rank's data to one length (`DistributedSampler` pads; `drop_last=False`)."),
     "DDP202": (
         "Do not call the DDP-wrapped model on a subset of ranks: evaluate `model.module` (the unwrapped "
         "model) on rank 0, or run the evaluation on every rank and reduce the metric; or construct DDP "
