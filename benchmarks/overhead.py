@@ -1,8 +1,10 @@
 """Overhead of `ddp-doctor run` vs plain torchrun (interleaved), on 2 gloo ranks (or NCCL on GPUs).
 
 (a) a loop of 1-element all_reduce (per-collective cost); also TORCH_DISTRIBUTED_DEBUG=DETAIL on (a);
-(b) a small DDP training loop (wall ratio).  Each job times its own loop (after a warm-up) on rank 0 and
-prints it, so start-up time (imports, rendezvous) is excluded.  The defaults time several seconds per job
+(b) a small DDP training loop (wall ratio); (c) an FSDP2 (`fully_shard`) training step, whose all-gathers
+and reduce-scatters torch issues inside the model's forward and backward (the probe walks to the user's
+frame).  Each job times its own loop (after a warm-up) on rank 0 and prints it, so start-up time (imports,
+rendezvous) is excluded.  The defaults time several seconds per job
 (the steady state a long job lives in) and alternate the variants, on a 2-core box where every stray
 thread competes with the two ranks: compare the ratios of one run, not numbers across days.
 ``--backend nccl`` puts every rank on ``cuda:LOCAL_RANK`` (one GPU: ``--nproc 1``); NCCL returns before a
@@ -52,6 +54,15 @@ if dist.get_rank() == 0:
 dist.destroy_process_group()
 """
 
+# (b) and (c): ms per step after the 20 warm-up steps, printed by rank 0
+STEPS_DONE = """
+sync()
+dt = time.perf_counter() - t0
+if dist.get_rank() == 0:
+    print(f"RESULT {dt / (steps - 20) * 1e3:.3f}", flush=True)
+dist.destroy_process_group()
+"""
+
 JOB_B = PRELUDE + """
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -70,15 +81,31 @@ for i, (x, y) in enumerate(loader):
     x, y = x.to(dev), y.to(dev)
     loss = nn.functional.mse_loss(model(x), y)
     opt.zero_grad(); loss.backward(); opt.step()
-sync()
-dt = time.perf_counter() - t0
-if dist.get_rank() == 0:
-    print(f"RESULT {dt / (steps - 20) * 1e3:.3f}", flush=True)
-dist.destroy_process_group()
-"""
+""" + STEPS_DONE
+
+JOB_C = PRELUDE + """
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+torch.manual_seed(0)
+steps = int(sys.argv[1])
+mesh = init_device_mesh(dev.type, (dist.get_world_size(),))
+model = nn.Sequential(*[nn.Sequential(nn.Linear(128, 128), nn.ReLU()) for _ in range(4)], nn.Linear(128, 1)).to(dev)
+for block in model:
+    fully_shard(block, mesh=mesh)
+fully_shard(model, mesh=mesh)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(32, 128, device=dev), torch.randn(32, 1, device=dev)
+t0 = None
+for i in range(steps):
+    if i == 20:
+        sync(); dist.barrier(); sync(); t0 = time.perf_counter()
+    loss = nn.functional.mse_loss(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+""" + STEPS_DONE
 
 
-VARIANTS = ("a_torchrun", "a_doctor", "a_detail", "b_torchrun", "b_doctor")
+VARIANTS = ("a_torchrun", "a_doctor", "a_detail", "b_torchrun", "b_doctor", "c_torchrun", "c_doctor")
 
 
 def run(launcher: str, script: str, arg: int, env_extra: dict[str, str] | None = None, nproc: int = 2) -> float | None:
@@ -133,16 +160,18 @@ def main(argv=None) -> int:
     if unknown or a.steps <= 20:
         ap.error(f"unknown variants {unknown}" if unknown else "--steps must be above the 20 warm-up steps")
     d = tempfile.mkdtemp()
-    sa, sb = os.path.join(d, "allreduce.py"), os.path.join(d, "ddp.py")
+    sa, sb, sc = os.path.join(d, "allreduce.py"), os.path.join(d, "ddp.py"), os.path.join(d, "fsdp2.py")
     open(sa, "w").write(textwrap.dedent(JOB_A))
     open(sb, "w").write(textwrap.dedent(JOB_B))
+    open(sc, "w").write(textwrap.dedent(JOB_C))
     backend = {"BENCH_BACKEND": a.backend}
     res: dict[str, list[float]] = {k: [] for k in VARIANTS}
     for _ in range(a.reps):  # interleaved, so load changes hit every variant alike
         for key, launcher, script, arg, env in (
                 ("a_torchrun", "torchrun", sa, a.n, backend), ("a_doctor", "doctor", sa, a.n, backend),
                 ("a_detail", "torchrun", sa, a.n, {**backend, "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}),
-                ("b_torchrun", "torchrun", sb, a.steps, backend), ("b_doctor", "doctor", sb, a.steps, backend)):
+                ("b_torchrun", "torchrun", sb, a.steps, backend), ("b_doctor", "doctor", sb, a.steps, backend),
+                ("c_torchrun", "torchrun", sc, a.steps, backend), ("c_doctor", "doctor", sc, a.steps, backend)):
             if key not in chosen:
                 continue
             v = run(launcher, script, arg, env, a.nproc)
@@ -156,17 +185,21 @@ def main(argv=None) -> int:
     print(f"{'(a) all_reduce, DEBUG=DETAIL':<36}{med['a_detail']:>9.2f} us  {res['a_detail']}")
     print(f"{'(b) DDP step, torchrun':<36}{med['b_torchrun']:>9.3f} ms  {res['b_torchrun']}")
     print(f"{'(b) DDP step, ddp-doctor run':<36}{med['b_doctor']:>9.3f} ms  {res['b_doctor']}")
+    print(f"{'(c) FSDP2 step, torchrun':<36}{med['c_torchrun']:>9.3f} ms  {res['c_torchrun']}")
+    print(f"{'(c) FSDP2 step, ddp-doctor run':<36}{med['c_doctor']:>9.3f} ms  {res['c_doctor']}")
     bare, wrapped = micro(a.micro_calls)
     print(f"{'probe bookkeeping per collective':<36}{wrapped - bare:>9.2f} us  (in-process, no-op collective)")
     print(f"\nadded per collective: {med['a_doctor'] - med['a_torchrun']:+.2f} us "
           f"(DETAIL: {med['a_detail'] - med['a_torchrun']:+.2f} us); "
-          f"DDP step wall ratio: {med['b_doctor'] / med['b_torchrun']:.3f}x")
+          f"DDP step wall ratio: {med['b_doctor'] / med['b_torchrun']:.3f}x; "
+          f"FSDP2 step wall ratio: {med['c_doctor'] / med['c_torchrun']:.3f}x")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"backend": a.backend, "nproc": a.nproc, "reps": a.reps, "n": a.n, "steps": a.steps,
                        "samples": {k: v for k, v in res.items() if k in chosen},
                        "median": {k: (None if v != v else v) for k, v in med.items() if k in chosen},
-                       "bookkeeping_us": wrapped - bare, "units": {"a": "us per all_reduce", "b": "ms per DDP step"}},
+                       "bookkeeping_us": wrapped - bare,
+                       "units": {"a": "us per all_reduce", "b": "ms per DDP step", "c": "ms per FSDP2 step"}},
                       f, indent=1)
     missing = [k for k in chosen if not res[k]]
     if missing:

@@ -92,6 +92,11 @@ RUNTIME_FIXES: dict[str, str] = {
         "Call the collective on every rank of its group (move it out of the rank-dependent branch), or "
         "make only rank 0 do the work and let the others wait at a barrier every rank reaches, e.g. `with"
         " ddp_doctor.fixes.rank_zero_first(): ...`."),
+    "DDP201.count": (
+        "Make every rank run the loop the same number of times: agree on the count first "
+        "(`n = torch.tensor([len(batches)]); dist.all_reduce(n, op=dist.ReduceOp.MAX)` and let the ranks with "
+        "fewer batches run on a dummy or empty batch for the rest, or `ReduceOp.MIN` and drop the extra "
+        "batches), or pad each rank's data to one length (`DistributedSampler` pads; `drop_last=False`)."),
     "DDP202": (
         "Do not call the DDP-wrapped model on a subset of ranks: evaluate `model.module` (the unwrapped "
         "model) on rank 0, or run the evaluation on every rank and reduce the metric; or construct DDP "
@@ -100,6 +105,16 @@ RUNTIME_FIXES: dict[str, str] = {
         "Make every rank call the same collectives in the same order with the same shapes and dtypes; for"
         " per-rank variable-size tensors use `ddp_doctor.fixes.gather_variable(...)` (or "
         "all_gather_object) instead of all_gather."),
+    "DDP203.splits": (
+        "Exchange the counts first: `dist.all_to_all_single(recv_counts, send_counts)` (one count per rank), "
+        "then pass `output_split_sizes=recv_counts.tolist()` and `input_split_sizes=send_counts.tolist()`, so "
+        "that what each rank expects is what the others send."),
+    "DDP203.lists": (
+        "Pass lists of the same length on every rank: box a per-rank list as one object "
+        "(`broadcast_object_list([items])`, `all_gather_object(out, items)`), or agree on the length first."),
+    "DDP203.pad": (
+        "Exchange the sizes first (all_gather of each rank's length), pad every rank's tensor to the largest "
+        "and trim after the collective (`ddp_doctor.fixes.gather_variable(...)`), or use all_gather_object."),
     "DDP203.group": (
         "Compute new_group's arguments identically on every rank (from values all ranks agree on, e.g. "
         "all-gathered first) and call it on every rank, members or not, in the same order; a group that "
@@ -124,6 +139,9 @@ RUNTIME_FIXES: dict[str, str] = {
         "`ddp_doctor.fixes.agree(flag)`, so they stop together."),
     "DDP204.same-exception": (
         "Fix the exception on that line (full traceback in the report's rank entries)."),
+    "DDP204.gloo-abort": (
+        "Fix the collective mismatch reported with it: every rank must make the same collectives in the same "
+        "order, with sizes that fit each other."),
     "DDP204.oom": (
         "Reduce memory per rank: smaller batch, fewer DataLoader workers / prefetch_factor, load "
         "checkpoints with map_location (`ddp_doctor.fixes.load_checkpoint`)."),

@@ -67,18 +67,24 @@ def innermost_user(stack: Sequence[F] | None, path=lambda f: f.path) -> F | None
     return None
 
 
-def user_site_of(frame) -> tuple[str, int, str] | None:
+def user_site_of(frame, internal=None, past=None) -> tuple[str, int, str] | None:
     """(path, line, function) of a live frame's innermost user frame (walking ``f_back``); failing that,
-    the innermost library frame (a Lightning loop, say); never an internal one."""
+    the innermost library frame (a Lightning loop, say); never an internal one.  ``internal``: called with
+    the code of each internal frame on the way (the probe's API lookup, ``probe/apisite.py``); ``past``: a
+    user frame it answers True for is walked past (a user's ``Module.forward`` run by torch)."""
     fallback = None
     f = frame
     while f is not None:
         code = f.f_code
         k = kind(code.co_filename)
         if k == USER:
-            return (code.co_filename, f.f_lineno, code.co_name)
-        if k == LIBRARY and fallback is None:
-            fallback = (code.co_filename, f.f_lineno, code.co_name)
+            if past is None or not past(f):
+                return (code.co_filename, f.f_lineno, code.co_name)
+        elif k == LIBRARY:
+            if fallback is None:
+                fallback = (code.co_filename, f.f_lineno, code.co_name)
+        elif internal is not None:
+            internal(code)
         f = f.f_back
     return fallback
 

@@ -29,7 +29,10 @@ SCENARIOS = ["uneven_filter_continue", "seed_001_no_set_epoch", "rank0_barrier",
              # issue 12: the line that diverged (a library's collective on the common path, subgroups, new_group)
              "bad_batch_gather_object", "lightning_rank_zero_barrier", "node_leader_allreduce", "new_group_rank_args",
              # issue 12: the verdict policy (a stuck rank blamed at its line, slow-not-stuck info, skipped syncs)
-             "stuck_read_rank1", "idle_wait_rank1", "nanogpt_nan_skip", "early_return_step"]
+             "stuck_read_rank1", "idle_wait_rank1", "nanogpt_nan_skip", "early_return_step",
+             # issue 23: collectives torch issues inside the API the user called, sizes that explain
+             "dcp_save_rank0", "zero_consolidate_rank0", "fsdp2_eval_rank0", "fsdp2_score_uneven",
+             "moe_splits_unexchanged", "objects_list_lengths", "dtensor_full_rank0", "pipeline_steps_uneven"]
 OUT = Path(__file__).with_name("captures")
 
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 
+from ddp_doctor.apis import api_fix
 from ddp_doctor.evidence import GROUP_CREATION, Collective, JobEvidence, RankState, Site, Verdict
 from ddp_doctor.findings import Finding, runtime_fix
 
+from ddp_doctor.diagnose.apiwords import api_of, api_parting, called, lint_subset, more_often, op_text, why_all
 from ddp_doctor.diagnose.blame import agreement, odd_ones_out
 from ddp_doctor.diagnose.common import (FIX_101, FIX_201, FIX_202, FIX_203, lint_flagged, lint_line, loc, others_text, ranks_of,
                                         step_evidence, user_frame, where)
 from ddp_doctor.diagnose.live import group_ranks
+from ddp_doctor.diagnose.sizes import explain as explain_sizes
 from ddp_doctor.diagnose.steps import uneven_steps
 
 FIX_203_GROUP = runtime_fix("DDP203.group")
@@ -200,7 +203,7 @@ def blame_positions(in_coll: dict[int, Collective], ranks: dict[int, RankState])
 def _call_text(c: Collective, group, seq, tensors: bool = True) -> str:
     pos = "" if c.group == group else f" ({'' if c.seq is None else f'#{c.seq} '}on {c.group})"
     args = "(" + ", ".join(c.shapes) + ")" if c.shapes and tensors else ""
-    return f"{c.op}{args}{pos} at {where(c.site)}"
+    return f"{op_text(c, args)}{pos} at {where(c.site)}"
 
 
 def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group, seq, detected_how: str) -> Finding:
@@ -214,9 +217,10 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
     else:
         on, never = "", "a line the other ranks never reach"
     if code == "DDP201":
-        msg = (f"Rank {rs} called {calls[at_fault[0]].op}() at {where(site)}{on}, {never}; "
-               f"{others_text(ranks, fault)}. {detected_how} (collective #{seq} on {group}: {calls_txt}).")
-        fix = FIX_201
+        msg = (f"Rank {rs} {called(calls[at_fault[0]], site)}{on}, {never}; "
+               f"{others_text(ranks, fault)}.{why_all(calls[at_fault[0]])} {detected_how} "
+               f"(collective #{seq} on {group}: {calls_txt}).")
+        fix = api_fix(api_of(calls[at_fault[0]])) or FIX_201
     elif code == "DDP202":
         msg = (f"Rank {rs} ran the DDP model at {where(site)}{on}, where the other ranks never do: its DDP "
                f"{'buffer broadcast' if 'forward' in calls[at_fault[0]].op else 'gradient all-reduce'} "
@@ -240,13 +244,14 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
                f"later collectives pair across the wrong groups. {detected_how}.")
         fix = FIX_203_GROUP
     else:
-        differs = _differs(calls)
+        sized = explain_sizes(calls, len(ranks))
+        differs = (sized.text or _differs(calls)) if sized else _differs(calls)
         if differs:  # the tensors are spelled out there, rank by rank
             calls_txt = "; ".join(f"rank {r}: {_call_text(c, group, seq, tensors=False)}"
                                   for r, c in sorted(calls.items()) if c)
         msg = (f"At collective #{seq} on {on_group(group)} the ranks disagree: {calls_txt}.{differs} gloo/NCCL pair "
                f"calls by position only, so this hangs, crashes or silently mixes data. {detected_how}.")
-        fix = FIX_203
+        fix = sized.fix if sized else FIX_203
     ev = {"group": group, "seq": seq, "calls": {str(r): c for r, c in calls.items() if c}, **step_evidence(ranks)}
     if fix is FIX_203_NOT_MEMBER:
         ev["not_member"] = sorted(fault)
@@ -264,6 +269,9 @@ def tensors_text(c: Collective) -> str:
     """A call's tensors in the user's words: "float32 [4]", a list as "list of float32 [50], [50]"."""
     parts = []
     for i, s in enumerate(c.shapes):
+        if "=" in s:  # a size the probe recorded (split sizes, a list's length), not a tensor
+            parts.append(s)
+            continue
         dt = c.dtypes[i] if i < len(c.dtypes) else "?"
         parts.append(f"list of {dt} {_shape(s)}" if s.startswith("[") else f"{dt} {_shape(s)}")
     return " and ".join(parts)
@@ -339,18 +347,50 @@ def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Finding]:
                                       "Detected as it happened, before any timeout: the ranks wait for each other "
                                       "in collectives of different groups")]
     shown = "; ".join(f"rank {r}: {_call_text(c, d.group, d.seq)}" for r, c in sorted(calls.items()))
+    api = _api_parted(ranks, f"it showed as a mismatch at collective #{d.seq} on {on_group(d.group)} ({shown})")
+    if api is not None:
+        return [api]
     parted = from_parted(ranks, dict(d.parted), f"it showed as a mismatch at collective #{d.seq} on "
                                                  f"{on_group(d.group)} ({shown})", lint)
     if parted is not None:
         parted.evidence.update({"group": d.group, "seq": d.seq, "calls": {str(r): c for r, c in calls.items()}})
         return [parted]
+    longer = more_often(calls, ranks)
+    if longer is not None:
+        return [_ran_longer(longer, calls, ranks, d.group, d.seq)]
     code, fault, site = classify_calls(calls, ranks)
+    if code == "DDP203" and (flagged := lint_subset(calls, ranks, lint)):
+        code, fault, site = "DDP201", flagged, calls[flagged[0]].site
     if code == "DDP201":
         early = _left_loop_early(ranks, calls, fault, site, lint, d.group, d.seq)
         if early:
             return [early]
     return [finding_for_calls(code, fault, site, calls, ranks, d.group, d.seq,
                                "Detected as it happened, before any timeout")]
+
+
+def _ran_longer(longer: tuple[list[int], str], calls, ranks, group, seq) -> Finding:
+    """DDP201 for ranks that entered an API once more than the others at a line every rank runs."""
+    fault, counts = longer
+    c = calls[fault[0]]
+    calls_txt = "; ".join(f"rank {r}: {_call_text(x, group, seq)}" for r, x in sorted(calls.items()) if x)
+    msg = (f"Rank {', '.join(map(str, fault))} {called(c, c.site)} more often than the other ranks ({counts}): a "
+           f"loop that runs a different number of times per rank (micro-batches of each rank's own data); "
+           f"{others_text(ranks, set(fault))}.{why_all(c)} Detected as it happened, before any timeout "
+           f"(collective #{seq} on {group}: {calls_txt}).")
+    ev = {"group": group, "seq": seq, "calls": {str(r): x for r, x in calls.items() if x}, **step_evidence(ranks)}
+    return Finding("DDP201", msg, runtime_fix("DDP201.count"), location=loc(c.site), ranks=fault, evidence=ev)
+
+
+def _api_parted(ranks: dict[int, RankState], showed: str, stale: bool = False) -> Finding | None:
+    """DDP201 where some ranks alone entered an API (``apiwords.api_parting``), with how it showed later."""
+    found = api_parting(ranks, stale)
+    if found is None:
+        return None
+    fault, calls = found
+    first = calls[fault[0]]
+    return finding_for_calls("DDP201", fault, first.site, calls, ranks, first.group, first.seq,
+                             f"The ranks parted there; {showed}")
 
 
 def from_parted(ranks: dict[int, RankState], parted: dict[int, Collective], showed: str, lint) -> Finding | None:
@@ -386,7 +426,7 @@ def from_parted(ranks: dict[int, RankState], parted: dict[int, Collective], show
 C10D_MARKERS = (os.sep + "distributed" + os.sep + "distributed_c10d.py", os.sep + "distributed" + os.sep + "c10d_logger.py")
 
 
-def _fatal_call(st: RankState) -> Collective | None:
+def fatal_call(st: RankState) -> Collective | None:
     """{op, site} of the collective a rank was inside when a fatal signal (gloo abort) killed it."""
     if st.signal not in ("SIGABRT", "SIGSEGV", "SIGBUS"):
         return None
@@ -395,7 +435,9 @@ def _fatal_call(st: RankState) -> Collective | None:
         return None
     op, site = c10d[-1].function or "?", user_frame(st.stack)
     known = st.in_collective  # posted before the call when it was the first at its line (shapes, dtypes)
-    if known and known.op == op and (not known.site or not site or known.site.key() == site.key()):
+    # the recorded call may be the outer one (broadcast_object_list around the broadcast gloo died in)
+    if known and any(f.function == known.op for f in c10d) and (not known.site or not site
+                                                                or known.site.key() == site.key()):
         return known
     return Collective("world", None, op, site=site)
 
@@ -404,15 +446,26 @@ def diagnose_fatal_collective(ev: JobEvidence) -> list[Finding]:
     """A rank aborted inside a collective (gloo EnforceNotMet on a mismatch): compare with where the others were."""
     ranks = ranks_of(ev)
     calls = {}
-    fatal_ops = {c.op for c in (_fatal_call(st) for st in ranks.values()) if c}
+    fatal = [c for c in (fatal_call(st) for st in ranks.values()) if c]
+    fatal_ops = {c.op for c in fatal}
+    pos = next(((c.group, c.seq) for c in fatal if c.seq is not None), None)
     for r, st in ranks.items():
-        c = _fatal_call(st) or st.in_collective or (st.exc.collective if st.exc else None)
+        # a peer gloo let through the mismatched call is judged by its call at that position, not a later one
+        at = next((f for f in st.fingerprints if (f.group, f.seq) == pos), None) if pos else None
+        c = fatal_call(st) or at or st.in_collective or (st.exc.collective if st.exc else None)
         if not c and st.last_collective and st.last_collective.op in fatal_ops:
             c = st.last_collective  # it got through the same call (gloo paired it), then failed on the result
         if c:
             calls[r] = c
     if not fatal_ops or len(calls) < 2:
         return []
+    api = _api_parted(ranks, "it showed when gloo aborted the process (SIGABRT) on a later mismatch", stale=True)
+    if api is not None:
+        return [api]
+    longer = more_often(calls, ranks)
+    if longer is not None:
+        c = calls[longer[0][0]]
+        return [_ran_longer(longer, calls, ranks, c.group, c.seq)]
     code, fault, site = classify_calls(calls, ranks)
     seqs = {(c.group, c.seq) for c in calls.values() if c.seq is not None}
     group, seq = seqs.pop() if len(seqs) == 1 else ("world", "?")

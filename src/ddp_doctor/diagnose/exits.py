@@ -7,7 +7,8 @@ from ddp_doctor.evidence.torch_errors import collective_timed_out
 from ddp_doctor.findings import Finding, runtime_fix
 
 from ddp_doctor.diagnose import errors
-from ddp_doctor.diagnose.collectives import from_parted
+from ddp_doctor.diagnose.apiwords import op_text
+from ddp_doctor.diagnose.collectives import fatal_call, from_parted
 from ddp_doctor.diagnose.live import parted_calls
 from ddp_doctor.diagnose.common import (FIX_101, doing, gist, lint_line, loc, others_text, rank_site, ranks_of,
                                         step_evidence, user_frame, where)
@@ -18,7 +19,9 @@ def _root_ranks(ranks: dict[int, RankState]) -> list[int]:
     """The rank(s) whose exit caused the others': an exception outside a collective, then a killing signal,
     then an exception inside a collective (the first one), then a non-zero exit."""
     exc = {r: st.exc for r, st in ranks.items() if st.exc}
-    own = sorted((r for r, e in exc.items() if not e.collective), key=lambda r: exc[r].t or 0)
+    # a broken connection outside a recorded call (an async collective's wait) follows from a peer's end
+    own = sorted((r for r, e in exc.items() if not e.collective and not _consequence(ranks[r])),
+                 key=lambda r: exc[r].t or 0)
     if own:
         first = exc[own[0]]
 
@@ -287,6 +290,14 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
                    f"not your training code; the launcher still reports the job as failed. Meanwhile: {others}.")
             fix = runtime_fix("DDP204.teardown")
             evidence = {"exit": ex_ev, "finished_program": True}
+        elif ex.signal == "SIGABRT" and (c := fatal_call(st)) is not None:
+            site = c.site or rank_site(st)
+            msg = (f"Rank {r} was aborted by gloo (SIGABRT) inside {op_text(c)} at {where(site)}: gloo aborts a "
+                   "process whose collective receives data that does not fit the call it made, so this follows from "
+                   "the ranks' mismatched calls, and the others' broken connections follow from this abort. "
+                   f"Meanwhile: {others}.")
+            fix = runtime_fix("DDP204.gloo-abort")
+            evidence = {"exit": ex_ev, "last_line": site}
         elif ex.signal:
             site = rank_site(st)
             oom = ex.signal == "SIGKILL"

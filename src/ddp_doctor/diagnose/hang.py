@@ -10,6 +10,7 @@ from ddp_doctor.diagnose.collectives import blame_positions, classify_calls, fin
 from ddp_doctor.diagnose.common import (FIX_201, FIX_202, doing, loc, others_text, rank_site, ranks_of,
                                         step_evidence, user_frame, where)
 from ddp_doctor.diagnose.exits import diagnose_exit
+from ddp_doctor.diagnose.pipeline import ran_schedule_more, schedule_finding
 from ddp_doctor.diagnose.steps import uneven_steps
 
 
@@ -38,6 +39,9 @@ def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Finding]:
         if stuck:
             fix = runtime_fix("DDP205.pg-timeout") if d.kind == "pg-timeout" else None
             return [stall_finding(ranks, stuck, stall, partial=in_coll, fix=fix)]
+        sched = ran_schedule_more(out_coll, ranks)
+        if sched:  # a stage inside a pipeline schedule it ran more often than the others
+            return [schedule_finding(sched, ranks, in_coll, how, stall)]
         # a subset waits in a collective the others never entered
         calls = dict(in_coll)
         for r, st in out_coll.items():

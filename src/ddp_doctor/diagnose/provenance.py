@@ -181,6 +181,11 @@ def _parted_in(path, function, line, a, b, ranks, sa, sb, depth) -> Decision | N
         return None
     tree, lines = parsed
     fn = function_at(tree, function, line[a])
+    # a loop one rank left: a branch inside it cannot be where they parted (the ranks are not in one
+    # iteration), when the loop's exit or its own test shows why they ran it differently
+    left = _loop_exit(fn, lines, line, a, b, ranks, path, function, sure=True)
+    if left is not None:
+        return left
     branch = _branch(fn, lines, line, a, b, ranks, path, function)
     if branch is not None:
         return branch
@@ -202,7 +207,7 @@ def _parted_in(path, function, line, a, b, ranks, sa, sb, depth) -> Decision | N
     return None
 
 
-def _ranked(cands, path, fn, values_of):
+def _ranked(cands, path, fn, values_of, sure: bool = False):
     """The decision among candidate tests: one that reads the rank, else one whose values differ between
     the ranks (loop variables aside), else the only candidate; the outermost of equals."""
     loop_vars = loop_targets(fn)
@@ -219,7 +224,7 @@ def _ranked(cands, path, fn, values_of):
         hits = [n for n in cands if pick(n)]
         if hits:
             return min(hits, key=lambda n: n.lineno)
-    return cands[0] if len(cands) == 1 else None
+    return cands[0] if len(cands) == 1 and not sure else None
 
 
 def _branch(fn, lines, line, a, b, ranks, path, function) -> Decision | None:
@@ -266,8 +271,9 @@ def _rank_decorator(fn: ast.AST, frame: Site, inside: list[int], ranks) -> Decis
     return None
 
 
-def _loop_exit(fn, lines, line, a, b, ranks, path, function) -> Decision | None:
-    """One rank left a loop the other is still in: the loop's rank-varying `break` or `return`."""
+def _loop_exit(fn, lines, line, a, b, ranks, path, function, sure: bool = False) -> Decision | None:
+    """One rank left a loop the other is still in: the loop's rank-varying `break` or `return`, else the loop
+    itself.  ``sure``: only an exit or a loop header whose test reads the rank or whose values differ."""
     for left, stayed in ((a, b), (b, a)):
         loops = [n for n in own_nodes(fn) if isinstance(n, LOOPS) and within(n, line[stayed])
                  and not within(n, line[left])]
@@ -275,8 +281,8 @@ def _loop_exit(fn, lines, line, a, b, ranks, path, function) -> Decision | None:
         for loop in sorted(loops, key=lambda n: -n.lineno):  # the innermost loop first
             exits = exits_in(loop)
             node = _ranked([c for _e, c in exits], path, fn,
-                           lambda n: _values(ranks, order, Site(path, n.lineno, function), names_read(n.test))) \
-                if exits else None
+                           lambda n: _values(ranks, order, Site(path, n.lineno, function), names_read(n.test)),
+                           sure=sure) if exits else None
             if node is None:
                 continue
             stmt = next(e for e, c in exits if c is node)
@@ -287,22 +293,43 @@ def _loop_exit(fn, lines, line, a, b, ranks, path, function) -> Decision | None:
             return Decision(Site(path, stmt.lineno, function), keyword(stmt), source_of(node.test, lines), ways, vals,
                             why_it_varies(source_of(node.test, lines), vals, reads_rank(path, fn, node.test)))
         if loops:  # no rank-varying exit: the loop itself ran a different number of times
-            return _loop_header(max(loops, key=lambda n: n.lineno), lines, left, stayed, ranks, path, fn, function)
+            header, evident = _loop_header(max(loops, key=lambda n: n.lineno), lines, left, stayed, ranks, path, fn,
+                                           function)
+            if evident or not sure:
+                return header
     return None
 
 
-def _loop_header(loop, lines, left, stayed, ranks, path, fn, function) -> Decision:
+def _loop_header(loop, lines, left, stayed, ranks, path, fn, function) -> tuple[Decision, bool]:
+    """The loop as the decision, and whether its test or iterable shows it: it reads the rank, or its names
+    hold different values on the ranks (``batches`` 4 on rank 0, 3 on rank 1)."""
     ways = ((left, "left the loop"), (stayed, "stayed in the loop"))
     at = Site(path, loop.lineno, function)
+    expr = loop.test if isinstance(loop, ast.While) else loop.iter
+    vals = _values(ranks, [left, stayed], at, names_read(expr))
+    by_rank = reads_rank(path, fn, expr)
+    evident = by_rank or len({kv for _r, kv in vals}) > 1
     if isinstance(loop, ast.While):
-        names, cond = names_read(loop.test), source_of(loop.test, lines)
-        vals = _values(ranks, [left, stayed], at, names)
-        return Decision(at, "while", cond, ways, vals, why_it_varies(cond, vals, reads_rank(path, fn, loop.test)))
+        cond = source_of(loop.test, lines)
+        return Decision(at, "while", cond, ways, vals, why_it_varies(cond, vals, by_rank)), evident
     cond = f"{ast.unparse(loop.target)} in {source_of(loop.iter, lines)}"
-    return Decision(at, "for", cond, ways, (),
+    count = _rank_assignment(fn, loop.iter, path)  # the rank-local value the loop counts with
+    if count is not None:
+        return Decision(Site(path, count.lineno, function), "value", source_of(count, lines), ways,
+                        _values(ranks, [left, stayed], Site(path, count.lineno, function), names_read(count.value)),
+                        f"`for {cond}:` runs a different number of times per rank: the count comes from the rank."), True
+    return Decision(at, "for", cond, ways, vals,
                     "The ranks ran this loop a different number of times: what it iterates yields a different "
-                    "number of items per rank (uneven shards, a per-rank filter, an IterableDataset, a remainder "
-                    "batch without drop_last).")
+                    "number of items per rank (a per-rank count, uneven shards, a per-rank filter, an IterableDataset, "
+                    "a remainder batch without drop_last)."), evident
+
+
+def _rank_assignment(fn: ast.AST, expr: ast.expr, path: str) -> ast.Assign | None:
+    """The last assignment before ``expr`` of a name it reads, from a value that reads the rank."""
+    names = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+    found = [n for n in own_nodes(fn) if isinstance(n, ast.Assign) and n.lineno < expr.lineno
+             and any(isinstance(t, ast.Name) and t.id in names for t in n.targets) and reads_rank(path, fn, n.value)]
+    return max(found, key=lambda n: n.lineno) if found else None
 
 
 def _early_exit(frame: Site, inside: int, other: int, ranks) -> Decision | None:

@@ -34,22 +34,34 @@ def lint_model(path: str):
         return None
 
 
-def reads_rank(path: str, fn: ast.AST, test: ast.expr) -> bool:
+def reads_rank(path: str, fn: ast.AST, test: ast.expr, depth: int = 0) -> bool:
     """Does the test's truth differ between ranks because it reads the rank (per lint's evaluation)?  An
     operand of `and`/`or`/`not` that does is enough: the others (a mode flag lint cannot evaluate) are the
     same on every rank."""
     if isinstance(test, ast.BoolOp):
-        return any(reads_rank(path, fn, v) for v in test.values)
+        return any(reads_rank(path, fn, v, depth) for v in test.values)
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return reads_rank(path, fn, test.operand)
+        return reads_rank(path, fn, test.operand, depth)
     model = lint_model(path)
     scope = model.scopes.get(fn) if model is not None else None
     if scope is None:
         return any(RANK_WORDS.search(x) for x in names_read(test))
     try:
-        return bool(model.varies_by_rank(test, scope))
+        if model.varies_by_rank(test, scope):
+            return True
     except Exception:  # noqa: BLE001
         return any(RANK_WORDS.search(x) for x in names_read(test))
+    return _assigned_from_rank(path, fn, test, depth)
+
+
+def _assigned_from_rank(path: str, fn: ast.AST, expr: ast.expr, depth: int) -> bool:
+    """A name the test reads that the function assigned from a value that reads the rank
+    (``batches = 4 if rank == 0 else 3``), two assignments deep at most."""
+    if depth >= 2:
+        return False
+    names = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+    return any(isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in names for t in node.targets)
+               and reads_rank(path, fn, node.value, depth + 1) for node in own_nodes(fn))
 
 
 def function_at(tree: ast.Module, name: str | None, line: int) -> ast.AST:

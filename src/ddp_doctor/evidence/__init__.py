@@ -25,9 +25,8 @@ from ddp_doctor.evidence.job import (EVIDENCE_OUT_ENV, Capture, JobEvidence, Lin
 from ddp_doctor.evidence.rank import PERF_KEYS, RankState, missing_rank
 from ddp_doctor.evidence.records import (SCHEMA, Activity, Collective, DataWait, DdpModel, DdpParam,
                                          ExitStatus, GroupInit, LoaderState, RaisedError, Refused, SamplerState, Site,
-                                         SiteCount,
-                                         SkippedSync, ThreadStack, FrameValues, TimelineEvent, Timing, WorkerExit, WorkerStack,
-                                         stacks_from_json, stacks_to_json)
+                                         SiteCount, SkippedSync, TimelineEvent, Timing, WorkerExit)
+from ddp_doctor.evidence.threads import FrameValues, ThreadStack, WorkerStack, stacks_from_json, stacks_to_json
 from ddp_doctor.evidence.summary import (Control, Deadline, Digests, Finished, NodeDetail, NodeSummary, Outside, Pull,
                                          Waiting, rank_runs)
 

@@ -16,7 +16,8 @@ EQUAL_SHAPES = frozenset({"all_reduce", "all_reduce_coalesced", "broadcast", "re
 OP_ALIASES = {"_all_gather_base": "all_gather_into_tensor", "_reduce_scatter_base": "reduce_scatter_tensor",
               "_broadcast_oop": "broadcast", "_reduce_oop": "reduce", "allreduce_coalesced": "all_reduce_coalesced",
               "all_reduce_barrier": "barrier", "all_to_all_v_single": "all_to_all_single", "all_gather_v": "all_gather",
-              "reduce_scatter_v": "reduce_scatter"}
+              "reduce_scatter_v": "reduce_scatter", "all_gather_single": "all_gather_into_tensor",
+              "reduce_scatter_single": "reduce_scatter_tensor"}
 OBJECT_COLLECTIVES = frozenset({"all_gather_object", "gather_object", "broadcast_object_list",
                                 "scatter_object_list"})
 

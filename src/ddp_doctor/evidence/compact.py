@@ -71,11 +71,11 @@ class Encoder:
     def _site(self, s: Site | None) -> int:
         if s is None:
             return -1
-        k = (s.path, s.line, s.function)
+        k = (s.path, s.line, s.function, s.api)
         i = self._site_idx.get(k)
         if i is None:
             i = self._site_idx[k] = len(self.sites)
-            self.sites.append([s.path, s.line, s.function])
+            self.sites.append(s.to_list())
         return i
 
     def _coll(self, c: Collective) -> list:

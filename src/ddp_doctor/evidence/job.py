@@ -6,7 +6,8 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
 from ddp_doctor.evidence.rank import RankState
-from ddp_doctor.evidence.records import SCHEMA, Collective, ExitStatus, Site, ThreadStack, _tuple, stacks_from_json
+from ddp_doctor.evidence.records import SCHEMA, Collective, ExitStatus, Site, _tuple
+from ddp_doctor.evidence.threads import ThreadStack, stacks_from_json
 
 
 # -- the job -------------------------------------------------------------------------------------

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
 from ddp_doctor.evidence.records import (SCHEMA, Activity, Collective, DataWait, DdpModel, ExitStatus, GroupInit,
-                                         LoaderState, RaisedError, Refused, SkippedSync, Site, SiteCount, ThreadStack, TimelineEvent, Timing,
-                                         WorkerStack, _sites, _tuple)
+                                         LoaderState, RaisedError, Refused, SkippedSync, Site, SiteCount, TimelineEvent, Timing,
+                                         _sites, _tuple)
+from ddp_doctor.evidence.threads import ThreadStack, WorkerStack
 
 PERF_KEYS = ("loads", "cuda", "gpu", "h2d", "loadavg", "cpu_count")
 
@@ -131,7 +132,7 @@ class RankState:
         d["site_counts"] = [[sc.op, idx(sc.site), sc.calls] for sc in self.site_counts]
         if self.not_member:
             d["not_member"] = [[sc.op, idx(sc.site), sc.calls] for sc in self.not_member]
-        d["sites"] = [[s.path, s.line, s.function] for s in sites]
+        d["sites"] = [s.to_list() for s in sites]
         d["collectives"] = {"count": self.coll_count, "time_s": self.coll_time_s}
         d["sites_seen"] = [[op, list(k) if k else None] for op, k in sorted(self.sites_seen, key=str)]
         if self.group is not None:

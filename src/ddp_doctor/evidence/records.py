@@ -19,17 +19,26 @@ def _tuple(xs) -> tuple:
 # -- small records -------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Site:
-    """A source line: a call site, a stack frame, where a rank is."""
+    """A source line: a call site, a stack frame, where a rank is.  ``api``: the torch API the user called
+    there that issued the collective (``ddp_doctor.apis``: "dcp.save"), when not a collective itself."""
     path: str
     line: int
     function: str | None = None
+    api: str | None = None
 
     def key(self) -> tuple:
         """Sites compare by file name, line and function (paths differ between nodes)."""
         return (os.path.basename(self.path), self.line, self.function)
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "line": self.line, "function": self.function}
+        d = {"path": self.path, "line": self.line, "function": self.function}
+        if self.api:
+            d["api"] = self.api
+        return d
+
+    def to_list(self) -> list:
+        """The compact form of the sites tables: [path, line, function(, api)]."""
+        return [self.path, self.line, self.function] + ([self.api] if self.api else [])
 
     @classmethod
     def from_json(cls, d) -> "Site | None":
@@ -38,8 +47,8 @@ class Site:
         if isinstance(d, Site):
             return d
         if isinstance(d, (list, tuple)):
-            return cls(d[0], int(d[1] or 0), d[2] if len(d) > 2 else None)
-        return cls(d["path"], int(d.get("line") or 0), d.get("function"))
+            return cls(d[0], int(d[1] or 0), d[2] if len(d) > 2 else None, d[3] if len(d) > 3 else None)
+        return cls(d["path"], int(d.get("line") or 0), d.get("function"), d.get("api"))
 
 
 def _site_json(s: Site | None):
@@ -415,61 +424,6 @@ class TimelineEvent:
     @classmethod
     def from_json(cls, d) -> "TimelineEvent":
         return cls(d.get("t") or 0.0, d.get("kind") or "", d.get("dur") or 0.0, d.get("label"))
-
-
-@dataclass(frozen=True, slots=True)
-class FrameValues:
-    """Short reprs of the plain values (numbers, flags, short strings, tensor shapes) one user frame held
-    when a stack was asked for: what a rank-varying condition there read (``val_loss``, ``self.rank``)."""
-    site: Site
-    values: tuple[tuple[str, str], ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return {"site": self.site.to_json(), "values": [list(kv) for kv in self.values]}
-
-    @classmethod
-    def from_json(cls, d) -> "FrameValues":
-        return cls(Site.from_json(d.get("site")) or Site("?", 0), tuple((str(k), str(v)) for k, v in d.get("values") or ()))
-
-
-@dataclass(frozen=True, slots=True)
-class ThreadStack:
-    name: str
-    main: bool
-    frames: tuple[Site, ...] = ()
-    values: tuple[FrameValues, ...] = ()  # the main thread's innermost user frames (a probe's answer only)
-
-    def to_json(self) -> dict[str, Any]:
-        d = {"name": self.name, "main": self.main, "frames": [f.to_json() for f in self.frames]}
-        return {**d, "values": [v.to_json() for v in self.values]} if self.values else d
-
-    @classmethod
-    def from_json(cls, d) -> "ThreadStack":
-        return cls(str(d.get("name")), bool(d.get("main")), _sites(d.get("frames")),
-                   tuple(FrameValues.from_json(v) for v in d.get("values") or ()))
-
-
-def stacks_to_json(threads) -> dict[str, Any]:
-    """A probe's answer to a stack request."""
-    return {"schema": SCHEMA, "threads": [t.to_json() for t in threads]}
-
-
-def stacks_from_json(d) -> tuple[ThreadStack, ...]:
-    return tuple(ThreadStack.from_json(t) for t in (d or {}).get("threads") or ())
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerStack:
-    """A DataLoader worker process of a rank and its stack (faulthandler)."""
-    pid: int
-    stack: tuple[Site, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "stack": [f.to_json() for f in self.stack]}
-
-    @classmethod
-    def from_json(cls, d) -> "WorkerStack":
-        return cls(int(d["pid"]), _sites(d.get("stack")))
 
 
 @dataclass(frozen=True, slots=True)

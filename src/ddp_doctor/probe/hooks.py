@@ -18,7 +18,9 @@ import weakref
 
 from ddp_doctor import store as side
 from ddp_doctor.evidence.agreement import GROUP_CREATION
-from ddp_doctor.probe import ddp_params, group_calls, groups, lifeline, workers
+from ddp_doctor.probe import ddp_params, funcol, group_calls, groups, lifeline, p2p, workers
+from ddp_doctor.probe.apisite import user_site_api
+from ddp_doctor.probe.describe import describe as describe_call
 from ddp_doctor.probe.recorder import EpochRec, LoaderRec, Recorder, user_site
 
 COLLECTIVES = (
@@ -26,29 +28,13 @@ COLLECTIVES = (
     "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list",
     "reduce", "gather", "gather_object", "scatter", "scatter_object_list", "barrier", "monitored_barrier",
     "all_reduce_coalesced", "all_gather_coalesced", "_all_gather_base", "_reduce_scatter_base",
+    "all_gather_single", "reduce_scatter_single",  # torch >= 2.13; FSDP2's all-gather and reduce-scatter
 )
 
 REC: Recorder | None = None
 _tls = threading.local()
 _group_key = group_calls.group_key
 _installed = False
-
-
-def _describe(args, kwargs) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    import torch
-
-    shapes: list[str] = []
-    dtypes: list[str] = []
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            shapes.append("x".join(map(str, a.shape)) or "scalar")
-            dtypes.append(str(a.dtype).replace("torch.", ""))
-        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
-            shapes.append("[" + ",".join("x".join(map(str, t.shape)) for t in a[:8]) + ("..." if len(a) > 8 else "") + "]")
-            dtypes.append(str(a[0].dtype).replace("torch.", ""))
-        if len(shapes) >= 3:
-            break
-    return tuple(shapes), tuple(dtypes)
 
 
 def _inside(entry, call, *args, **kwargs):
@@ -116,9 +102,10 @@ def _issue(entry, call, args, kwargs, *, wait_here: bool):
     return work
 
 
-def _wrap_collective(fn, name: str, describe=None):
-    """``describe``: (args, kwargs) -> a group creation's arguments (recorded under GROUP_CREATION), or None
-    where this call is not one every rank makes; without it, a collective on its own group."""
+def _wrap_collective(fn, name: str, describe=None, call=None):
+    """``describe``: (args, kwargs) -> the arguments of a group creation (recorded under GROUP_CREATION),
+    or None where this call is not one every rank makes; without it, a collective on its own group.
+    ``call``: (args, kwargs) -> (group key, shapes, dtypes) where torch's call is not c10d's (probe/funcol.py)."""
     try:
         params = list(inspect.signature(fn).parameters)
         gidx = params.index("group") if "group" in params else None
@@ -136,15 +123,17 @@ def _wrap_collective(fn, name: str, describe=None):
             g = kwargs.get("group")
             if g is None and gidx is not None and len(args) > gidx:
                 g = args[gidx]
-            if describe is None:
+            if call is not None:
+                key, shapes, dtypes = call(args, kwargs)
+            elif describe is None:
                 key = _group_key(g)
                 if key is None:  # torch skips a call on a group this rank is not in: noted, never paired
                     REC.not_member_call(name, user_site(sys._getframe(1)))
-                shapes, dtypes = _describe(args, kwargs) if key is not None else ((), ())
+                shapes, dtypes = describe_call(name, args, kwargs) if key is not None else ((), ())
             else:
                 key, shapes, dtypes = GROUP_CREATION, describe(args, kwargs), ()
             if key is not None and shapes is not None:
-                entry = REC.coll_enter(key, name, shapes, dtypes, user_site(sys._getframe(1)))
+                entry = REC.coll_enter(key, name, shapes, dtypes, user_site_api(sys._getframe(1)))
                 if REC.flush is not None and REC.site_counts.get((name, entry[5])) == 1:
                     REC.flush()  # its first call at this line: posted before gloo can abort on a mismatch
             if aidx is not None and entry is not None:
@@ -179,6 +168,16 @@ def _patch_collectives() -> None:
         setattr(c10d, name, wrapped)
         if getattr(dist, name, None) is fn:
             setattr(dist, name, wrapped)
+
+
+def _patch_funcol() -> None:
+    """Functional collectives (DTensor's redistributions, ``full_tensor``): issued, not waited, in the call."""
+    funcol.patch(_wrap_collective, _group_key)
+
+
+def _patch_p2p() -> None:
+    """Point-to-point calls: counted per line, never numbered with the collectives (probe/p2p.py)."""
+    p2p.patch(lambda: REC)
 
 
 def _patch_group_creation() -> None:
@@ -492,8 +491,8 @@ def install(rec: Recorder) -> None:
     except Exception:
         return
     _register_stack_dump("rank")
-    for patch in (_patch_groups, _patch_collectives, _patch_group_creation, _patch_ddp, _patch_data, _patch_optimizer,
-                  _patch_perf):
+    for patch in (_patch_groups, _patch_collectives, _patch_funcol, _patch_p2p, _patch_group_creation, _patch_ddp,
+                  _patch_data, _patch_optimizer, _patch_perf):
         try:
             patch()
         except Exception as e:  # pragma: no cover - depends on torch version

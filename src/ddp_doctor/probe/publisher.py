@@ -80,7 +80,7 @@ def _loader(lr, sites_of) -> LoaderState:
 
 
 def _site_of(t) -> Site | None:
-    return None if t is None else Site(t[0], t[1], t[2])
+    return None if t is None else Site(t[0], t[1], t[2], t[3] if len(t) > 3 else None)
 
 
 def _sites(rec: Recorder) -> list[Site | None]:

@@ -62,7 +62,8 @@ class RankView:
             for k in sorted(self.fps, key=lambda k: k[1])[: len(self.fps) - 3000]:
                 del self.fps[k]
         for sc in state.site_counts:
-            self.sites_seen.add((sc.op, sc.site.key() if sc.site else None))
+            if not sc.op.startswith(("p2p.", "api.")):  # counts, not collectives (probe/p2p.py)
+                self.sites_seen.add((sc.op, sc.site.key() if sc.site else None))
 
     def _note_activity(self, a: Activity | None, now: float) -> None:
         """Move ``active_t`` when the training thread's stack changed, it read or wrote, or it (or its loader

@@ -1,0 +1,47 @@
+"""A hang inside a pipeline schedule: the stages ran its ``step`` a different number of times.
+
+A stage blocked in the schedule's point-to-point sends and receives shows no collective; the stage it waits
+for has left the schedule and waits in a collective the first never enters (a barrier after the loop), so
+by positions alone the waiting stage looks like the culprit.  The probe counts each rank's calls of the
+schedule's ``step`` (``apis.STEP_OP``): the rank that ran it more often, stuck inside it, is the one whose
+loop ran longer.  Explains a stop, never makes one."""
+from __future__ import annotations
+
+from ddp_doctor.apis import STEP_OP
+from ddp_doctor.evidence import Collective, RankState, Site
+from ddp_doctor.findings import Finding, runtime_fix
+
+from ddp_doctor.diagnose.common import loc, others_text, rank_site, step_evidence, where
+
+
+def step_calls(st: RankState) -> int:
+    """How many times the rank called a pipeline schedule's ``step``."""
+    return sum(sc.calls for sc in st.site_counts if sc.op == STEP_OP)
+
+
+def ran_schedule_more(out_coll: dict[int, RankState], ranks: dict[int, RankState]
+                      ) -> tuple[list[int], dict[int, int], Site | None] | None:
+    """(ranks outside collectives that called the schedule's step more often than every other rank, each
+    rank's count, the line they call it at), or None."""
+    counts = {r: step_calls(st) for r, st in ranks.items() if not st.missing}
+    top = max(counts.values(), default=0)
+    fault = sorted(r for r in out_coll if counts.get(r) == top)
+    if not top or not fault or len(fault) == len(counts) or any(counts[r] == top for r in counts if r not in fault):
+        return None
+    site = next((sc.site for sc in ranks[fault[0]].site_counts if sc.op == STEP_OP and sc.site), None)
+    return fault, counts, site
+
+
+def schedule_finding(found, ranks: dict[int, RankState], in_coll: dict[int, Collective], how: str,
+                     stall: dict) -> Finding:
+    fault, counts, site = found
+    rs = ", ".join(map(str, fault))
+    each = ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items()))
+    msg = (f"Rank {rs} called the pipeline schedule's step at {where(site)} more often than the other stages "
+           f"(step calls: {each}) and waits inside it, in its point-to-point sends and receives, for stages "
+           f"that have left the schedule: {others_text(ranks, set(fault))}. Every stage must run every step: "
+           f"its sends and receives pair with the other stages' own. {how}.")
+    ev = {"step_calls": {str(r): n for r, n in counts.items()},
+          "in_collective": {str(r): c for r, c in in_coll.items()},
+          "where": {str(r): rank_site(ranks[r]) for r in fault}, **stall, **step_evidence(ranks)}
+    return Finding("DDP201", msg, runtime_fix("DDP201.count"), location=loc(site), ranks=fault, evidence=ev)

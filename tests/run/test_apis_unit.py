@@ -1,0 +1,145 @@
+"""The API table (ddp_doctor.apis) and the probe's walk that names the API a collective was issued inside."""
+from __future__ import annotations
+
+import sys
+
+from ddp_doctor import apis
+from ddp_doctor.evidence import Collective, Site
+from ddp_doctor.evidence.rank import RankState
+from ddp_doctor.diagnose.apiwords import called, op_text, why_all
+from ddp_doctor.probe.apisite import user_site_api
+
+TORCH = "/venv/lib/python3.11/site-packages/torch/"
+
+
+def _torch_fn(path: str, src: str, name: str, env: dict):
+    exec(compile(src, TORCH + path, "exec"), env)
+    return env[name]
+
+
+def test_table_entries_are_unique_and_found_by_file_and_qualname():
+    keys = [(a.path, a.qualname) for a in apis.TABLE]
+    assert len(keys) == len(set(keys))
+    a = apis.lookup(TORCH + "distributed/checkpoint/state_dict_saver.py", "save")
+    assert a is not None and a.name == "dcp.save"
+    assert apis.lookup(TORCH + "distributed/checkpoint/state_dict_loader.py", "save") is None
+    assert apis.lookup("/home/me/state_dict_saver.py", "save") is None
+    assert "every rank must call it" in apis.collective_why("dcp.save")
+
+
+def test_walk_records_the_outermost_api_below_the_user_frame():
+    env: dict = {"sys": sys, "probe": user_site_api}
+    _torch_fn("distributed/distributed_c10d.py", "def gather_object():\n    return probe(sys._getframe())\n",
+              "gather_object", env)
+    _torch_fn("distributed/checkpoint/utils.py", "def reduce_scatter():\n    return gather_object()\n",
+              "reduce_scatter", env)
+    save = _torch_fn("distributed/checkpoint/state_dict_saver.py", "def save():\n    return reduce_scatter()\n",
+                     "save", env)
+    site = save()  # this line is the user's
+    assert site[0] == __file__ and site[2] == "test_walk_records_the_outermost_api_below_the_user_frame"
+    assert site[3] == "dcp.save"
+
+
+def test_direct_call_costs_one_frame_and_names_no_api():
+    site = user_site_api(sys._getframe())
+    assert len(site) == 3 and site[0] == __file__
+
+
+def test_site_api_travels_on_the_wire():
+    s = Site("/x/train.py", 46, "main", "dcp.save")
+    assert Site.from_json(s.to_json()) == s and Site.from_json(s.to_list()) == s
+    assert Site.from_json(Site("/x/train.py", 3).to_list()).api is None
+    c = Collective("world", 40, "gather_object", site=s)
+    st = RankState(rank=0, in_collective=c, fingerprints=(c,))
+    back = RankState.from_json(st.to_json())
+    assert back.in_collective.site.api == "dcp.save" and back.fingerprints[0].site.api == "dcp.save"
+
+
+def test_words_name_the_api_with_the_collective_as_detail():
+    c = Collective("world", 40, "gather_object", site=Site("/x/train.py", 46, "main", "dcp.save"))
+    assert called(c, c.site) == "entered `dcp.save` at train.py:46 (main)"
+    assert op_text(c) == "`dcp.save` (gather_object inside it)"
+    assert "`dcp.save` is collective: every rank must call it" in why_all(c)
+    plain = Collective("world", 1, "barrier", site=Site("/x/train.py", 3, "main"))
+    assert called(plain, plain.site) == "called barrier() at train.py:3 (main)" and why_all(plain) == ""
+
+
+def _fsdp_rank(r: int, calls, seen, **kw) -> RankState:
+    fps = tuple(Collective("world", s, "all_gather_single", ("1088", "544"), ("float32",) * 2, site=site)
+                for s, site in calls)
+    return RankState(rank=r, fingerprints=fps, sites_seen=frozenset(("all_gather_single", k) for k in seen), **kw)
+
+
+def test_api_parting_finds_the_rank_that_alone_ran_the_sharded_model():
+    from ddp_doctor.diagnose.apiwords import api_parting
+    from ddp_doctor.evidence import ExitStatus
+
+    fwd = "the forward of an FSDP2 (`fully_shard`) module"
+    train, ev = Site("/x/t.py", 47, "main", fwd), Site("/x/t.py", 32, "evaluate", fwd)
+    r0 = _fsdp_rank(0, [(1, train), (2, ev)], [train.key(), ev.key()])
+    r1 = _fsdp_rank(1, [(1, train), (2, train)], [train.key()])
+    fault, calls = api_parting({0: r0, 1: r1})
+    assert fault == [0] and calls[0].site == ev
+    # both ranks ran both lines: no one alone
+    r1b = _fsdp_rank(1, [(1, train), (2, train)], [train.key(), ev.key()])
+    assert api_parting({0: r0, 1: r1b}) is None
+    # a rank gloo killed posted up to position 1: past it, only with stale=True
+    dead = _fsdp_rank(1, [(1, train)], [train.key()], exit=ExitStatus(-6, "SIGABRT"))
+    assert api_parting({0: r0, 1: dead}) is None
+    fault, calls = api_parting({0: r0, 1: dead}, stale=True)
+    assert fault == [0] and calls[1] is None
+
+
+def test_a_rank_that_ran_the_sharded_model_once_more_is_the_culprit_not_the_one_that_went_on():
+    from ddp_doctor.diagnose.apiwords import more_often
+    from ddp_doctor.evidence.records import SiteCount
+
+    fwd = Site("/x/s.py", 23, "score", "the forward of an FSDP2 (`fully_shard`) module")
+    after = Site("/x/s.py", 41, "main")
+
+    def st(r, n, seen):
+        return RankState(rank=r, site_counts=(SiteCount("all_gather_single", fwd, n),),
+                         sites_seen=frozenset(("all_gather_single", s.key()) for s in seen))
+
+    calls = {0: Collective("world", 12, "all_gather_single", site=fwd), 1: Collective("world", 12, "all_reduce",
+                                                                                      site=after)}
+    fault, counts = more_often(calls, {0: st(0, 13, [fwd]), 1: st(1, 12, [fwd])})
+    assert fault == [0] and "rank 0: 13, rank 1: 12" in counts
+    # rank 1 never ran the forward at all: not a longer loop (a rank-conditional call instead)
+    assert more_often(calls, {0: st(0, 13, [fwd]), 1: st(1, 0, [])}) is None
+
+
+def test_lint_names_the_rank_conditional_side_when_both_lines_are_new():
+    from types import SimpleNamespace
+
+    from ddp_doctor.diagnose.apiwords import lint_subset
+
+    save = Site("/x/t.py", 34, "main", "dcp.save")
+    barrier = Site("/x/t.py", 35, "main")
+    calls = {0: Collective("world", 40, "gather_object", site=save),
+             1: Collective("world", 40, "barrier", site=barrier)}
+    ranks = {r: RankState(rank=r) for r in calls}
+    flagged = [SimpleNamespace(code="DDP201", path="/y/t.py", line=34, cause=None)]
+    assert lint_subset(calls, ranks, flagged) == [0]
+    assert lint_subset(calls, ranks, []) == []
+    both = flagged + [SimpleNamespace(code="DDP201", path="/y/t.py", line=35, cause=None)]
+    assert lint_subset(calls, ranks, both) == []
+    seen = {1: RankState(rank=1, sites_seen=frozenset({("gather_object", save.key())}))}
+    assert lint_subset(calls, {**ranks, **seen}, flagged) == []  # rank 1 ran that line too
+
+
+def test_the_stage_that_ran_the_pipeline_step_more_often_is_the_culprit():
+    from ddp_doctor.apis import STEP_OP
+    from ddp_doctor.diagnose.pipeline import ran_schedule_more
+    from ddp_doctor.evidence.records import SiteCount
+
+    line = Site("/x/p.py", 25, "main")
+
+    def st(r, n):
+        return RankState(rank=r, site_counts=(SiteCount(STEP_OP, line, n),))
+
+    fault, counts, site = ran_schedule_more({0: st(0, 4)}, {0: st(0, 4), 1: st(1, 3)})
+    assert fault == [0] and counts == {0: 4, 1: 3} and site == line
+    # the same count on every stage: the rank-conditional collective is the story, not the schedule
+    assert ran_schedule_more({0: st(0, 3)}, {0: st(0, 3), 1: st(1, 3)}) is None
+    assert ran_schedule_more({0: RankState(rank=0)}, {0: RankState(rank=0), 1: RankState(rank=1)}) is None

@@ -1,0 +1,31 @@
+"""`DTensor.full_tensor()` on every rank, the norm logged by rank 0 (clean twin of dtensor_full_rank0)."""
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+
+
+def main():
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=float(os.environ.get("DDP_TIMEOUT", 90))))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (world,))
+    weight = distribute_tensor(torch.randn(64, 16), mesh, [Shard(0)])
+    for step in range(20):
+        local = weight.to_local()
+        grad = torch.randn_like(local)
+        dist.all_reduce(grad)
+        local.sub_(0.01 * grad / world)
+        if step % 5 == 4:
+            norm = weight.full_tensor().norm()
+            if rank == 0:
+                print(f"step {step}: |w| = {norm:.3f}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
