@@ -30,8 +30,8 @@ def main():
         for p in model.parameters():
             dist.all_reduce(p.grad)
         opt.step()
-    if rank == 0:
-        dcp.save({"model": model.state_dict()}, checkpoint_id=ckpt)  # expect: DDP201
+    if rank == 0:  # expect: DDP201
+        dcp.save({"model": model.state_dict()}, checkpoint_id=ckpt)
     dist.barrier()
     if rank == 0:
         shutil.rmtree(ckpt, ignore_errors=True)

@@ -24,8 +24,8 @@ def main():
         grad = torch.randn_like(local)
         dist.all_reduce(grad)
         local.sub_(0.01 * grad / world)
-        if step % 5 == 4 and rank == 0:
-            print(f"step {step}: |w| = {weight.full_tensor().norm():.3f}", flush=True)  # expect: DDP201
+        if step % 5 == 4 and rank == 0:  # expect: DDP201
+            print(f"step {step}: |w| = {weight.full_tensor().norm():.3f}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -19,10 +19,10 @@ def main():
     torch.manual_seed(rank)
     stage = PipelineStage(torch.nn.Linear(8, 8), rank, 2, torch.device("cpu"))
     schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, target: (out - target).pow(2).mean())
-    batches = 4 if rank == 0 else 3  # each stage's own count of its data
+    batches = 4 if rank == 0 else 3  # each stage's own count of its data  # expect: DDP201
     for _ in range(batches):
         if rank == 0:
-            schedule.step(torch.randn(4, 8))  # expect: DDP201
+            schedule.step(torch.randn(4, 8))
         else:
             schedule.step(target=torch.randn(4, 8))
     dist.barrier()

@@ -32,7 +32,7 @@ def validate(model, loader):
     model.eval()
     correct = total = 0
     for xb, yb in loader:
-        out = model(xb)  # expect: DDP202
+        out = model(xb)
         correct += (out.argmax(1) == yb).sum().item()
         total += len(yb)
     model.train()
@@ -63,7 +63,7 @@ def main():
             loss = loss_fn(model(xb), yb)
             loss.backward()
             opt.step()
-        if rank == 0:
+        if rank == 0:  # expect: DDP202
             acc = validate(model, val_loader)
             print(f"epoch {epoch} loss {loss.item():.4f} val acc {acc:.3f}", flush=True)
 

@@ -27,8 +27,8 @@ def main():
             opt.zero_grad()
             loss.backward()
             opt.step()
-        if rank == 0:
-            opt.consolidate_state_dict(to=0)  # expect: DDP201
+        if rank == 0:  # expect: DDP201
+            opt.consolidate_state_dict(to=0)
             state = opt.state_dict()
             print(f"epoch {epoch}: optimizer state of {len(state['state'])} parameters", flush=True)
     dist.destroy_process_group()

@@ -446,7 +446,9 @@ def with_decisions(findings: list[Finding], ranks: dict[int, RankState]) -> list
                       if any(fr.line == at.line and os.path.basename(fr.path) == os.path.basename(at.path)
                              for fr in _user_stack(st))] or ([] if finished else list(f.ranks))
             if inside and len(inside) < len(ranks):
-                d = rank_branch(at, inside, ranks)
+                # the outermost rank branch on the way to that line: the callers' frames first, then the line's
+                frames = [fr for fr in _user_stack(ranks[inside[0]]) if (fr.path, fr.line) != (at.path, at.line)]
+                d = next((got for fr in frames + [at] if (got := rank_branch(fr, inside, ranks)) is not None), None)
         if d is None:
             continue
         if f.code == "DDP203" and d.alone and not f.evidence.get("not_member"):
