@@ -147,14 +147,16 @@ class _Eval:
             if isinstance(op, ast.UAdd):
                 return {+v for v in vals}
             return {~v for v in vals}
-        if isinstance(node, ast.BoolOp):
-            if self.collect:
-                for v in node.values:
+        if self.collect and isinstance(node, (ast.BoolOp, ast.BinOp, ast.Compare)):
+            # every operand's unknowns, even where the stand-in values fail (`step // accum` is 0 // 0)
+            for v in ast.iter_child_nodes(node):
+                if isinstance(v, ast.expr):
                     try:
                         self.ev(v, depth + 1)
                     except Exception:  # noqa: BLE001
                         pass
-                return {0}
+            return {0}
+        if isinstance(node, ast.BoolOp):
             results: set = set()
             is_and = isinstance(node.op, ast.And)
             for i, v in enumerate(node.values):

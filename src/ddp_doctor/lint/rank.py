@@ -93,16 +93,23 @@ class RankDependence:
 
     def sigmas(self, atoms: list[str], exprs: Iterable[ast.AST] = ()) -> Iterator[dict[str, Any]]:
         """Values to try for the unknowns: a few small ones, plus the integers the conditions compare with
-        (so `step % 4 == 3` can be true)."""
-        atoms = atoms[:_MAX_ATOMS]
+        (so `step % 4 == 3` can be true).  Past the first few unknowns every combination is not tried:
+        the others take a value that changes from one try to the next.  Any choice is a legal one (an
+        unknown is the same on every rank), and leaving one without a value would make a condition that
+        reads many counters (``update_idx % log_interval == 0 or last_batch``) look rank-dependent only
+        because it could not be evaluated."""
+        first, rest = atoms[:_MAX_ATOMS], atoms[_MAX_ATOMS:]
         domain = list(_DOMAIN)
         for e in exprs:
             for n in ast.walk(e):
                 if isinstance(n, ast.Constant) and type(n.value) is int and n.value not in domain and \
                         len(domain) < 8:
                     domain.append(n.value)
-        for combo in itertools.product(domain, repeat=len(atoms)):
-            yield dict(zip(atoms, combo))
+        for i, combo in enumerate(itertools.product(domain, repeat=len(first))):
+            sigma = dict(zip(first, combo))
+            for j, a in enumerate(rest):
+                sigma[a] = domain[(i + j + 1) % len(domain)]
+            yield sigma
 
     def is_rank_condition(self, expr: ast.expr, scope: Scope) -> bool:
         key = ("rankcond", id(expr), id(scope))
