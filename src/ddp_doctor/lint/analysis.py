@@ -93,6 +93,9 @@ def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int
                     out += resolve_loaders(model, r.value, inner, depth + 1)
             return out
         return []
+    if isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Call):
+        # train_loader, valset, collate_fn = build(cfg): an element of the tuple a helper returns
+        return [x for v, vs in model.returned_values(expr, scope) for x in resolve_loaders(model, v, vs, depth + 1)]
     if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant):
         # loaders["train"] with loaders = {"train": DataLoader(...)} or dict(train=DataLoader(...)), and
         # loaders[0] with loaders = [train_loader, val_loader]

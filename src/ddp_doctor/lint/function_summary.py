@@ -54,6 +54,7 @@ class FunctionSummary:
     forwards: dict[str, tuple[Related, bool]] = field(default_factory=dict)  # param -> (its call, under no_grad)
     iterates: dict[str, tuple[Related, bool]] = field(default_factory=dict)  # param -> (its loop, with a backward)
     returns: dict[str, Related] = field(default_factory=dict)  # "loader" / "sampler" / "ddp" -> where made
+    items: dict[int, dict[str, Related]] = field(default_factory=dict)  # the same, per element of a returned tuple
     rank_value: str | None = None  # "rank" (returns the rank) or "main" (returns rank == 0)
     # a `return` before the function's backward under a condition that can differ between ranks (its
     # batch, loss, clock, the rank): a caller's training loop then skips the backward on some ranks only
@@ -116,21 +117,37 @@ def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummar
         v = r.value
         if v is None:
             continue
-        if "loader" not in s.returns and A.resolve_loaders(m, v, scope):
-            call, lscope = A.resolve_loaders(m, v, scope)[0]
-            s.returns["loader"] = Related(m.path, call.lineno, f"the DataLoader made in `{fn.name}`")
-            sampler = _shuffling_sampler_of(m, call, lscope)
-            if sampler is not None:
-                s.returns["shuffled_sampler"] = Related(
-                    m.path, sampler.lineno, f"the shuffling DistributedSampler of the DataLoader made in `{fn.name}`")
-        if "sampler" not in s.returns and _is_sampler_value(m, v, scope):
-            s.returns["sampler"] = Related(m.path, r.lineno, f"the DistributedSampler returned by `{fn.name}`")
-        if "ddp" not in s.returns and m.is_ddp_value(v, scope):
-            s.returns["ddp"] = Related(m.path, r.lineno, f"the DDP model returned by `{fn.name}`")
+        _value_facts(m, v, r.lineno, scope, fn.name, s.returns)
+        if isinstance(v, (ast.Tuple, ast.List)) and not any(isinstance(e, ast.Starred) for e in v.elts):
+            # `return train_loader, valset, collate_fn`: the caller unpacks it
+            for i, elt in enumerate(v.elts):
+                facts = s.items.setdefault(i, {})
+                _value_facts(m, elt, r.lineno, scope, fn.name, facts)
+    s.items = {i: f for i, f in s.items.items() if f}
     s.rank_value = _rank_value(m, fn, scope)
     if s.backward is not None:
         s.early_return, s.early_return_on = _early_return(m, fn, scope, positional)
     return s
+
+
+def _value_facts(m: "ModuleModel", v: ast.expr, line: int, scope: Scope, name: str,
+                 facts: dict[str, Related]) -> None:
+    """What a returned value ``v`` holds ("loader", "shuffled_sampler", "sampler", "ddp"), into ``facts``."""
+    from ddp_doctor.lint import analysis as A
+
+    if "loader" not in facts:
+        loaders = A.resolve_loaders(m, v, scope)
+        if loaders:
+            call, lscope = loaders[0]
+            facts["loader"] = Related(m.path, call.lineno, f"the DataLoader made in `{name}`")
+            sampler = _shuffling_sampler_of(m, call, lscope)
+            if sampler is not None:
+                facts["shuffled_sampler"] = Related(
+                    m.path, sampler.lineno, f"the shuffling DistributedSampler of the DataLoader made in `{name}`")
+    if "sampler" not in facts and _is_sampler_value(m, v, scope):
+        facts["sampler"] = Related(m.path, line, f"the DistributedSampler returned by `{name}`")
+    if "ddp" not in facts and m.is_ddp_value(v, scope):
+        facts["ddp"] = Related(m.path, line, f"the DDP model returned by `{name}`")
 
 
 def _early_return(m: "ModuleModel", fn: ast.AST, scope: Scope, params: list[str]):

@@ -74,6 +74,46 @@ class ValueFlow:
         the method that assigned them)."""
         return self.value_scope.get(id(value), default)
 
+    def returned_values(self, expr: ast.expr, scope: Scope) -> list[tuple[ast.expr, Scope]]:
+        """The values a call of a same-file function returns (``wrap(model)``), or the element of its
+        returned tuple that ``expr`` takes (``build(cfg)[0]`` from ``loader, valset, fn = build(cfg)``)."""
+        index = None
+        if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) and \
+                type(expr.slice.value) is int:
+            index, expr = expr.slice.value, expr.value
+        if not isinstance(expr, ast.Call):
+            return []
+        fn = self.resolve_function(expr.func, scope)
+        if fn is None or fn is scope.node:
+            return []
+        inner = self.scopes[fn]
+        out = []
+        for r in self.returns_of(fn):
+            v = r.value
+            if v is not None and index is not None:
+                ok = isinstance(v, (ast.Tuple, ast.List)) and -len(v.elts) <= index < len(v.elts) and \
+                    not any(isinstance(e, ast.Starred) for e in v.elts)
+                v = v.elts[index] if ok else None
+            if v is not None:
+                out.append((v, inner))
+        return out
+
+    def call_result_facts(self, expr: ast.expr, scope: Scope) -> dict:
+        """What a call of another project file's function returns ("loader", "shuffled_sampler",
+        "sampler", "ddp" -> Related): ``model = wrap(model)``; for ``build(cfg)[0]`` (a returned tuple
+        unpacked), what that element holds."""
+        index = None
+        if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) and \
+                type(expr.slice.value) is int:
+            index, expr = expr.slice.value, expr.value
+        if not isinstance(expr, ast.Call) or self.project is None or \
+                self.resolve_function(expr.func, scope) is not None:
+            return {}
+        summ = self.project.summary_of_call(self, expr.func, scope)
+        if summ is None:
+            return {}
+        return summ.returns if index is None else summ.items.get(index, {})
+
     def is_ddp_call(self, call: ast.AST) -> bool:
         if not isinstance(call, ast.Call):
             return False
@@ -215,6 +255,12 @@ class ValueFlow:
         return isinstance(call.func, ast.Attribute) and call.func.attr in ("backward", "manual_backward")
 
     # ------------------------------------------------------- DDP models
+    def _returns_ddp(self, expr: ast.expr, scope: Scope, depth: int) -> bool:
+        """``model = wrap(model)``: a helper, here or in another project file, returns the DDP model."""
+        if any(self.is_ddp_value(v, vs, depth + 1) for v, vs in self.returned_values(expr, scope)):
+            return True
+        return "ddp" in self.call_result_facts(expr, scope)
+
     def is_ddp_value(self, expr: ast.expr, scope: Scope, depth: int = 0) -> bool:
         """Does ``expr`` hold a DDP-wrapped model (``model = DDP(net)``, ``model, opt = fabric.setup(...)``)?"""
         if depth > 4:
@@ -226,8 +272,10 @@ class ValueFlow:
             if isinstance(f, ast.Attribute) and f.attr in ("setup", "setup_module") and \
                     self._receiver_kind(f.value, scope) == "fabric":
                 return True
-            return False
+            return self._returns_ddp(expr, scope, depth)
         if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant):
+            if self._returns_ddp(expr, scope, depth):
+                return True
             inner = expr.value
             if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute):
                 f = inner.func

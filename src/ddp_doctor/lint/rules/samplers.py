@@ -58,17 +58,17 @@ class SamplerEpochNotSet(Rule):
                     continue
                 if not (outer or A._called_in_loop(m, scope)):
                     continue  # a single pass: no epoch to set
-                for call in _origin_calls(m, A.unwrap_iter(loop.iter), scope):
-                    if call in done or m.resolve_function(call.func, scope) is not None:
+                for origin in _origin_calls(m, A.unwrap_iter(loop.iter), scope):
+                    call = origin.value if isinstance(origin, ast.Subscript) else origin
+                    if call in done:
                         continue
-                    summ = m.project.summary_of_call(m, call.func, scope)
-                    sampler = summ.returns.get("shuffled_sampler") if summ is not None else None
+                    sampler = m.call_result_facts(origin, scope).get("shuffled_sampler")
                     if sampler is None:
                         continue
                     done.add(call)
                     ctx.report(
                         self.code, call,
-                        f"the loader that `{ctx.text(call.func)}()` returns shuffles with a DistributedSampler "
+                        f"the loader that `{ctx.text(call.func)}()` returns{_element(origin)} shuffles with a DistributedSampler "
                         f"({sampler.where}), and this file iterates it over training epochs (line {loop.lineno}) "
                         f"without ever calling `set_epoch()`: every epoch replays the same permutation on every "
                         f"rank (no reshuffling between epochs, which hurts convergence).",
@@ -103,12 +103,17 @@ class SamplerEpochNotSet(Rule):
         return sampler in known
 
 
-def _origin_calls(m: ModuleModel, expr: ast.expr, scope: Scope, depth: int = 0) -> list[ast.Call]:
+def _element(origin: ast.expr) -> str:
+    return f" (item {origin.slice.value} of its tuple)" if isinstance(origin, ast.Subscript) else ""
+
+
+def _origin_calls(m: ModuleModel, expr: ast.expr, scope: Scope, depth: int = 0) -> list[ast.expr]:
     """The calls whose result ``expr`` holds: through assignments and, for a parameter, the arguments
-    of this file's callers (``train_one_epoch(epoch, model, loader_train)``)."""
+    of this file's callers (``train_one_epoch(epoch, model, loader_train)``); ``build(cfg)[0]`` for an
+    element of a returned tuple (``loader, valset, collate_fn = build(cfg)``)."""
     if depth > 3:
         return []
-    if isinstance(expr, ast.Call):
+    if isinstance(expr, ast.Call) or isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Call):
         return [expr]
     out = []
     for v in m.values_of(expr, scope):
