@@ -244,7 +244,8 @@ class _Eval:
         return out
 
     def _sub(self, scope: "Scope", collect: bool | None = None) -> "_Eval":
-        sub = _Eval(self.m, scope, self.r, self.sigma, self.collect if collect is None else collect)
+        # scope.module: a caller's argument is evaluated in its own file's model
+        sub = _Eval(scope.module, scope, self.r, self.sigma, self.collect if collect is None else collect)
         if collect is None:
             sub.atoms = self.atoms
         sub.visiting = self.visiting

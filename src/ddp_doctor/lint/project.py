@@ -20,6 +20,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ddp_doctor.lint.callers import Caller, CallerIndex
 from ddp_doctor.lint.function_summary import FunctionSummary, Related
 from ddp_doctor.lint.function_summary import summarise as _summarise
 from ddp_doctor.lint.scopes import Scope
@@ -61,6 +62,9 @@ class Project:
         self._relevant: dict[tuple[str, str], bool] = {}
         self._listings: dict[Path, frozenset] = {}
         self._dropped: list["ModuleModel"] = []  # models out of the cache, released between files
+        self._callers = CallerIndex(self)
+        # answers that hold other files' models (their call sites): forgotten whenever a model is released
+        self._caller_args: dict[tuple[int, str], list] = {}
 
     # --------------------------------------------------------------- files
     def built(self, path: str, source: str) -> "ModuleModel | None":
@@ -94,6 +98,7 @@ class Project:
             self._by_path.clear()
         if not self._dropped:
             return
+        self._caller_args.clear()
         kept = {id(m) for m in self._by_path.values() if m is not None}
         for m in self._dropped:
             if id(m) not in kept:
@@ -303,6 +308,28 @@ class Project:
         if got is None or got[1] is None:
             return None
         return got
+
+    def callers_of(self, owner: "ModuleModel", fn: ast.AST) -> list[Caller]:
+        """The calls of ``fn`` (a module-level function or class constructor of ``owner``) in the
+        project's other files."""
+        return self._callers.callers(owner, fn)
+
+    def caller_args(self, owner: "ModuleModel", fn: ast.AST, idx: int, name: str) -> list:
+        """(argument, its scope) passed for parameter ``name`` (position ``idx``) of ``fn`` by the
+        callers in other files (``Trainer(model, device_id)`` in the launching script)."""
+        from ddp_doctor.lint.names import arg_or_kw
+
+        key = (id(fn), name)
+        got = self._caller_args.get(key)
+        if got is not None and got[0] is fn:
+            return got[1]
+        out = []
+        for c in self.callers_of(owner, fn):
+            arg = arg_or_kw(c.site.call, idx, name)
+            if arg is not None:
+                out.append((arg, c.site.scope))
+        self._caller_args[key] = (fn, out)
+        return out
 
     # ----------------------------------------------------------- summaries
     def summary_of_call(self, model: "ModuleModel", func: ast.expr, scope: Scope) -> FunctionSummary | None:

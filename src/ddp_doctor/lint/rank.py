@@ -159,10 +159,20 @@ class RankDependence:
                 arg = arg_or_kw(site.call, idx, name)
                 if arg is not None and site.scope is not scope:
                     got.append((arg, site.scope))
-            if got and any(self._mentions_rank_shallow(arg, sc) for arg, sc in got):
-                res = got
+            if not sites and idx >= 0 and self.project is not None:
+                # no caller here: the callers in the project's other files (not cached on this model:
+                # they hold other models, which the project may release between files)
+                res = self._rank_args(self.project.caller_args(self, fn, idx, name))
+                del self._cache[key]  # (the recursion guard)
+                return res
+            res = self._rank_args(got)
         self._cache[key] = res
         return res
+
+    @staticmethod
+    def _rank_args(got: list) -> list | None:
+        """``got`` when one of its (argument, scope) pairs carries the rank, else None."""
+        return got if got and any(sc.module._mentions_rank_shallow(arg, sc) for arg, sc in got) else None
 
     def _spawn_target(self, fn: ast.AST) -> bool:
         """``fn`` is started by ``torch.multiprocessing.spawn(fn, ...)`` (or ``start_processes``), which

@@ -1,0 +1,153 @@
+"""Who calls a function from another file of the project: the reverse of :mod:`ddp_doctor.lint.project`'s
+import resolution.
+
+A value often enters a function from a caller in another file: the launching script reads
+``LOCAL_RANK`` and passes it to ``Trainer(model, device_id)`` defined in ``trainer.py``, whose
+``if self.device_id <= 0:`` then guards a barrier.  Linting ``trainer.py`` needs those call sites.
+
+The index is built once per run, on the first question, from the text of the import statements of
+every file under the project's roots (a regular expression, no parse): name -> the files that import
+it.  Only the few files that import the function's name or its module are then parsed (through the
+project's model cache) and their call sites resolved back to the function.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ddp_doctor.lint.model import ModuleModel
+    from ddp_doctor.lint.project import Project
+    from ddp_doctor.lint.scopes import Site
+
+_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+([.\w]+)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)|import[ \t]+([^\n#;]+))",
+                     re.M)
+_WORD = re.compile(r"[A-Za-z_]\w*")
+# how a caller gets hold of the rank (a name, an environment variable, an API, a spawned worker's index)
+_RANKISH = re.compile(r"rank|RANK|Rank|ordinal|process_index|LOCALID|PROCID|is_main|is_master|spawn")
+_MAX_FILES = 50_000  # a project larger than this is not indexed (the answer is then: no other callers)
+_MAX_CANDIDATES = 12  # importing files parsed per question
+_MAX_SITES = 8
+# a caller file larger than this is not parsed for the question: launching scripts and trainers are
+# far smaller, the giants are test suites and generated modules (parsing them cost seconds on torch)
+_MAX_BYTES = 128 * 1024
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A call of the function from another project file, and the model it is in."""
+
+    model: "ModuleModel"
+    site: "Site"
+
+
+class CallerIndex:
+    """Name -> the project files whose import statements name it (built on the first question)."""
+
+    def __init__(self, project: "Project"):
+        self.project = project
+        self._by_word: dict[str, list[str]] | None = None
+        self._answers: dict[tuple[str, str, int], tuple[str, ...]] = {}
+
+    def _build(self) -> dict[str, list[str]]:
+        from ddp_doctor.lint.engine import SKIP_DIRS, read_source
+
+        index: dict[str, list[str]] = {}
+        seen = 0
+        for root in self.project.roots:
+            for d, dirs, names in os.walk(root):
+                dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS and not x.startswith("."))
+                for n in names:
+                    if not n.endswith(".py"):
+                        continue
+                    seen += 1
+                    if seen > _MAX_FILES:
+                        return index
+                    path = os.path.join(d, n)
+                    text, _err = read_source(Path(path))
+                    if not text or "import" not in text:
+                        continue
+                    if not _RANKISH.search(text):
+                        continue  # it can pass no rank to anything: never a caller we look for
+                    words: set[str] = set()
+                    for m in _IMPORT.finditer(text):
+                        for part in m.groups():
+                            if part:
+                                words.update(_WORD.findall(part))
+                    real = os.path.realpath(path)
+                    for w in words:
+                        index.setdefault(w, []).append(real)
+        return index
+
+    def callers(self, owner: "ModuleModel", fn: ast.AST) -> list[Caller]:
+        """The call sites of ``fn`` (a module-level def, or a module-level class's ``__init__``: then
+        the calls of the class) in the other files of the project."""
+        name, node = _callable_name(owner, fn)
+        if name is None or not owner.path or owner.path == "<string>":
+            return []
+        here = os.path.realpath(owner.path)
+        key = (here, name, node.lineno)
+        paths = self._answers.get(key)
+        if paths is None:
+            paths = self._answers[key] = tuple(self._find(owner, here, name))
+        out: list[Caller] = []
+        for p in paths:
+            m = self.project.model_at(Path(p))
+            if m is None:
+                continue
+            out += [Caller(m, s) for s in _sites_calling(self.project, m, name, here, node)]
+            if len(out) >= _MAX_SITES:
+                break
+        return out[:_MAX_SITES]
+
+    def _find(self, owner: "ModuleModel", here: str, name: str) -> list[str]:
+        if self._by_word is None:
+            self._by_word = self._build()
+        stem = Path(here).stem if Path(here).name != "__init__.py" else Path(here).parent.name
+        cands = dict.fromkeys(self._by_word.get(name, []) + self._by_word.get(stem, []))
+        cands.pop(here, None)
+        found = []
+        called = re.compile(rf"\b{re.escape(name)}\s*\(")
+        for p in [p for p in cands if _calls(p, called)][:_MAX_CANDIDATES]:
+            m = self.project.model_at(Path(p))
+            if m is not None and _sites_calling(self.project, m, name, here, None):
+                found.append(p)
+        return found
+
+
+def _calls(path: str, called: re.Pattern) -> bool:
+    """The file's text calls the name (checked before parsing it: most importers never call it)."""
+    from ddp_doctor.lint.engine import read_source
+
+    try:
+        if os.path.getsize(path) > _MAX_BYTES:
+            return False
+    except OSError:
+        return False
+    text, _err = read_source(Path(path))
+    return bool(text) and called.search(text) is not None
+
+
+def _callable_name(owner: "ModuleModel", fn: ast.AST) -> tuple[str | None, ast.AST]:
+    parent = owner.def_parent.get(fn)
+    if parent is owner.tree:
+        return getattr(fn, "name", None), fn
+    if isinstance(parent, ast.ClassDef) and getattr(fn, "name", "") == "__init__" and \
+            owner.classes.get(parent.name) is parent:
+        return parent.name, parent
+    return None, fn
+
+
+def _sites_calling(project: "Project", m: "ModuleModel", name: str, path: str, node: ast.AST | None) -> list:
+    out = []
+    for site in m._sites_named(name):
+        got = project.resolve_call(m, site.call.func, site.scope)
+        if got is None or os.path.realpath(got[0].path) != path:
+            continue
+        if node is None or (got[1].lineno == node.lineno and getattr(got[1], "name", None) == name):
+            out.append(site)
+    return out
