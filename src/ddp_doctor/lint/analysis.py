@@ -96,6 +96,12 @@ def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int
     if isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Call):
         # train_loader, valset, collate_fn = build(cfg): an element of the tuple a helper returns
         return [x for v, vs in model.returned_values(expr, scope) for x in resolve_loaders(model, v, vs, depth + 1)]
+    if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Name):
+        # loaders[phase] with `for phase in ["train", "val"]`: each key the name takes
+        keys = model.values_of(expr.slice, scope)
+        if keys and all(isinstance(k, ast.Constant) for k in keys):
+            return [x for k in keys for x in resolve_loaders(
+                model, ast.Subscript(value=expr.value, slice=k), scope, depth + 1)]
     if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant):
         # loaders["train"] with loaders = {"train": DataLoader(...)} or dict(train=DataLoader(...)), and
         # loaders[0] with loaders = [train_loader, val_loader]

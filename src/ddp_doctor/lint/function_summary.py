@@ -180,12 +180,13 @@ def _early_return(m: "ModuleModel", fn: ast.AST, scope: Scope, params: list[str]
 
 def _shuffling_sampler_of(m: "ModuleModel", loader: ast.Call, scope: Scope) -> ast.Call | None:
     """The DistributedSampler (shuffle not False) given to ``loader``, when the function sets no epoch."""
-    from ddp_doctor.lint.names import arg_or_kw, kwarg
+    from ddp_doctor.lint.names import alternatives, arg_or_kw, kwarg
 
     s = kwarg(loader, "sampler")
     if s is None:
         return None
-    cands = [s.value] if isinstance(s.value, ast.Call) else [v for v in m.values_of(s.value, scope)]
+    vals = [s.value] if isinstance(s.value, (ast.Call, ast.IfExp)) else m.values_of(s.value, scope)
+    cands = [a for v in vals for a in alternatives(v)]
     for c in cands:
         if isinstance(c, ast.Call) and m.is_sampler_call(c):
             shuffle = arg_or_kw(c, 3, "shuffle")

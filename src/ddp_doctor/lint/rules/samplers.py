@@ -6,7 +6,7 @@ import ast
 
 from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import ModuleModel
-from ddp_doctor.lint.names import arg_or_kw, final_name, has_star_kwargs
+from ddp_doctor.lint.names import alternatives, arg_or_kw, final_name, has_star_kwargs
 from ddp_doctor.lint.scopes import Scope
 from ddp_doctor.lint.rules.base import Context, Rule
 from ddp_doctor.lint.rules.loader_facts import (
@@ -97,7 +97,7 @@ class SamplerEpochNotSet(Rule):
         vals = m.values_of(recv, site.scope)
         if not vals:
             return True  # a parameter or an object we cannot follow: assume it is this sampler
-        known = [v for v in vals if isinstance(v, ast.Call) and m.is_sampler_call(v)]
+        known = [a for v in vals for a in alternatives(v) if isinstance(a, ast.Call) and m.is_sampler_call(a)]
         if not known:
             return True  # `s = train_sampler if cond else None`, built by a helper, ...: assume it is
         return sampler in known
@@ -138,7 +138,9 @@ def _loader_sampler_is(m: ModuleModel, loader: ast.Call, scope: Scope, sampler: 
         s = bs.args[0] if isinstance(bs, ast.Call) and bs.args else bs
     if s is None:
         return False
-    return s is sampler or any(v is sampler for v in m.values_of(s, scope))
+    if any(a is sampler for a in alternatives(s)):
+        return True
+    return any(a is sampler for v in m.values_of(s, scope) for a in alternatives(v))
 
 
 class ShuffleWithSampler(Rule):
