@@ -48,9 +48,22 @@ def backward_sites(model: ModuleModel, scope: Scope, depth: int = 0) -> list[Sit
             elif model.project is not None and site.loops and _trains_here(model):
                 # train_one_epoch(...) from engine.py, called in a loop of a training script
                 summ = model.project.summary_of_call(model, site.call.func, scope)
-                if summ is not None and summ.backward is not None:
+                if summ is not None and summ.backward is not None or _method_backward(model, site.call, scope):
                     out.append(site)
     return out
+
+
+def _method_backward(model: ModuleModel, call: ast.Call, scope: Scope):
+    """``model.optimize_parameters()`` on an object a project factory or class built (``model =
+    create_model(opt)``): where that method runs a backward, if it does."""
+    f = call.func
+    if not isinstance(f, ast.Attribute) or not isinstance(f.value, ast.Name):
+        return None
+    for v in model.values_of(f.value, scope):
+        got = model.project.resolve_call(model, v.func, scope) if isinstance(v, ast.Call) else None
+        if got is not None:
+            return model.project.method_backward(got[0], got[1], f.attr)
+    return None
 
 
 def training_loops(model: ModuleModel, scope: Scope) -> list[ast.stmt]:

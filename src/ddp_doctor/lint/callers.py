@@ -27,11 +27,15 @@ if TYPE_CHECKING:
 _IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+([.\w]+)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)|import[ \t]+([^\n#;]+))",
                      re.M)
 _WORD = re.compile(r"[A-Za-z_]\w*")
+_CALLED = re.compile(r"([A-Za-z_]\w*)\s*\(")
 # how a caller gets hold of the rank (a name, an environment variable, an API, a spawned worker's index)
 _RANKISH = re.compile(r"rank|RANK|Rank|ordinal|process_index|LOCALID|PROCID|is_main|is_master|spawn")
 _MAX_FILES = 50_000  # a project larger than this is not indexed (the answer is then: no other callers)
 _MAX_CANDIDATES = 12  # importing files parsed per question
 _MAX_SITES = 8
+# whole-program facts read from every file's text in the same pass
+_FACTS = {"sets_device": re.compile(r"\bset_device\s*\(|CUDA_VISIBLE_DEVICES|torch\.cuda\.device\s*\(")}
+_MAX_PACKAGE_FILES = 64  # files of one package searched for a method by name
 # a caller file larger than this is not parsed for the question: launching scripts and trainers are
 # far smaller, the giants are test suites and generated modules (parsing them cost seconds on torch)
 _MAX_BYTES = 128 * 1024
@@ -51,12 +55,16 @@ class CallerIndex:
     def __init__(self, project: "Project"):
         self.project = project
         self._by_word: dict[str, list[str]] | None = None
+        self._facts: dict[str, set[str]] | None = None  # fact (_FACTS) -> the files showing it; None: too large
         self._answers: dict[tuple[str, str, int], tuple[str, ...]] = {}
+        # the names a file calls, for the files that can pass a rank (the only callers looked for)
+        self._called: dict[str, frozenset] = {}
 
     def _build(self) -> dict[str, list[str]]:
         from ddp_doctor.lint.engine import SKIP_DIRS, read_source
 
         index: dict[str, list[str]] = {}
+        facts: dict[str, set[str]] = {k: set() for k in _FACTS}
         seen = 0
         for root in self.project.roots:
             for d, dirs, names in os.walk(root):
@@ -71,17 +79,41 @@ class CallerIndex:
                     text, _err = read_source(Path(path))
                     if not text or "import" not in text:
                         continue
-                    if not _RANKISH.search(text):
-                        continue  # it can pass no rank to anything: never a caller we look for
+                    real = os.path.realpath(path)
+                    for k, pattern in _FACTS.items():
+                        if pattern.search(text):
+                            facts[k].add(real)
                     words: set[str] = set()
                     for m in _IMPORT.finditer(text):
                         for part in m.groups():
                             if part:
                                 words.update(_WORD.findall(part))
-                    real = os.path.realpath(path)
                     for w in words:
                         index.setdefault(w, []).append(real)
+                    if _RANKISH.search(text) and os.path.getsize(path) <= _MAX_BYTES:
+                        self._called[real] = frozenset(_CALLED.findall(text))
+        self._facts = facts
         return index
+
+    def shows(self, fact: str) -> bool | None:
+        """Does some file of the project show ``fact`` (a key of ``_FACTS``)?  None when the project was
+        too large to read."""
+        if self._by_word is None:
+            self._by_word = self._build()
+        return None if self._facts is None else bool(self._facts[fact])
+
+    def importer_shows(self, owner: "ModuleModel", fact: str) -> bool:
+        """Does a file that imports ``owner``'s module, or its package, show ``fact``?  (The launcher that
+        sets the device before it builds the model class of ``models/pix_model.py``.)"""
+        if self._by_word is None:
+            self._by_word = self._build()
+        if not self._facts:
+            return False
+        here = Path(os.path.realpath(owner.path))
+        names = [here.stem if here.name != "__init__.py" else here.parent.name]
+        if (here.parent / "__init__.py").is_file():
+            names.append(here.parent.name)
+        return any(p in self._facts[fact] for n in names for p in self._by_word.get(n, ()))
 
     def callers(self, owner: "ModuleModel", fn: ast.AST) -> list[Caller]:
         """The call sites of ``fn`` (a module-level def, or a module-level class's ``__init__``: then
@@ -111,25 +143,11 @@ class CallerIndex:
         cands = dict.fromkeys(self._by_word.get(name, []) + self._by_word.get(stem, []))
         cands.pop(here, None)
         found = []
-        called = re.compile(rf"\b{re.escape(name)}\s*\(")
-        for p in [p for p in cands if _calls(p, called)][:_MAX_CANDIDATES]:
+        for p in [p for p in cands if name in self._called.get(p, ())][:_MAX_CANDIDATES]:
             m = self.project.model_at(Path(p))
             if m is not None and _sites_calling(self.project, m, name, here, None):
                 found.append(p)
         return found
-
-
-def _calls(path: str, called: re.Pattern) -> bool:
-    """The file's text calls the name (checked before parsing it: most importers never call it)."""
-    from ddp_doctor.lint.engine import read_source
-
-    try:
-        if os.path.getsize(path) > _MAX_BYTES:
-            return False
-    except OSError:
-        return False
-    text, _err = read_source(Path(path))
-    return bool(text) and called.search(text) is not None
 
 
 def _callable_name(owner: "ModuleModel", fn: ast.AST) -> tuple[str | None, ast.AST]:
@@ -150,4 +168,29 @@ def _sites_calling(project: "Project", m: "ModuleModel", name: str, path: str, n
             continue
         if node is None or (got[1].lineno == node.lineno and getattr(got[1], "name", None) == name):
             out.append(site)
+    return out
+
+
+def package_methods(project: "Project", owner: "ModuleModel", attr: str) -> list[tuple["ModuleModel", ast.AST]]:
+    """The methods named ``attr`` of the classes in ``owner``'s folder (its package): where the object
+    that ``owner``'s factory builds by name (``importlib.import_module("models." + name)``) comes from."""
+    from ddp_doctor.lint.engine import read_source
+
+    here = Path(os.path.realpath(owner.path)).parent
+    defined = re.compile(rf"^[ \t]+def[ \t]+{re.escape(attr)}[ \t]*\(", re.M)
+    out = []
+    try:
+        names = sorted(n for n in os.listdir(here) if n.endswith(".py"))
+    except OSError:
+        return []
+    for n in names[:_MAX_PACKAGE_FILES]:
+        text, _err = read_source(here / n)
+        if not text or not defined.search(text):
+            continue
+        m = project.model_at(here / n)
+        if m is None:
+            continue
+        for methods in m.methods.values():
+            if attr in methods:
+                out.append((m, methods[attr]))
     return out

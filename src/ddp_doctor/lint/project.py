@@ -20,7 +20,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddp_doctor.lint.callers import Caller, CallerIndex
+from ddp_doctor.lint.callers import Caller, CallerIndex, package_methods
 from ddp_doctor.lint.function_summary import FunctionSummary, Related
 from ddp_doctor.lint.function_summary import summarise as _summarise
 from ddp_doctor.lint.scopes import Scope
@@ -314,6 +314,14 @@ class Project:
         project's other files."""
         return self._callers.callers(owner, fn)
 
+    def shows(self, fact: str) -> bool | None:
+        """A whole-program fact: does any file under the roots show it (``"sets_device"``)?"""
+        return self._callers.shows(fact)
+
+    def importer_shows(self, owner: "ModuleModel", fact: str) -> bool:
+        """Does a project file that imports ``owner`` (or its package) show ``fact``?"""
+        return self._callers.importer_shows(owner, fact)
+
     def caller_args(self, owner: "ModuleModel", fn: ast.AST, idx: int, name: str) -> list:
         """(argument, its scope) passed for parameter ``name`` (position ``idx``) of ``fn`` by the
         callers in other files (``Trainer(model, device_id)`` in the launching script)."""
@@ -330,6 +338,23 @@ class Project:
                 out.append((arg, c.site.scope))
         self._caller_args[key] = (fn, out)
         return out
+
+    def method_backward(self, owner: "ModuleModel", node: ast.AST, attr: str) -> Related | None:
+        """Does method ``attr`` of the object that ``node`` (a class, or a factory function of ``owner``)
+        builds run a backward?  A class's own method; for a factory, the methods of that name in its
+        package (``create_model(opt)`` picks the class by name at run time)."""
+        key = ("method_backward", id(node), attr)
+        got = owner._cache.get(key)
+        if got is not None and got[0] is node:
+            return got[1]
+        owner._cache[key] = (node, None)  # a cycle of factories ends here
+        if isinstance(node, ast.ClassDef) and attr in owner.methods.get(node, {}):
+            cands = [(owner, owner.methods[node][attr])]
+        else:
+            cands = package_methods(self, owner, attr)
+        res = next((s.backward for m, fn in cands if (s := self.summary(m, fn)).backward is not None), None)
+        owner._cache[key] = (node, res)
+        return res
 
     # ----------------------------------------------------------- summaries
     def summary_of_call(self, model: "ModuleModel", func: ast.expr, scope: Scope) -> FunctionSummary | None:

@@ -68,9 +68,12 @@ _SETUP_HELPER_RE = re.compile(
 def _is_setup_helper(m: ModuleModel, call: ast.Call, scope: Scope) -> bool:
     """A call into another module's helper named like a distributed/device setup: it may well call
     ``torch.cuda.set_device`` inside (we cannot see it), so it counts as one.  A bare ``setup(...)``
-    counts when it is given the rank (``setup(rank, world_size)``)."""
+    counts when it is given the rank (``setup(rank, world_size)``).  Not a helper of this project when
+    no file of the project sets a device (then it does not either)."""
     q = m.qual(call.func) or ""
     if q.startswith("torch.") or m.resolve_function(call.func, scope) is not None:
+        return False
+    if _project_sets_device(m) is False and m.project.resolve_call(m, call.func, scope) is not None:
         return False
     name = final_name(call.func) or ""
     if _SETUP_HELPER_RE.match(name):
@@ -110,6 +113,11 @@ def _loads_data_cache(call: ast.Call, stmt: ast.stmt) -> bool:
         targets = [stmt.target]
     names = [n for t in targets for n in _bound_names(t) if n != "_"]
     return bool(names) and all(_DATA_NAME_RE.search(n) for n in names)
+
+
+def _project_sets_device(m: ModuleModel) -> bool | None:
+    """Does some file of the project call ``torch.cuda.set_device`` (or pin devices another way)?"""
+    return m.project.shows("sets_device") if m.project is not None else None
 
 
 def _is_set_device(m: ModuleModel, call: ast.Call, scope: Scope, depth: int = 0) -> bool:
@@ -172,9 +180,12 @@ class CudaBeforeSetDevice(Rule):
                     break
         if any_set or not m.uses_ddp or "CUDA_VISIBLE_DEVICES" in m.source:
             return
+        if m.project is not None and m.project.importer_shows(m, "sets_device"):
+            return  # the file that imports this one sets it (the launcher, before it builds what this wraps)
         if any(q.split(".")[0] in ("lightning", "pytorch_lightning", "accelerate", "lightning_fabric")
                for q in m.imports.values()):
             return
+        nowhere = " (nor does any other file of the project)" if _project_sets_device(m) is False else ""
         for scope in m.scopes.values():
             for site in scope.sites:
                 what = _current_device_alloc(m, site.call)
@@ -182,7 +193,7 @@ class CudaBeforeSetDevice(Rule):
                     ctx.report(
                         self.code, site.call,
                         f"{what} uses the current CUDA device, but this DDP script never calls "
-                        f"`torch.cuda.set_device(local_rank)`: the current device is cuda:0 on every rank, so all "
+                        f"`torch.cuda.set_device(local_rank)`{nowhere}: the current device is cuda:0 on every rank, so all "
                         f"ranks put their model and data on GPU 0.",
                         "Call `torch.cuda.set_device(local_rank)` right after reading LOCAL_RANK, or move to an "
                         "explicit device: `.to(f\"cuda:{local_rank}\")`.",
