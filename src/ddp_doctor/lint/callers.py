@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ddp_doctor.lint.function_summary import Related
+
 if TYPE_CHECKING:
     from ddp_doctor.lint.model import ModuleModel
     from ddp_doctor.lint.project import Project
@@ -34,7 +36,10 @@ _MAX_FILES = 50_000  # a project larger than this is not indexed (the answer is 
 _MAX_CANDIDATES = 12  # importing files parsed per question
 _MAX_SITES = 8
 # whole-program facts read from every file's text in the same pass
-_FACTS = {"sets_device": re.compile(r"\bset_device\s*\(|CUDA_VISIBLE_DEVICES|torch\.cuda\.device\s*\(")}
+_FACTS = {"sets_device": re.compile(r"\bset_device\s*\(|CUDA_VISIBLE_DEVICES|torch\.cuda\.device\s*\("),
+          "dist_script": re.compile(r"\binit_process_group\s*\(|DistributedDataParallel|\bDDP\s*\(")}
+_INDEXES: dict[tuple[str, ...], tuple] = {}  # roots -> (words, facts, called names): one per process
+_MAX_INDEXES = 8
 _MAX_PACKAGE_FILES = 64  # files of one package searched for a method by name
 # a caller file larger than this is not parsed for the question: launching scripts and trainers are
 # far smaller, the giants are test suites and generated modules (parsing them cost seconds on torch)
@@ -59,6 +64,20 @@ class CallerIndex:
         self._answers: dict[tuple[str, str, int], tuple[str, ...]] = {}
         # the names a file calls, for the files that can pass a rank (the only callers looked for)
         self._called: dict[str, frozenset] = {}
+
+    def _ensure(self) -> None:
+        """Build the index, or take the one this process built for the same roots (flake8 and pre-commit
+        lint file by file, each with a project of its own)."""
+        if self._by_word is not None:
+            return
+        key = tuple(str(r) for r in self.project.roots)
+        got = _INDEXES.get(key)
+        if got is None:
+            by_word = self._build()
+            got = _INDEXES[key] = (by_word, self._facts, self._called)
+            while len(_INDEXES) > _MAX_INDEXES:
+                del _INDEXES[next(iter(_INDEXES))]
+        self._by_word, self._facts, self._called = got
 
     def _build(self) -> dict[str, list[str]]:
         from ddp_doctor.lint.engine import SKIP_DIRS, read_source
@@ -98,22 +117,43 @@ class CallerIndex:
     def shows(self, fact: str) -> bool | None:
         """Does some file of the project show ``fact`` (a key of ``_FACTS``)?  None when the project was
         too large to read."""
-        if self._by_word is None:
-            self._by_word = self._build()
+        self._ensure()
         return None if self._facts is None else bool(self._facts[fact])
 
-    def importer_shows(self, owner: "ModuleModel", fact: str) -> bool:
-        """Does a file that imports ``owner``'s module, or its package, show ``fact``?  (The launcher that
-        sets the device before it builds the model class of ``models/pix_model.py``.)"""
-        if self._by_word is None:
-            self._by_word = self._build()
+    def importer_shows(self, owner: "ModuleModel", fact: str) -> Related | None:
+        """A file that imports ``owner``'s module, or its package, and shows ``fact`` (the launcher that
+        sets the device before it builds the model class of ``models/pix_model.py``; the DDP trainer
+        that calls the checkpoint utility): where it imports it, or None."""
+        self._ensure()
         if not self._facts:
-            return False
+            return None
         here = Path(os.path.realpath(owner.path))
+        targets = {str(here)}
         names = [here.stem if here.name != "__init__.py" else here.parent.name]
-        if (here.parent / "__init__.py").is_file():
+        if here.name != "__init__.py" and (here.parent / "__init__.py").is_file():
             names.append(here.parent.name)
-        return any(p in self._facts[fact] for n in names for p in self._by_word.get(n, ()))
+            targets.add(str(here.parent / "__init__.py"))
+        cands = dict.fromkeys(p for n in names for p in self._by_word.get(n, ()) if p in self._facts[fact])
+        cands.pop(str(here), None)
+        for p in list(cands)[:_MAX_CANDIDATES]:  # the words matched; the import must resolve to this file
+            m = self.project.model_at(Path(p))
+            for node in m.tree.body if m is not None else ():
+                if isinstance(node, (ast.Import, ast.ImportFrom)) and targets & self._resolved(m, node):
+                    return Related(p, node.lineno, f"`{Path(p).name}` imports it")
+        return None
+
+    def _resolved(self, m: "ModuleModel", node: ast.stmt) -> set[str]:
+        if isinstance(node, ast.Import):
+            mods = [(0, a.name) for a in node.names]
+        else:
+            base = node.module or ""
+            mods = [(node.level, base)] + [(node.level, f"{base}.{a.name}" if base else a.name) for a in node.names]
+        out = set()
+        for level, mod in mods:
+            f = self.project.module_file(m, level, mod)
+            if f is not None:
+                out.add(os.path.realpath(f))
+        return out
 
     def callers(self, owner: "ModuleModel", fn: ast.AST) -> list[Caller]:
         """The call sites of ``fn`` (a module-level def, or a module-level class's ``__init__``: then
@@ -137,8 +177,7 @@ class CallerIndex:
         return out[:_MAX_SITES]
 
     def _find(self, owner: "ModuleModel", here: str, name: str) -> list[str]:
-        if self._by_word is None:
-            self._by_word = self._build()
+        self._ensure()
         stem = Path(here).stem if Path(here).name != "__init__.py" else Path(here).parent.name
         cands = dict.fromkeys(self._by_word.get(name, []) + self._by_word.get(stem, []))
         cands.pop(here, None)

@@ -25,7 +25,7 @@ SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".tox", ".nox", ".mypy_cache"
              ".ruff_cache", "node_modules", ".eggs", ".ipynb_checkpoints"}
 # a file that mentions none of these cannot trigger any rule: parse it (syntax errors are still
 # reported) but skip building the semantic model
-_RELEVANT = re.compile(r"[dD]istributed|DataLoader|lightning|accelerat|fabric|deepspeed|horovod")
+_RELEVANT = re.compile(r"[dD]istributed|DataLoader|lightning|accelerat|fabric|deepspeed|horovod|torch\.load\b")
 # a run holds many parsed trees (the project's model cache): the cyclic collector's full passes over
 # them cost about 40% of the CPU time, yet nothing there is garbage (models are released without it,
 # see Project.release_dropped).  So the collector is paused for the run, and the youngest generation

@@ -318,8 +318,8 @@ class Project:
         """A whole-program fact: does any file under the roots show it (``"sets_device"``)?"""
         return self._callers.shows(fact)
 
-    def importer_shows(self, owner: "ModuleModel", fact: str) -> bool:
-        """Does a project file that imports ``owner`` (or its package) show ``fact``?"""
+    def importer_shows(self, owner: "ModuleModel", fact: str) -> Related | None:
+        """A project file that imports ``owner`` (or its package) and shows ``fact``: where it imports it."""
         return self._callers.importer_shows(owner, fact)
 
     def caller_args(self, owner: "ModuleModel", fn: ast.AST, idx: int, name: str) -> list:

@@ -32,11 +32,18 @@ def is_dist_script(m: ModuleModel) -> bool:
 
 class LoadWithoutMapLocation(Rule):
     code = "DDP301"
+    needs_distributed = False  # a checkpoint utility runs in the distributed program that imports it
 
     def check(self, ctx: Context) -> None:
         m = ctx.model
-        if not is_dist_script(m):
+        if "torch" not in m.source:
             return
+        via = None  # the distributed script of the project that imports this module
+        if not is_dist_script(m):
+            via = m.project.importer_shows(m, "dist_script") if m.project is not None else None
+            if via is None:
+                return
+        where = f" (this module runs in a distributed program: {via.message} at {via.where})" if via else ""
         for scope in m.scopes.values():
             for site in scope.sites:
                 call = site.call
@@ -50,10 +57,10 @@ class LoadWithoutMapLocation(Rule):
                     self.code, call,
                     "`torch.load` without `map_location` puts every tensor back on the device it was saved from "
                     "(usually cuda:0): on every rank, so all ranks allocate memory and a CUDA context on GPU 0 "
-                    "(uneven memory, out-of-memory on GPU 0, slow loading).",
+                    f"(uneven memory, out-of-memory on GPU 0, slow loading){where}.",
                     "Pass `map_location=\"cpu\"` (then `model.load_state_dict(...)` copies to the model's own "
                     "device), or use `ddp_doctor.fixes.load_checkpoint(path)`.",
-                    fix_kind="map-location",
+                    fix_kind="map-location", related=[via] if via else (),
                 )
 
 
