@@ -132,16 +132,9 @@ def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int
     for v in model.values_of(expr, scope):
         if v is not expr:
             out += resolve_loaders(model, v, model.scope_of_value(v, scope), depth + 1)
-    if not out and isinstance(expr, ast.Name) and expr.id in scope.params and not scope.is_module:
-        idx = scope.params.index(expr.id)
-        fn = scope.node
-        # a method's ``self`` is not passed at the call site
-        if scope.cls is not None and fn.args.args and fn.args.args[0].arg in ("self", "cls"):
-            idx -= 1
-        for site in model.call_sites_of(fn):
-            a = arg_or_kw(site.call, idx, expr.id) if idx >= 0 else None
-            if a is not None:
-                out += resolve_loaders(model, a, site.scope, depth + 1)
+    if not out:
+        for a, ascope in model.param_args(expr, scope):
+            out += resolve_loaders(model, a, ascope, depth + 1)
     return out
 
 

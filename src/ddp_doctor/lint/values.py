@@ -69,6 +69,22 @@ class ValueFlow:
             vals = self.self_assigns.get(scope.cls, {}).get(d, [])
         return vals
 
+    def param_args(self, expr: ast.expr, scope: Scope) -> list[tuple[ast.expr, Scope]]:
+        """For a parameter ``expr`` of ``scope``'s function: what this file's callers pass for it
+        (``prepare_dataloader(dataset, 32)`` -> ``dataset`` in the caller's scope)."""
+        if not isinstance(expr, ast.Name) or expr.id not in scope.params or scope.is_module:
+            return []
+        idx = scope.params.index(expr.id)
+        fn = scope.node
+        if scope.cls is not None and fn.args.args and fn.args.args[0].arg in ("self", "cls"):
+            idx -= 1  # a method's ``self`` is not passed at the call site
+        out = []
+        for site in self.call_sites_of(fn):
+            a = arg_or_kw(site.call, idx, expr.id) if idx >= 0 else None
+            if a is not None:
+                out.append((a, site.scope))
+        return out
+
     def scope_of_value(self, value: ast.expr, default: Scope) -> Scope:
         """The scope a value returned by :meth:`values_of` must be resolved in (self.attr values live in
         the method that assigned them)."""

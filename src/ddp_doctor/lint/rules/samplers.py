@@ -119,15 +119,9 @@ def _origin_calls(m: ModuleModel, expr: ast.expr, scope: Scope, depth: int = 0) 
     for v in m.values_of(expr, scope):
         if v is not expr:
             out += _origin_calls(m, v, m.scope_of_value(v, scope), depth + 1)
-    if not out and isinstance(expr, ast.Name) and expr.id in scope.params and not scope.is_module:
-        idx = scope.params.index(expr.id)
-        fn = scope.node
-        if scope.cls is not None and fn.args.args and fn.args.args[0].arg in ("self", "cls"):
-            idx -= 1
-        for site in m.call_sites_of(fn):
-            a = arg_or_kw(site.call, idx, expr.id) if idx >= 0 else None
-            if a is not None:
-                out += _origin_calls(m, a, site.scope, depth + 1)
+    if not out:
+        for a, ascope in m.param_args(expr, scope):
+            out += _origin_calls(m, a, ascope, depth + 1)
     return out
 
 
