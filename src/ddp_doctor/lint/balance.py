@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from typing import Iterable
 
-from ddp_doctor.lint.evaluate import RANKS
+from ddp_doctor.lint.evaluate import NODE_SIZE, RANKS
 from ddp_doctor.lint.model import ModuleModel
 from ddp_doctor.lint.names import const_value
 from ddp_doctor.lint.scopes import Cond, Scope
@@ -150,3 +150,26 @@ def never_runs(model: ModuleModel, conds: tuple[Cond, ...], scope: Scope) -> boo
         if t is None or any(x != "F" for x in t):
             return False
     return True
+
+
+def once_per_node(model: ModuleModel, conds: tuple[Cond, ...], scope: Scope) -> bool:
+    """The conditions hold on the first rank of every node and on no other (``local_rank == 0``,
+    ``is_local_main_process``): one process per node, which is not one per job when there are several
+    nodes.  Shown for every value tried for the unknowns."""
+    rconds = [c for c in conds if model.mentions_rank(c.test, scope)]
+    if not rconds:
+        return False
+    atoms = _unknowns(model, [(tuple(rconds), scope)])
+    if len(atoms) > 4:
+        return False
+    shown = False
+    for sigma in model.sigmas(atoms, [c.test for c in rconds]) if atoms else [{}]:
+        t = site_truths(model, rconds, scope, sigma)
+        if t is None:
+            continue
+        if all(x == "F" for x in t):
+            continue  # this choice of the unknowns turns the branch off everywhere
+        if any((x != "F") != (r % NODE_SIZE == 0) for r, x in enumerate(t)):
+            return False
+        shown = True
+    return shown

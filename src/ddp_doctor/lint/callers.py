@@ -37,7 +37,8 @@ _MAX_CANDIDATES = 12  # importing files parsed per question
 _MAX_SITES = 8
 # whole-program facts read from every file's text in the same pass
 _FACTS = {"sets_device": re.compile(r"\bset_device\s*\(|CUDA_VISIBLE_DEVICES|torch\.cuda\.device\s*\("),
-          "dist_script": re.compile(r"\binit_process_group\s*\(|DistributedDataParallel|\bDDP\s*\(")}
+          "dist_script": re.compile(r"\binit_process_group\s*\(|DistributedDataParallel|\bDDP\s*\("),
+          "multi_node": re.compile(r"node_rank|NODE_RANK|nnodes|num_nodes|n_nodes|SLURM_NODEID|GROUP_RANK")}
 _INDEXES: dict[tuple[str, ...], tuple] = {}  # roots -> (words, facts, called names): one per process
 _MAX_INDEXES = 8
 _MAX_PACKAGE_FILES = 64  # files of one package searched for a method by name
