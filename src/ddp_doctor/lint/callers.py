@@ -31,14 +31,16 @@ _IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+([.\w]+)[ \t]+import[ \t]+(\([^)]*\)|
 _WORD = re.compile(r"[A-Za-z_]\w*")
 _CALLED = re.compile(r"([A-Za-z_]\w*)\s*\(")
 # how a caller gets hold of the rank (a name, an environment variable, an API, a spawned worker's index)
-_RANKISH = re.compile(r"rank|RANK|Rank|ordinal|process_index|LOCALID|PROCID|is_main|is_master|spawn")
+_RANKISH = ("rank", "RANK", "Rank", "ordinal", "process_index", "LOCALID", "PROCID", "is_main", "is_master",
+            "spawn")
 _MAX_FILES = 50_000  # a project larger than this is not indexed (the answer is then: no other callers)
 _MAX_CANDIDATES = 12  # importing files parsed per question
 _MAX_SITES = 8
 # whole-program facts read from every file's text in the same pass
-_FACTS = {"sets_device": re.compile(r"\bset_device\s*\(|CUDA_VISIBLE_DEVICES|torch\.cuda\.device\s*\("),
-          "dist_script": re.compile(r"\binit_process_group\s*\(|DistributedDataParallel|\bDDP\s*\("),
-          "multi_node": re.compile(r"node_rank|NODE_RANK|nnodes|num_nodes|n_nodes|SLURM_NODEID|GROUP_RANK")}
+# (plain substrings: a regular expression over every file of the torch tree cost seconds)
+_FACTS = {"sets_device": ("set_device(", "CUDA_VISIBLE_DEVICES", "torch.cuda.device("),
+          "dist_script": ("init_process_group(", "DistributedDataParallel", "DDP("),
+          "multi_node": ("node_rank", "NODE_RANK", "nnodes", "num_nodes", "n_nodes", "SLURM_NODEID", "GROUP_RANK")}
 _INDEXES: dict[tuple[str, ...], tuple] = {}  # roots -> (words, facts, called names): one per process
 _MAX_INDEXES = 8
 _MAX_PACKAGE_FILES = 64  # files of one package searched for a method by name
@@ -64,7 +66,7 @@ class CallerIndex:
         self._facts: dict[str, set[str]] | None = None  # fact (_FACTS) -> the files showing it; None: too large
         self._answers: dict[tuple[str, str, int], tuple[str, ...]] = {}
         # the names a file calls, for the files that can pass a rank (the only callers looked for)
-        self._called: dict[str, frozenset] = {}
+        self._called: dict[str, frozenset | None] = {}
 
     def _ensure(self) -> None:
         """Build the index, or take the one this process built for the same roots (flake8 and pre-commit
@@ -100,8 +102,8 @@ class CallerIndex:
                     if not text or "import" not in text:
                         continue
                     real = os.path.realpath(path)
-                    for k, pattern in _FACTS.items():
-                        if pattern.search(text):
+                    for k, words in _FACTS.items():
+                        if any(w in text for w in words):
                             facts[k].add(real)
                     words: set[str] = set()
                     for m in _IMPORT.finditer(text):
@@ -110,8 +112,8 @@ class CallerIndex:
                                 words.update(_WORD.findall(part))
                     for w in words:
                         index.setdefault(w, []).append(real)
-                    if _RANKISH.search(text) and os.path.getsize(path) <= _MAX_BYTES:
-                        self._called[real] = frozenset(_CALLED.findall(text))
+                    if len(text) <= _MAX_BYTES and any(w in text for w in _RANKISH):
+                        self._called[real] = None  # can pass a rank: its called names are read if asked
         self._facts = facts
         return index
 
@@ -177,13 +179,23 @@ class CallerIndex:
                 break
         return out[:_MAX_SITES]
 
+    def _called_names(self, path: str) -> frozenset:
+        """The names ``path`` calls (read on the first question that makes it a candidate)."""
+        got = self._called.get(path)
+        if got is None:
+            from ddp_doctor.lint.engine import read_source
+
+            text, _err = read_source(Path(path))
+            got = self._called[path] = frozenset(_CALLED.findall(text or ""))
+        return got
+
     def _find(self, owner: "ModuleModel", here: str, name: str) -> list[str]:
         self._ensure()
         stem = Path(here).stem if Path(here).name != "__init__.py" else Path(here).parent.name
         cands = dict.fromkeys(self._by_word.get(name, []) + self._by_word.get(stem, []))
         cands.pop(here, None)
         found = []
-        for p in [p for p in cands if name in self._called.get(p, ())][:_MAX_CANDIDATES]:
+        for p in [p for p in cands if p in self._called and name in self._called_names(p)][:_MAX_CANDIDATES]:
             m = self.project.model_at(Path(p))
             if m is not None and _sites_calling(self.project, m, name, here, None):
                 found.append(p)

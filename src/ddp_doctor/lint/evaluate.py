@@ -308,12 +308,16 @@ class _Eval:
         if fname and (is_main_name(fname) or fname in ("is_master_ordinal",)) and \
                 m.resolve_function(func, self.scope) is None:
             return self.main(rank_kind(fname))
-        fn = m.resolve_function(func, self.scope)
+        owner, fn = m, m.resolve_function(func, self.scope)
+        if fn is None and m.project is not None and m.import_from and depth < 8:
+            # `rank, world = setup_dist()` / `if local_id() == 0:` with the helper in another project file
+            got = m.project.resolve_call(m, func, self.scope)
+            if got is not None and not isinstance(got[1], ast.ClassDef):
+                owner, fn = got
         if fn is not None and depth < 8:
-            inner = m.scopes[fn]
-            rets = [s.value for s in m.returns_of(fn) if s.value is not None]
+            rets = [s.value for s in owner.returns_of(fn) if s.value is not None]
             if rets and len(rets) <= 4:
-                sub = self._sub(inner)
+                sub = self._sub(owner.scopes[fn])
                 out: set = set()
                 for r in rets:
                     out |= sub.ev(r, depth + 1)

@@ -38,30 +38,35 @@ class LoadWithoutMapLocation(Rule):
         m = ctx.model
         if "torch" not in m.source:
             return
+        loads = [site.call for scope in m.scopes.values() for site in scope.sites
+                 if self._unmapped_load(m, site, scope)]
+        if not loads:
+            return
         via = None  # the distributed script of the project that imports this module
         if not is_dist_script(m):
             via = m.project.importer_shows(m, "dist_script") if m.project is not None else None
             if via is None:
                 return
         where = f" (this module runs in a distributed program: {via.message} at {via.where})" if via else ""
-        for scope in m.scopes.values():
-            for site in scope.sites:
-                call = site.call
-                if m.qual(call.func) != "torch.load" or A.single_process_only(m, site.conds, scope):
-                    continue
-                if arg_or_kw(call, 1, "map_location") is not None or any(k.arg is None for k in call.keywords):
-                    continue
-                if _loads_data_cache(call, site.stmt):
-                    continue
-                ctx.report(
-                    self.code, call,
-                    "`torch.load` without `map_location` puts every tensor back on the device it was saved from "
-                    "(usually cuda:0): on every rank, so all ranks allocate memory and a CUDA context on GPU 0 "
-                    f"(uneven memory, out-of-memory on GPU 0, slow loading){where}.",
-                    "Pass `map_location=\"cpu\"` (then `model.load_state_dict(...)` copies to the model's own "
-                    "device), or use `ddp_doctor.fixes.load_checkpoint(path)`.",
-                    fix_kind="map-location", related=[via] if via else (),
-                )
+        for call in loads:
+            ctx.report(
+                self.code, call,
+                "`torch.load` without `map_location` puts every tensor back on the device it was saved from "
+                "(usually cuda:0): on every rank, so all ranks allocate memory and a CUDA context on GPU 0 "
+                f"(uneven memory, out-of-memory on GPU 0, slow loading){where}.",
+                "Pass `map_location=\"cpu\"` (then `model.load_state_dict(...)` copies to the model's own "
+                "device), or use `ddp_doctor.fixes.load_checkpoint(path)`.",
+                fix_kind="map-location", related=[via] if via else (),
+            )
+
+    @staticmethod
+    def _unmapped_load(m: ModuleModel, site, scope: Scope) -> bool:
+        call = site.call
+        if m.qual(call.func) != "torch.load" or A.single_process_only(m, site.conds, scope):
+            return False
+        if arg_or_kw(call, 1, "map_location") is not None or any(k.arg is None for k in call.keywords):
+            return False
+        return not _loads_data_cache(call, site.stmt)
 
 
 # helpers of other modules that, by their name, set up the process group and the device
