@@ -159,6 +159,7 @@ class LoaderUse:
     training: bool  # the loop runs a backward
     epochs: bool  # iterated again and again (nested in an outer loop, or its function is called in a loop)
     via: object = None  # Related: the loop in another project file, when the loader is passed to it
+    sets_epoch: bool = False  # that other file's function (or class) calls `set_epoch()` itself
 
 
 def loader_uses(model: ModuleModel) -> list[LoaderUse]:
@@ -215,8 +216,8 @@ def _uses_in_other_files(model: ModuleModel, scope: Scope) -> list[LoaderUse]:
                 continue
             related, training = summ.iterates[pname]
             for call, lscope in resolve_loaders(model, arg, scope):
-                epochs = bool(site.loops) or _called_in_loop(model, scope)
-                out.append(LoaderUse(call, lscope, site.stmt, scope, training, epochs, related))
+                epochs = bool(site.loops) or _called_in_loop(model, scope) or pname in summ.iterated_over_epochs
+                out.append(LoaderUse(call, lscope, site.stmt, scope, training, epochs, related, summ.sets_epoch))
     return out
 
 

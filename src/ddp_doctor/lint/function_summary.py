@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ddp_doctor.lint.evaluate import RANKS, _Eval
+from ddp_doctor.lint.names import dotted, final_name
 from ddp_doctor.lint.scopes import Scope
 
 if TYPE_CHECKING:
@@ -60,6 +61,8 @@ class FunctionSummary:
     # batch, loss, clock, the rank): a caller's training loop then skips the backward on some ranks only
     early_return: Related | None = None
     early_return_on: tuple[str, ...] = ()  # the parameters its condition depends on
+    iterated_over_epochs: frozenset[str] = frozenset()  # parameters iterated again and again inside
+    sets_epoch: bool = False  # calls some `set_epoch()` (for a constructor: in a method of its class)
 
 
 def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummary:
@@ -113,6 +116,9 @@ def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummar
             training = loop in loops
             what = "trains on" if training else "iterates"
             s.iterates[it.id] = (Related(m.path, loop.lineno, f"`{fn.name}` {what} `{it.id}` here"), training)
+    s.sets_epoch = any(final_name(x.call.func) == "set_epoch" for x in scope.sites)
+    if fn.name == "__init__" and scope.cls is not None:
+        _iterated_attributes(m, scope, s)
     for r in m.returns_of(fn):
         v = r.value
         if v is None:
@@ -128,6 +134,34 @@ def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummar
     if s.backward is not None:
         s.early_return, s.early_return_on = _early_return(m, fn, scope, positional)
     return s
+
+
+def _iterated_attributes(m: "ModuleModel", scope: Scope, s: FunctionSummary) -> None:
+    """``Trainer(model, loader)``: the constructor keeps ``loader`` as ``self.train_data`` and a method
+    loops over it (with a backward: training; each epoch: when that method is called in a loop)."""
+    from ddp_doctor.lint import analysis as A
+
+    kept = {f"self.{t.attr}": v.id for stmt, _c, _l in scope.stmts if isinstance(stmt, ast.Assign)
+            for t in stmt.targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and
+            t.value.id == "self" and isinstance(v := stmt.value, ast.Name) and v.id in s.params}
+    epochs = set()
+    for method in m.methods.get(scope.cls, {}).values():
+        ms = m.scopes.get(method)
+        if ms is None or method is scope.node:
+            continue
+        s.sets_epoch = s.sets_epoch or any(final_name(x.call.func) == "set_epoch" for x in ms.sites)
+        training = A.training_loops(m, ms)
+        for loop, _c, outer in ms.loops:
+            it = A.unwrap_iter(loop.iter) if isinstance(loop, (ast.For, ast.AsyncFor)) else None
+            pname = kept.get(dotted(it) or "") if it is not None else None
+            if pname is None or pname in s.iterates:
+                continue
+            what = "trains on" if loop in training else "iterates"
+            s.iterates[pname] = (Related(m.path, loop.lineno, f"`{method.name}` {what} `self.{it.attr}` here"),
+                                 loop in training)
+            if outer or A._called_in_loop(m, ms):
+                epochs.add(pname)
+    s.iterated_over_epochs = frozenset(epochs)
 
 
 def _value_facts(m: "ModuleModel", v: ast.expr, line: int, scope: Scope, name: str,

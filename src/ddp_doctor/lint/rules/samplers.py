@@ -29,7 +29,7 @@ class SamplerEpochNotSet(Rule):
                 continue
             # the loaders that use this sampler, and whether they are iterated over epochs
             # only loaders that drive training epochs: a validation loader's order does not matter
-            drivers = [use for use in uses if use.epochs and use.training and
+            drivers = [use for use in uses if use.epochs and use.training and not use.sets_epoch and
                        _loader_sampler_is(m, use.loader, use.loader_scope, call)]
             if not drivers:
                 continue
