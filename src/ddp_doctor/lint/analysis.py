@@ -103,6 +103,8 @@ def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int
             for r in model.returns_of(fn):
                 if r.value is not None:
                     out += resolve_loaders(model, r.value, inner, depth + 1)
+            for arg in _generator_sources(model, expr, fn):  # batches = forever(loader)
+                out += resolve_loaders(model, arg, scope, depth + 1)
             return out
         return []
     if isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Call):
@@ -177,12 +179,42 @@ def loader_uses(model: ModuleModel) -> list[LoaderUse]:
                 if final_name(site.call.func) == "next" and site.call.args and site.loops:
                     loop = site.loops[-1]
                     for call, lscope in resolve_loaders(model, site.call.args[0], scope):
-                        epochs = len(site.loops) > 1 or _called_in_loop(model, scope)
+                        epochs = len(site.loops) > 1 or _called_in_loop(model, scope) or \
+                            _endless(model, site.call.args[0], scope)
                         uses.append(LoaderUse(call, lscope, loop, scope, loop in tl, epochs))
             if model.project is not None and _makes_loaders(model):
                 uses.extend(_uses_in_other_files(model, scope))
         return uses
     return _cached(model, "loader_uses", compute)
+
+
+def _generator_sources(model: ModuleModel, call: ast.Call, fn: ast.AST) -> list[ast.expr]:
+    """The arguments of ``call`` that generator ``fn`` loops over and yields from (``def forever(loader):
+    while True: for b in loader: yield b``)."""
+    if not any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(fn)):
+        return []
+    inner = model.scopes[fn]
+    offset = 1 if inner.cls is not None and fn.args.args and fn.args.args[0].arg in ("self", "cls") else 0
+    out = []
+    for loop, _c, _o in inner.loops:
+        it = unwrap_iter(loop.iter) if isinstance(loop, (ast.For, ast.AsyncFor)) else None
+        if isinstance(it, ast.Name) and it.id in inner.params:
+            a = arg_or_kw(call, inner.params.index(it.id) - offset, it.id)
+            if a is not None:
+                out.append(a)
+    return out
+
+
+def _endless(model: ModuleModel, expr: ast.expr, scope: Scope) -> bool:
+    """``batches = sample_data(loader)`` with ``def sample_data(loader): while True: for b in loader:
+    yield b``: an endless generator walks the loader again and again (one pass per epoch)."""
+    for v in model.values_of(expr, scope):
+        fn = model.resolve_function(v.func, scope) if isinstance(v, ast.Call) else None
+        inner = model.scopes.get(fn) if fn is not None else None
+        if inner is not None and any(outer for _l, _c, outer in inner.loops) and \
+                any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(fn)):
+            return True
+    return False
 
 
 def _trains_here(model: ModuleModel) -> bool:

@@ -23,7 +23,7 @@ class SamplerEpochNotSet(Rule):
         set_epoch_sites = [s for sc in m.scopes.values() for s in sc.sites if final_name(s.call.func) == "set_epoch"]
         for call, scope in list(all_calls(m, m.is_sampler_call)):
             shuffle = arg_or_kw(call, 3, "shuffle")
-            if shuffle is not None and A.literal(shuffle) is not True:
+            if shuffle is not None and not _true(m, shuffle, scope):
                 continue  # shuffle=False (or unknown): the order does not depend on the epoch
             if any(self._sets_epoch_of(m, s, call, uses) for s in set_epoch_sites):
                 continue
@@ -103,6 +103,14 @@ class SamplerEpochNotSet(Rule):
         return sampler in known
 
 
+def _true(m: ModuleModel, expr: ast.expr, scope: Scope) -> bool:
+    """``True``, or a parameter every caller here passes ``True`` (``data_sampler(ds, shuffle=True)``)."""
+    if A.literal(expr) is True:
+        return True
+    args = m.param_args(expr, scope) if isinstance(expr, ast.Name) and not m.values_of(expr, scope) else []
+    return bool(args) and all(A.literal(a) is True for a, _s in args)
+
+
 def _element(origin: ast.expr) -> str:
     return f" (item {origin.slice.value} of its tuple)" if isinstance(origin, ast.Subscript) else ""
 
@@ -132,9 +140,9 @@ def _loader_sampler_is(m: ModuleModel, loader: ast.Call, scope: Scope, sampler: 
         s = bs.args[0] if isinstance(bs, ast.Call) and bs.args else bs
     if s is None:
         return False
-    if any(a is sampler for a in alternatives(s)):
-        return True
-    return any(a is sampler for v in m.values_of(s, scope) for a in alternatives(v))
+    vals = [s, *m.values_of(s, scope)]
+    vals += [r for v in vals for r, _rs in m.returned_values(v, scope)]  # sampler=data_sampler(ds, ...)
+    return any(a is sampler for v in vals for a in alternatives(v))
 
 
 class ShuffleWithSampler(Rule):
