@@ -38,8 +38,7 @@ class LoadWithoutMapLocation(Rule):
         m = ctx.model
         if "torch" not in m.source:
             return
-        loads = [site.call for scope in m.scopes.values() for site in scope.sites
-                 if self._unmapped_load(m, site, scope)]
+        loads = [site for scope in m.scopes.values() for site in scope.sites if self._unmapped_load(m, site, scope)]
         if not loads:
             return
         via = None  # the distributed script of the project that imports this module
@@ -48,11 +47,13 @@ class LoadWithoutMapLocation(Rule):
             if via is None:
                 return
         where = f" (this module runs in a distributed program: {via.message} at {via.where})" if via else ""
-        for call in loads:
+        for site in loads:
+            who = "on every rank, so all ranks allocate" if not m.rank_conds(site.conds, site.scope) else \
+                "on each rank that runs it (whatever its own GPU), which allocates"
             ctx.report(
-                self.code, call,
+                self.code, site.call,
                 "`torch.load` without `map_location` puts every tensor back on the device it was saved from "
-                "(usually cuda:0): on every rank, so all ranks allocate memory and a CUDA context on GPU 0 "
+                f"(usually cuda:0): {who} memory and a CUDA context on GPU 0 "
                 f"(uneven memory, out-of-memory on GPU 0, slow loading){where}.",
                 "Pass `map_location=\"cpu\"` (then `model.load_state_dict(...)` copies to the model's own "
                 "device), or use `ddp_doctor.fixes.load_checkpoint(path)`.",
