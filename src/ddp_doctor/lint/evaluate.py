@@ -51,6 +51,7 @@ class _Eval:
         self.hit = False
         self.visiting: set = set()
         self.no_params = False  # parameters stay unknowns (no look at the callers)
+        self.origins: list[tuple[str, int]] = []  # (path, line) where the rank entered from another file
 
     def atom(self, node: ast.AST) -> set:
         key = self.m.atom_key(node)
@@ -236,7 +237,7 @@ class _Eval:
                 else:
                     sub = self._sub(vscope)
                     out |= sub.ev(v, depth + 1)
-                    self.hit = self.hit or sub.hit
+                    self._note(sub, v)
         finally:
             self.visiting.discard(key)
         if len(out) > 16:
@@ -250,7 +251,14 @@ class _Eval:
             sub.atoms = self.atoms
         sub.visiting = self.visiting
         sub.no_params = self.no_params
+        sub.origins = self.origins
         return sub
+
+    def _note(self, sub: "_Eval", where: ast.AST) -> None:
+        """``sub`` evaluated a value: its rank is ours, and where it came from when in another file."""
+        if sub.hit and sub.m is not self.m and not self.hit:
+            self.origins.append((sub.m.path, where.lineno))
+        self.hit = self.hit or sub.hit
 
     def _param(self, node: ast.Name, depth: int) -> set:
         """A parameter that the same-file callers fill with the rank (``Trainer(model, rank)`` ->
@@ -321,7 +329,7 @@ class _Eval:
                 out: set = set()
                 for r in rets:
                     out |= sub.ev(r, depth + 1)
-                self.hit = self.hit or sub.hit
+                self._note(sub, rets[0])
                 return out
         # an unknown function of the rank (`load_shard(rank)`, `open(f"ckpt{rank}")`): its result is data
         # that differs by rank (mentions_rank sees it), but not a rank *condition* to evaluate

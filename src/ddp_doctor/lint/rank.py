@@ -79,6 +79,16 @@ class RankDependence:
         self._cache[key] = (expr, ev.hit)  # holding expr keeps its id from being reused
         return ev.hit
 
+    def rank_origin(self, expr: ast.expr, scope: Scope) -> tuple[str, int] | None:
+        """Where the rank that ``expr`` reads enters from another file (a caller passing it, a helper
+        returning it): (path, line), or None when it is read here."""
+        ev = _Eval(self, scope, 0, {}, collect=True)
+        try:
+            ev.ev(expr, 0)
+        except Exception:  # noqa: BLE001
+            pass
+        return next((o for o in ev.origins if o[0] != self.path), None) if ev.hit else None
+
     def atom_key(self, node: ast.AST) -> str:
         d = dotted(node)
         if d is not None:
