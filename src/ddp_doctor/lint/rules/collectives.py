@@ -157,7 +157,9 @@ class DDPForwardOnSubset(Rule):
                 if target is not None and m.is_ddp_value(target, scope):
                     if A.no_buffer_broadcast(m, target, scope) and A.in_no_grad(m, scope, site.call.lineno):
                         return None  # no_grad forward with broadcast_buffers=False runs no collective
-                    return "forward", f"the DDP model `{ctx.text(target)}`"
+                    made = tuple(r for v in m.values_of(target, scope)
+                                 if (r := m.call_result_facts(v, scope).get("ddp")) is not None)[:1]
+                    return "forward", Desc(f"the DDP model `{ctx.text(target)}`", made)
                 fn = m.resolve_function(site.call.func, scope)
                 if fn is not None and fn is not scope.node:
                     inner = A.ddp_forward_in_fn(m, fn, site.call, scope)
