@@ -36,6 +36,7 @@ _RANKISH = ("rank", "RANK", "Rank", "ordinal", "process_index", "LOCALID", "PROC
 _MAX_FILES = 50_000  # a project larger than this is not indexed (the answer is then: no other callers)
 _MAX_CANDIDATES = 12  # importing files parsed per question
 _MAX_SITES = 8
+_MAX_HOPS = 4  # importers whose own importers are looked at (one file in between)
 # whole-program facts read from every file's text in the same pass
 # (plain substrings: a regular expression over every file of the torch tree cost seconds)
 _FACTS = {"sets_device": ("set_device(", "CUDA_VISIBLE_DEVICES", "torch.cuda.device("),
@@ -126,24 +127,40 @@ class CallerIndex:
     def importer_shows(self, owner: "ModuleModel", fact: str) -> Related | None:
         """A file that imports ``owner``'s module, or its package, and shows ``fact`` (the launcher that
         sets the device before it builds the model class of ``models/pix_model.py``; the DDP trainer
-        that calls the checkpoint utility): where it imports it, or None."""
+        that calls the checkpoint utility): where it imports it, or None.  One file in between counts
+        too (``train.py`` -> ``engine.py`` -> ``utils/checkpoint.py``): the import named is then the
+        first hop's."""
         self._ensure()
         if not self._facts:
             return None
-        here = Path(os.path.realpath(owner.path))
+        here, shows = os.path.realpath(owner.path), self._facts[fact]
+        for p, line in self._importers(here, lambda q: q in shows)[:1]:
+            return Related(p, line, f"`{Path(p).name}` imports it")
+        for p, line in self._importers(here, lambda q: q not in shows)[:_MAX_HOPS]:
+            for q, _line in self._importers(p, lambda q: q in shows)[:1]:
+                return Related(p, line, f"`{Path(p).name}` imports it, and `{Path(q).name}` imports "
+                                        f"`{Path(p).name}`")
+        return None
+
+    def _importers(self, path: str, keep) -> list[tuple[str, int]]:
+        """(file, line) of the project files that import the module at ``path`` or its package, among
+        those ``keep`` accepts (their words matched; each import is resolved to be sure)."""
+        here = Path(path)
         targets = {str(here)}
         names = [here.stem if here.name != "__init__.py" else here.parent.name]
-        if here.name != "__init__.py" and (here.parent / "__init__.py").is_file():
+        if here.name != "__init__.py" and _package_loads(here):
             names.append(here.parent.name)
             targets.add(str(here.parent / "__init__.py"))
-        cands = dict.fromkeys(p for n in names for p in self._by_word.get(n, ()) if p in self._facts[fact])
+        cands = dict.fromkeys(p for n in names for p in self._by_word.get(n, ()) if keep(p))
         cands.pop(str(here), None)
-        for p in list(cands)[:_MAX_CANDIDATES]:  # the words matched; the import must resolve to this file
+        out = []
+        for p in list(cands)[:_MAX_CANDIDATES]:
             m = self.project.model_at(Path(p))
             for node in m.tree.body if m is not None else ():
                 if isinstance(node, (ast.Import, ast.ImportFrom)) and targets & self._resolved(m, node):
-                    return Related(p, node.lineno, f"`{Path(p).name}` imports it")
-        return None
+                    out.append((p, node.lineno))
+                    break
+        return out
 
     def _resolved(self, m: "ModuleModel", node: ast.stmt) -> set[str]:
         if isinstance(node, ast.Import):
@@ -200,6 +217,19 @@ class CallerIndex:
             if m is not None and _sites_calling(self.project, m, name, here, None):
                 found.append(p)
         return found
+
+
+def _package_loads(module: Path) -> bool:
+    """Importing the package of ``module`` runs it: its ``__init__.py`` names the module, or loads
+    modules by name at run time (``importlib.import_module("models." + name)``).  An empty
+    ``__init__.py`` does not (``from util import box_ops`` does not load ``util/plot_utils.py``)."""
+    from ddp_doctor.lint.engine import read_source
+
+    init = module.parent / "__init__.py"
+    if not init.is_file():
+        return False
+    text, _err = read_source(init)
+    return bool(text) and (module.stem in text or "import_module" in text or "__import__" in text)
 
 
 def _callable_name(owner: "ModuleModel", fn: ast.AST) -> tuple[str | None, ast.AST]:
