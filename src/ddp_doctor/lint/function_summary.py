@@ -55,7 +55,8 @@ class FunctionSummary:
     forwards: dict[str, tuple[Related, bool]] = field(default_factory=dict)  # param -> (its call, under no_grad)
     iterates: dict[str, tuple[Related, bool]] = field(default_factory=dict)  # param -> (its loop, with a backward)
     returns: dict[str, Related] = field(default_factory=dict)  # "loader" / "sampler" / "ddp" -> where made
-    items: dict[int, dict[str, Related]] = field(default_factory=dict)  # the same, per element of a returned tuple
+    # the same, per element of a returned tuple (by position) or dict literal (by key)
+    items: dict[int | str, dict[str, Related]] = field(default_factory=dict)
     rank_value: str | None = None  # "rank" (returns the rank) or "main" (returns rank == 0)
     # a `return` before the function's backward under a condition that can differ between ranks (its
     # batch, loss, clock, the rank): a caller's training loop then skips the backward on some ranks only
@@ -129,6 +130,10 @@ def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummar
             for i, elt in enumerate(v.elts):
                 facts = s.items.setdefault(i, {})
                 _value_facts(m, elt, r.lineno, scope, fn.name, facts)
+        elif isinstance(v, ast.Dict):  # `return {"train": train_loader, "val": val_loader}`
+            for k, elt in zip(v.keys, v.values):
+                if isinstance(k, ast.Constant) and isinstance(k.value, str):
+                    _value_facts(m, elt, r.lineno, scope, fn.name, s.items.setdefault(k.value, {}))
     s.items = {i: f for i, f in s.items.items() if f}
     s.rank_value = _rank_value(m, fn, scope)
     if s.backward is not None:

@@ -117,10 +117,10 @@ class ValueFlow:
     def call_result_facts(self, expr: ast.expr, scope: Scope) -> dict:
         """What a call of another project file's function returns ("loader", "shuffled_sampler",
         "sampler", "ddp" -> Related): ``model = wrap(model)``; for ``build(cfg)[0]`` (a returned tuple
-        unpacked), what that element holds."""
+        unpacked) or ``build(cfg)["train"]`` (a returned dict), what that element holds."""
         index = None
         if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) and \
-                type(expr.slice.value) is int:
+                type(expr.slice.value) in (int, str):
             index, expr = expr.slice.value, expr.value
         if not isinstance(expr, ast.Call) or self.project is None or \
                 self.resolve_function(expr.func, scope) is not None:

@@ -112,7 +112,10 @@ def _true(m: ModuleModel, expr: ast.expr, scope: Scope) -> bool:
 
 
 def _element(origin: ast.expr) -> str:
-    return f" (item {origin.slice.value} of its tuple)" if isinstance(origin, ast.Subscript) else ""
+    if not isinstance(origin, ast.Subscript):
+        return ""
+    key = origin.slice.value
+    return f" (item {key} of its tuple)" if isinstance(key, int) else f" (its `{key!r}` entry)"
 
 
 def _origin_calls(m: ModuleModel, expr: ast.expr, scope: Scope, depth: int = 0) -> list[ast.expr]:
@@ -123,6 +126,10 @@ def _origin_calls(m: ModuleModel, expr: ast.expr, scope: Scope, depth: int = 0) 
         return []
     if isinstance(expr, ast.Call) or isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Call):
         return [expr]
+    if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant):
+        # loaders["train"] with loaders = build_loaders(cfg): that entry of what the call returns
+        return [ast.copy_location(ast.Subscript(value=o, slice=expr.slice), o) if isinstance(o, ast.Call) else o
+                for o in _origin_calls(m, expr.value, scope, depth + 1)]
     out = []
     for v in m.values_of(expr, scope):
         if v is not expr:
