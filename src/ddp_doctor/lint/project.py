@@ -64,7 +64,7 @@ class Project:
         self._dropped: list["ModuleModel"] = []  # models out of the cache, released between files
         self._callers = CallerIndex(self)
         # answers that hold other files' models (their call sites): forgotten whenever a model is released
-        self._caller_args: dict[tuple[int, str], list] = {}
+        self._caller_args: dict[tuple[int, str], tuple[ast.AST, list[tuple[ast.expr, Scope]]]] = {}
 
     # --------------------------------------------------------------- files
     def built(self, path: str, source: str) -> "ModuleModel | None":
@@ -322,7 +322,7 @@ class Project:
         """A project file that imports ``owner`` (or its package) and shows ``fact``: where it imports it."""
         return self._callers.importer_shows(owner, fact)
 
-    def caller_args(self, owner: "ModuleModel", fn: ast.AST, idx: int, name: str) -> list:
+    def caller_args(self, owner: "ModuleModel", fn: ast.AST, idx: int, name: str) -> list[tuple[ast.expr, Scope]]:
         """(argument, its scope) passed for parameter ``name`` (position ``idx``) of ``fn`` by the
         callers in other files (``Trainer(model, device_id)`` in the launching script)."""
         from ddp_doctor.lint.names import arg_or_kw

@@ -206,8 +206,8 @@ class CudaBeforeSetDevice(Rule):
                     ctx.report(
                         self.code, site.call,
                         f"{what} uses the current CUDA device, but this DDP script never calls "
-                        f"`torch.cuda.set_device(local_rank)`{nowhere}: the current device is cuda:0 on every rank, so all "
-                        f"ranks put their model and data on GPU 0.",
+                        f"`torch.cuda.set_device(local_rank)`{nowhere}: the current device is cuda:0 on every "
+                        f"rank, so all ranks put their model and data on GPU 0.",
                         "Call `torch.cuda.set_device(local_rank)` right after reading LOCAL_RANK, or move to an "
                         "explicit device: `.to(f\"cuda:{local_rank}\")`.",
                     )

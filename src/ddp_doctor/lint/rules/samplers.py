@@ -68,9 +68,9 @@ class SamplerEpochNotSet(Rule):
                     done.add(call)
                     ctx.report(
                         self.code, call,
-                        f"the loader that `{ctx.text(call.func)}()` returns{_element(origin)} shuffles with a DistributedSampler "
-                        f"({sampler.where}), and this file iterates it over training epochs (line {loop.lineno}) "
-                        f"without ever calling `set_epoch()`: every epoch replays the same permutation on every "
+                        f"the loader that `{ctx.text(call.func)}()` returns{_element(origin)} shuffles with a "
+                        f"DistributedSampler ({sampler.where}), and this file iterates it over training epochs "
+                        f"(line {loop.lineno}) without ever calling `set_epoch()`: every epoch replays the same permutation on every "
                         f"rank (no reshuffling between epochs, which hurts convergence).",
                         "Call `loader.sampler.set_epoch(epoch)` at the start of every epoch, before iterating "
                         "the loader.",
