@@ -191,7 +191,7 @@ def loader_uses(model: ModuleModel) -> list[LoaderUse]:
 def _generator_sources(model: ModuleModel, call: ast.Call, fn: ast.AST) -> list[ast.expr]:
     """The arguments of ``call`` that generator ``fn`` loops over and yields from (``def forever(loader):
     while True: for b in loader: yield b``)."""
-    if not any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(fn)):
+    if not _is_generator(model, fn):
         return []
     inner = model.scopes[fn]
     offset = 1 if inner.cls is not None and fn.args.args and fn.args.args[0].arg in ("self", "cls") else 0
@@ -205,14 +205,18 @@ def _generator_sources(model: ModuleModel, call: ast.Call, fn: ast.AST) -> list[
     return out
 
 
+def _is_generator(model: ModuleModel, fn: ast.AST) -> bool:
+    return _cached(model, ("generator", fn), lambda: any(isinstance(n, (ast.Yield, ast.YieldFrom))
+                                                          for n in ast.walk(fn)))
+
+
 def _endless(model: ModuleModel, expr: ast.expr, scope: Scope) -> bool:
     """``batches = sample_data(loader)`` with ``def sample_data(loader): while True: for b in loader:
     yield b``: an endless generator walks the loader again and again (one pass per epoch)."""
     for v in model.values_of(expr, scope):
         fn = model.resolve_function(v.func, scope) if isinstance(v, ast.Call) else None
         inner = model.scopes.get(fn) if fn is not None else None
-        if inner is not None and any(outer for _l, _c, outer in inner.loops) and \
-                any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(fn)):
+        if inner is not None and any(outer for _l, _c, outer in inner.loops) and _is_generator(model, fn):
             return True
     return False
 
