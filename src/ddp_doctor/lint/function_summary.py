@@ -107,6 +107,7 @@ def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummar
             colls.extend(inner.collectives)
         if s.backward is None and inner.backward is not None:
             s.backward = inner.backward
+        s.sets_epoch = s.sets_epoch or inner.sets_epoch  # hooks.start_epoch(loader, epoch) in a third file
     s.collectives = tuple(dict.fromkeys(colls))
     loops = A.training_loops(m, scope)
     if loops:
@@ -117,7 +118,7 @@ def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummar
             training = loop in loops
             what = "trains on" if training else "iterates"
             s.iterates[it.id] = (Related(m.path, loop.lineno, f"`{fn.name}` {what} `{it.id}` here"), training)
-    s.sets_epoch = any(final_name(x.call.func) == "set_epoch" for x in scope.sites)
+    s.sets_epoch = s.sets_epoch or any(final_name(x.call.func) == "set_epoch" for x in scope.sites)
     if fn.name == "__init__" and scope.cls is not None:
         _iterated_attributes(m, scope, s)
     for r in m.returns_of(fn):

@@ -25,7 +25,7 @@ class SamplerEpochNotSet(Rule):
             shuffle = arg_or_kw(call, 3, "shuffle")
             if shuffle is not None and not _true(m, shuffle, scope):
                 continue  # shuffle=False (or unknown): the order does not depend on the epoch
-            if any(self._sets_epoch_of(m, s, call, uses) for s in set_epoch_sites):
+            if any(self._sets_epoch_of(m, s, call, uses) for s in set_epoch_sites) or _epoch_helper(m):
                 continue
             # the loaders that use this sampler, and whether they are iterated over epochs
             # only loaders that drive training epochs: a validation loader's order does not matter
@@ -42,7 +42,7 @@ class SamplerEpochNotSet(Rule):
                 related=[u.via for u in drivers[:1] if u.via is not None],
             )
 
-        if m.project is not None and not set_epoch_sites:
+        if m.project is not None and not set_epoch_sites and not _epoch_helper(m):
             self._loaders_from_other_files(ctx)
 
     def _loaders_from_other_files(self, ctx: Context) -> None:
@@ -101,6 +101,22 @@ class SamplerEpochNotSet(Rule):
         if not known:
             return True  # `s = train_sampler if cond else None`, built by a helper, ...: assume it is
         return sampler in known
+
+
+def _epoch_helper(m: ModuleModel) -> bool:
+    """A call into another project file's function that sets an epoch (``utils.start_epoch(loader,
+    epoch)``): its target is not followed, so every sampler here counts as set."""
+    def compute() -> bool:
+        if m.project is None or not m.import_from:
+            return False
+        for scope in m.scopes.values():
+            for site in scope.sites:
+                if site.loops and m.resolve_function(site.call.func, scope) is None:
+                    summ = m.project.summary_of_call(m, site.call.func, scope)
+                    if summ is not None and summ.sets_epoch:
+                        return True
+        return False
+    return A._cached(m, "epoch_helper", compute)
 
 
 def _true(m: ModuleModel, expr: ast.expr, scope: Scope) -> bool:
