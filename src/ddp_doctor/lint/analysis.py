@@ -126,6 +126,10 @@ def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int
         for v in model.values_of(expr.value, scope):
             for item in _dict_items(v, expr.slice.value):
                 out += resolve_loaders(model, item, model.scope_of_value(v, scope), depth + 1)
+            if isinstance(v, ast.Call):  # loaders = build_loaders(cfg); loaders["train"]
+                sub = ast.Subscript(value=v, slice=expr.slice)
+                for r, rs in model.returned_values(sub, scope):
+                    out += resolve_loaders(model, r, rs, depth + 1)
         return out
     d = dotted(expr)
     if d is None:

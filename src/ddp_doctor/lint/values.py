@@ -92,10 +92,11 @@ class ValueFlow:
 
     def returned_values(self, expr: ast.expr, scope: Scope) -> list[tuple[ast.expr, Scope]]:
         """The values a call of a same-file function returns (``wrap(model)``), or the element of its
-        returned tuple that ``expr`` takes (``build(cfg)[0]`` from ``loader, valset, fn = build(cfg)``)."""
+        returned tuple or dict that ``expr`` takes (``build(cfg)[0]`` from ``loader, valset, fn =
+        build(cfg)``; ``build(cfg)["train"]``)."""
         index = None
         if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) and \
-                type(expr.slice.value) is int:
+                type(expr.slice.value) in (int, str):
             index, expr = expr.slice.value, expr.value
         if not isinstance(expr, ast.Call):
             return []
@@ -106,7 +107,10 @@ class ValueFlow:
         out = []
         for r in self.returns_of(fn):
             v = r.value
-            if v is not None and index is not None:
+            if v is not None and isinstance(index, str):  # `return {"train": loader, ...}`
+                v = next((x for k, x in zip(v.keys, v.values) if isinstance(k, ast.Constant) and k.value == index),
+                         None) if isinstance(v, ast.Dict) else None
+            elif v is not None and index is not None:
                 ok = isinstance(v, (ast.Tuple, ast.List)) and -len(v.elts) <= index < len(v.elts) and \
                     not any(isinstance(e, ast.Starred) for e in v.elts)
                 v = v.elts[index] if ok else None
