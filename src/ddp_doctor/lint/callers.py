@@ -154,8 +154,8 @@ class CallerIndex:
         cands = dict.fromkeys(p for n in names for p in self._by_word.get(n, ()) if keep(p))
         cands.pop(str(here), None)
         out = []
-        for p in list(cands)[:_MAX_CANDIDATES]:
-            m = self.project.model_at(Path(p))
+        for p in _nearest(str(here), cands)[:_MAX_CANDIDATES]:
+            m = self.project.model_at(Path(p), any_text=True)
             for node in m.tree.body if m is not None else ():
                 if isinstance(node, (ast.Import, ast.ImportFrom)) and targets & self._resolved(m, node):
                     out.append((p, node.lineno))
@@ -212,11 +212,27 @@ class CallerIndex:
         cands = dict.fromkeys(self._by_word.get(name, []) + self._by_word.get(stem, []))
         cands.pop(here, None)
         found = []
-        for p in [p for p in cands if p in self._called and name in self._called_names(p)][:_MAX_CANDIDATES]:
+        for p in [p for p in _nearest(here, cands) if p in self._called and name in self._called_names(p)][
+                :_MAX_CANDIDATES]:
             m = self.project.model_at(Path(p))
             if m is not None and _sites_calling(self.project, m, name, here, None):
                 found.append(p)
         return found
+
+
+def _nearest(here: str, paths) -> list[str]:
+    """``paths`` nearest first (the longest folder path shared with ``here``): in a large repository the
+    files that use a module sit around it, and the candidates kept under the cap should be those."""
+    parts = here.split(os.sep)
+
+    def shared(p: str) -> int:
+        n = 0
+        for a, b in zip(parts, p.split(os.sep)):
+            if a != b:
+                break
+            n += 1
+        return n
+    return sorted(paths, key=lambda p: -shared(p))
 
 
 def _package_loads(module: Path) -> bool:

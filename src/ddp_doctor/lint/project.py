@@ -108,11 +108,12 @@ class Project:
     def within(self, path: Path) -> bool:
         return any(path == r or r in path.parents for r in self.roots)
 
-    def model_at(self, path: Path) -> "ModuleModel | None":
+    def model_at(self, path: Path, any_text: bool = False) -> "ModuleModel | None":
         """The model of a project file, or None when its text shows nothing a summary could hold (no
-        collective, backward, loader, sampler, rank or DDP word: most files of a large tree)."""
+        collective, backward, loader, sampler, rank or DDP word: most files of a large tree).
+        ``any_text``: whatever the text (its imports are what is asked about)."""
         real = os.path.realpath(path)
-        if real not in self._by_path and not real.endswith("__init__.py") and \
+        if real not in self._by_path and not real.endswith("__init__.py") and not any_text and \
                 not self._relevant_file(Path(real), _SUMMARY_TEXT, "summary"):
             return None
         if real in self._by_path:
