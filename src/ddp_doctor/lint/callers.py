@@ -5,10 +5,14 @@ A value often enters a function from a caller in another file: the launching scr
 ``LOCAL_RANK`` and passes it to ``Trainer(model, device_id)`` defined in ``trainer.py``, whose
 ``if self.device_id <= 0:`` then guards a barrier.  Linting ``trainer.py`` needs those call sites.
 
-The index is built once per run, on the first question, from the text of the import statements of
-every file under the project's roots (a regular expression, no parse): name -> the files that import
-it.  Only the few files that import the function's name or its module are then parsed (through the
-project's model cache) and their call sites resolved back to the function.
+The index is built once per process and roots, on the first question, from the text of every file
+under the project's roots (no parse): the names its import statements bring in (name -> the files that
+import it), and the whole-program facts (``_FACTS``: some file sets the device, runs a process group,
+reads a node index).  Only the few files that import the function's name or its module, nearest
+first, are then parsed (through the project's model cache) and their calls or imports resolved back
+to the module.  The same index answers "which file imports this module" (one file in between
+allowed) and "which method of this package has that name".  A long-lived process that edits files
+under the same roots keeps the first index (the lint CLI, pre-commit and flake8 runs are short).
 """
 from __future__ import annotations
 
