@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Iterable
 
+from ddp_doctor.lint.balance import balanced, never_runs, single_process_only  # noqa: F401 (re-exported)
 from ddp_doctor.lint.buffers import wrapped_module_has_no_buffers
-from ddp_doctor.lint.evaluate import RANKS
 from ddp_doctor.lint.model import ModuleModel
 from ddp_doctor.lint.names import NOTCONST, arg_or_kw, const_value, dotted, final_name, kwarg
-from ddp_doctor.lint.scopes import Cond, GuardedCall, Scope
+from ddp_doctor.lint.scopes import Scope, GuardedCall
 
 _UNWRAP = {"enumerate", "tqdm", "iter", "zip", "islice", "trange", "track", "progress_bar", "Bar", "chain",
            "cycle", "prefetch", "CUDAPrefetcher", "DataPrefetcher", "data_prefetcher", "MetricLogger", "log_every"}
@@ -49,9 +48,22 @@ def backward_sites(model: ModuleModel, scope: Scope, depth: int = 0) -> list[Gua
             elif model.project is not None and site.loops and _trains_here(model):
                 # train_one_epoch(...) from engine.py, called in a loop of a training script
                 summ = model.project.summary_of_call(model, site.call.func, scope)
-                if summ is not None and summ.backward is not None:
+                if summ is not None and summ.backward is not None or _method_backward(model, site.call, scope):
                     out.append(site)
     return out
+
+
+def _method_backward(model: ModuleModel, call: ast.Call, scope: Scope):
+    """``model.optimize_parameters()`` on an object a project factory or class built (``model =
+    create_model(opt)``): where that method runs a backward, if it does."""
+    f = call.func
+    if not isinstance(f, ast.Attribute) or not isinstance(f.value, ast.Name):
+        return None
+    for v in model.values_of(f.value, scope):
+        got = model.project.resolve_call(model, v.func, scope) if isinstance(v, ast.Call) else None
+        if got is not None:
+            return model.project.method_backward(got[0], got[1], f.attr)
+    return None
 
 
 def training_loops(model: ModuleModel, scope: Scope) -> list[ast.stmt]:
@@ -91,8 +103,19 @@ def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int
             for r in model.returns_of(fn):
                 if r.value is not None:
                     out += resolve_loaders(model, r.value, inner, depth + 1)
+            for arg in _generator_sources(model, expr, fn):  # batches = forever(loader)
+                out += resolve_loaders(model, arg, scope, depth + 1)
             return out
         return []
+    if isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Call):
+        # train_loader, valset, collate_fn = build(cfg): an element of the tuple a helper returns
+        return [x for v, vs in model.returned_values(expr, scope) for x in resolve_loaders(model, v, vs, depth + 1)]
+    if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Name):
+        # loaders[phase] with `for phase in ["train", "val"]`: each key the name takes
+        keys = model.values_of(expr.slice, scope)
+        if keys and all(isinstance(k, ast.Constant) for k in keys):
+            return [x for k in keys for x in resolve_loaders(
+                model, ast.Subscript(value=expr.value, slice=k), scope, depth + 1)]
     if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant):
         # loaders["train"] with loaders = {"train": DataLoader(...)} or dict(train=DataLoader(...)), and
         # loaders[0] with loaders = [train_loader, val_loader]
@@ -103,6 +126,10 @@ def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int
         for v in model.values_of(expr.value, scope):
             for item in _dict_items(v, expr.slice.value):
                 out += resolve_loaders(model, item, model.scope_of_value(v, scope), depth + 1)
+            if isinstance(v, ast.Call):  # loaders = build_loaders(cfg); loaders["train"]
+                sub = ast.Subscript(value=v, slice=expr.slice)
+                for r, rs in model.returned_values(sub, scope):
+                    out += resolve_loaders(model, r, rs, depth + 1)
         return out
     d = dotted(expr)
     if d is None:
@@ -111,16 +138,9 @@ def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int
     for v in model.values_of(expr, scope):
         if v is not expr:
             out += resolve_loaders(model, v, model.scope_of_value(v, scope), depth + 1)
-    if not out and isinstance(expr, ast.Name) and expr.id in scope.params and not scope.is_module:
-        idx = scope.params.index(expr.id)
-        fn = scope.node
-        # a method's ``self`` is not passed at the call site
-        if scope.cls is not None and fn.args.args and fn.args.args[0].arg in ("self", "cls"):
-            idx -= 1
-        for site in model.call_sites_of(fn):
-            a = arg_or_kw(site.call, idx, expr.id) if idx >= 0 else None
-            if a is not None:
-                out += resolve_loaders(model, a, site.scope, depth + 1)
+    if not out:
+        for a, ascope in model.param_args(expr, scope):
+            out += resolve_loaders(model, a, ascope, depth + 1)
     return out
 
 
@@ -145,6 +165,7 @@ class LoaderUse:
     training: bool  # the loop runs a backward
     epochs: bool  # iterated again and again (nested in an outer loop, or its function is called in a loop)
     via: object = None  # Related: the loop in another project file, when the loader is passed to it
+    sets_epoch: bool = False  # that other file's function (or class) calls `set_epoch()` itself
 
 
 def loader_uses(model: ModuleModel) -> list[LoaderUse]:
@@ -162,12 +183,46 @@ def loader_uses(model: ModuleModel) -> list[LoaderUse]:
                 if final_name(site.call.func) == "next" and site.call.args and site.loops:
                     loop = site.loops[-1]
                     for call, lscope in resolve_loaders(model, site.call.args[0], scope):
-                        epochs = len(site.loops) > 1 or _called_in_loop(model, scope)
+                        epochs = len(site.loops) > 1 or _called_in_loop(model, scope) or \
+                            _endless(model, site.call.args[0], scope)
                         uses.append(LoaderUse(call, lscope, loop, scope, loop in tl, epochs))
             if model.project is not None and _makes_loaders(model):
                 uses.extend(_uses_in_other_files(model, scope))
         return uses
     return _cached(model, "loader_uses", compute)
+
+
+def _generator_sources(model: ModuleModel, call: ast.Call, fn: ast.AST) -> list[ast.expr]:
+    """The arguments of ``call`` that generator ``fn`` loops over and yields from (``def forever(loader):
+    while True: for b in loader: yield b``)."""
+    if not _is_generator(model, fn):
+        return []
+    inner = model.scopes[fn]
+    offset = 1 if inner.cls is not None and fn.args.args and fn.args.args[0].arg in ("self", "cls") else 0
+    out = []
+    for loop, _c, _o in inner.loops:
+        it = unwrap_iter(loop.iter) if isinstance(loop, (ast.For, ast.AsyncFor)) else None
+        if isinstance(it, ast.Name) and it.id in inner.params:
+            a = arg_or_kw(call, inner.params.index(it.id) - offset, it.id)
+            if a is not None:
+                out.append(a)
+    return out
+
+
+def _is_generator(model: ModuleModel, fn: ast.AST) -> bool:
+    return _cached(model, ("generator", fn), lambda: any(isinstance(n, (ast.Yield, ast.YieldFrom))
+                                                          for n in ast.walk(fn)))
+
+
+def _endless(model: ModuleModel, expr: ast.expr, scope: Scope) -> bool:
+    """``batches = sample_data(loader)`` with ``def sample_data(loader): while True: for b in loader:
+    yield b``: an endless generator walks the loader again and again (one pass per epoch)."""
+    for v in model.values_of(expr, scope):
+        fn = model.resolve_function(v.func, scope) if isinstance(v, ast.Call) else None
+        inner = model.scopes.get(fn) if fn is not None else None
+        if inner is not None and any(outer for _l, _c, outer in inner.loops) and _is_generator(model, fn):
+            return True
+    return False
 
 
 def _trains_here(model: ModuleModel) -> bool:
@@ -201,8 +256,8 @@ def _uses_in_other_files(model: ModuleModel, scope: Scope) -> list[LoaderUse]:
                 continue
             related, training = summ.iterates[pname]
             for call, lscope in resolve_loaders(model, arg, scope):
-                epochs = bool(site.loops) or _called_in_loop(model, scope)
-                out.append(LoaderUse(call, lscope, site.stmt, scope, training, epochs, related))
+                epochs = bool(site.loops) or _called_in_loop(model, scope) or pname in summ.iterated_over_epochs
+                out.append(LoaderUse(call, lscope, site.stmt, scope, training, epochs, related, summ.sets_epoch))
     return out
 
 
@@ -336,147 +391,6 @@ def in_no_grad(model: ModuleModel, scope: Scope, line: int) -> bool:
                         spans.append((stmt.lineno, stmt.end_lineno or stmt.lineno))
         model._cache[key] = spans
     return any(a <= line <= b for a, b in spans)
-
-
-# ------------------------------------------------------------- balance ---
-def cond_truths(model: ModuleModel, cond: Cond, scope: Scope, sigma: dict) -> list[str] | None:
-    t = model.rank_truths(cond.test, scope, sigma)
-    if t is None:
-        return None
-    if not cond.positive:
-        t = ["F" if x == "T" else "T" if x == "F" else "?" for x in t]
-    return t
-
-
-def site_truths(model: ModuleModel, conds: Iterable[Cond], scope: Scope, sigma: dict) -> list[str] | None:
-    res = ["T"] * len(RANKS)
-    for c in conds:
-        t = cond_truths(model, c, scope, sigma)
-        if t is None:
-            return None
-        for r, x in enumerate(t):
-            if res[r] == "F" or x == "F":
-                res[r] = "F"
-            elif x == "?":
-                res[r] = "?"
-    return res
-
-
-def _unknowns(model: ModuleModel, group: list[tuple[tuple[Cond, ...], Scope]]) -> list[str]:
-    """The unknowns (atoms) the conditions of ``group`` depend on, in first-seen order."""
-    atoms: list[str] = []
-    for conds, scope in group:
-        for c in conds:
-            for a in model.atoms(c.test, scope):
-                if a not in atoms:
-                    atoms.append(a)
-    return atoms
-
-
-def balanced(model: ModuleModel, group: list[tuple[tuple[Cond, ...], Scope]]) -> bool:
-    """Do all ranks enter the same number of this group's calls, for every value of the unknowns?"""
-    atoms = _unknowns(model, group)
-    if len(atoms) > 4:
-        return False
-    evaluated = False
-    exprs = [c.test for conds, _s in group for c in conds]
-    for sigma in model.sigmas(atoms, exprs) if atoms else [{}]:
-        lo = [0] * len(RANKS)
-        hi = [0] * len(RANKS)
-        ok = True
-        for conds, scope in group:
-            t = site_truths(model, conds, scope, sigma)
-            if t is None:
-                ok = False
-                break
-            for r, x in enumerate(t):
-                lo[r] += x == "T"
-                hi[r] += x != "F"
-        if not ok:
-            continue
-        evaluated = True
-        if len(set(lo)) > 1 or len(set(hi)) > 1:
-            return False
-    return evaluated
-
-
-def _negative_const(node: ast.AST) -> bool:
-    v = const_value(node)
-    return type(v) is int and v < 0
-
-
-def _is_rank_value(model: ModuleModel, expr: ast.expr, scope: Scope) -> bool:
-    """``RANK``, ``args.local_rank``, ``int(os.environ["LOCAL_RANK"])``: the rank itself (not ``rank % 8``)."""
-    while isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "int" and \
-            len(expr.args) == 1:
-        expr = expr.args[0]
-    if not isinstance(expr, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
-        return False
-    return model.mentions_rank(expr, scope)
-
-
-def _says_single_process(model: ModuleModel, test: ast.expr, positive: bool, scope: Scope) -> bool:
-    """Holding ``test`` (or its negation) implies ``rank == -1`` (or another negative rank): the
-    "not distributed" convention of torchrun-era scripts (``LOCAL_RANK`` defaults to -1)."""
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return _says_single_process(model, test.operand, not positive, scope)
-    if isinstance(test, ast.BoolOp):
-        # a conjunction holds only if each conjunct holds; a disjunction fails only if each disjunct fails
-        if isinstance(test.op, ast.And) and positive or isinstance(test.op, ast.Or) and not positive:
-            return any(_says_single_process(model, v, positive, scope) for v in test.values)
-        return all(_says_single_process(model, v, positive, scope) for v in test.values)
-    if not isinstance(test, ast.Compare) or len(test.ops) != 1:
-        return False
-    left, op, right = test.left, test.ops[0], test.comparators[0]
-    if _negative_const(left) and isinstance(op, (ast.Eq, ast.NotEq)):
-        left, right = right, left
-    if positive:
-        eq, within = (ast.Eq, ast.Is), ast.In
-    else:
-        eq, within = (ast.NotEq, ast.IsNot), ast.NotIn
-    if isinstance(op, eq):
-        hit = _negative_const(right)
-    elif isinstance(op, within):
-        hit = isinstance(right, (ast.List, ast.Tuple, ast.Set)) and bool(right.elts) and \
-            all(_negative_const(e) for e in right.elts)
-    elif positive and isinstance(op, ast.Lt):
-        hit = const_value(right) == 0 or _negative_const(right)
-    elif not positive and isinstance(op, ast.GtE):
-        hit = const_value(right) == 0
-    else:
-        hit = False
-    return hit and _is_rank_value(model, left, scope)
-
-
-def single_process_only(model: ModuleModel, conds: Iterable[Cond], scope: Scope) -> bool:
-    """One of the conditions says "not distributed" (``local_rank == -1``, ``RANK == -1 and ...``,
-    ``not (args.local_rank != -1)``, the else branch of ``if rank != -1:``): under torchrun /
-    mp.spawn every rank is >= 0, so the code never runs in a DDP job.  Shared by every rule that
-    asks whether code runs on some ranks only."""
-    for c in conds:
-        key = ("single", id(c.test), c.positive, id(scope))
-        got = model._cache.get(key)
-        if got is None:
-            got = model._cache[key] = _says_single_process(model, c.test, c.positive, scope)
-        if got:
-            return True
-    return False
-
-
-def never_runs(model: ModuleModel, conds: tuple[Cond, ...], scope: Scope) -> bool:
-    """The conditions are False on every rank whatever the unknowns (dead code in a distributed run)."""
-    if not conds:
-        return False
-    if single_process_only(model, conds, scope):
-        return True
-    atoms = _unknowns(model, [(conds, scope)])
-    if len(atoms) > 4:
-        return False
-    for sigma in model.sigmas(atoms, [c.test for c in conds]) if atoms else [{}]:
-        t = site_truths(model, conds, scope, sigma)
-        if t is None or any(x != "F" for x in t):
-            return False
-    return True
 
 
 def literal(node):

@@ -17,6 +17,7 @@ from typing import Iterable, Sequence
 from ddp_doctor.findings import Finding
 from ddp_doctor.lint.model import ModuleModel
 from ddp_doctor.lint.project import Project
+from ddp_doctor.lint.roots import project_root
 from ddp_doctor.lint.rules import RULES, Context, Rule
 
 #: Files larger than this are reported as an error entry instead of being parsed.
@@ -25,7 +26,7 @@ SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".tox", ".nox", ".mypy_cache"
              ".ruff_cache", "node_modules", ".eggs", ".ipynb_checkpoints"}
 # a file that mentions none of these cannot trigger any rule: parse it (syntax errors are still
 # reported) but skip building the semantic model
-_RELEVANT = re.compile(r"[dD]istributed|DataLoader|lightning|accelerat|fabric|deepspeed|horovod")
+_RELEVANT = re.compile(r"[dD]istributed|DataLoader|lightning|accelerat|fabric|deepspeed|horovod|torch\.load\b")
 # a run holds many parsed trees (the project's model cache): the cyclic collector's full passes over
 # them cost about 40% of the CPU time, yet nothing there is garbage (models are released without it,
 # see Project.release_dropped).  So the collector is paused for the run, and the youngest generation
@@ -237,7 +238,7 @@ def lint_source(source: str, path: str = "<string>", *, select: Sequence[str] | 
     Never raises for bad input: a problem becomes ``FileResult.error``."""
     res = FileResult(path, source=source)
     if project is None and path != "<string>" and os.path.isfile(path):
-        project = Project([Path(path).parent])
+        project = Project([project_root(Path(path))])
     model = project.built(path, source) if project is not None else None
     if model is not None and tree is None:
         tree = model.tree  # parsed already, when another file imported this one
@@ -324,11 +325,11 @@ def lint_file(path: str | os.PathLike[str], *, select=None, ignore=None, project
 
 
 def project_roots(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """Where imports may resolve: each directory linted, and the folder of each file linted."""
+    """Where imports may resolve: each directory linted, and the repository around each file linted."""
     roots = []
     for raw in paths:
         p = Path(raw)
-        roots.append(p if p.is_dir() else p.parent)
+        roots.append(p if p.is_dir() else project_root(p))
     return roots
 
 

@@ -51,6 +51,7 @@ class _Eval:
         self.hit = False
         self.visiting: set = set()
         self.no_params = False  # parameters stay unknowns (no look at the callers)
+        self.origins: list[tuple[str, int]] = []  # (path, line) where the rank entered from another file
 
     def atom(self, node: ast.AST) -> set:
         key = self.m.atom_key(node)
@@ -147,14 +148,16 @@ class _Eval:
             if isinstance(op, ast.UAdd):
                 return {+v for v in vals}
             return {~v for v in vals}
-        if isinstance(node, ast.BoolOp):
-            if self.collect:
-                for v in node.values:
+        if self.collect and isinstance(node, (ast.BoolOp, ast.BinOp, ast.Compare)):
+            # every operand's unknowns, even where the stand-in values fail (`step // accum` is 0 // 0)
+            for v in ast.iter_child_nodes(node):
+                if isinstance(v, ast.expr):
                     try:
                         self.ev(v, depth + 1)
                     except Exception:  # noqa: BLE001
                         pass
-                return {0}
+            return {0}
+        if isinstance(node, ast.BoolOp):
             results: set = set()
             is_and = isinstance(node.op, ast.And)
             for i, v in enumerate(node.values):
@@ -234,7 +237,7 @@ class _Eval:
                 else:
                     sub = self._sub(vscope)
                     out |= sub.ev(v, depth + 1)
-                    self.hit = self.hit or sub.hit
+                    self._note(sub, v)
         finally:
             self.visiting.discard(key)
         if len(out) > 16:
@@ -242,12 +245,20 @@ class _Eval:
         return out
 
     def _sub(self, scope: "Scope", collect: bool | None = None) -> "_Eval":
-        sub = _Eval(self.m, scope, self.r, self.sigma, self.collect if collect is None else collect)
+        # scope.module: a caller's argument is evaluated in its own file's model
+        sub = _Eval(scope.module, scope, self.r, self.sigma, self.collect if collect is None else collect)
         if collect is None:
             sub.atoms = self.atoms
         sub.visiting = self.visiting
         sub.no_params = self.no_params
+        sub.origins = self.origins
         return sub
+
+    def _note(self, sub: "_Eval", where: ast.AST) -> None:
+        """``sub`` evaluated a value: its rank is ours, and where it came from when in another file."""
+        if sub.hit and sub.m is not self.m and not self.hit:
+            self.origins.append((sub.m.path, where.lineno))
+        self.hit = self.hit or sub.hit
 
     def _param(self, node: ast.Name, depth: int) -> set:
         """A parameter that the same-file callers fill with the rank (``Trainer(model, rank)`` ->
@@ -305,16 +316,20 @@ class _Eval:
         if fname and (is_main_name(fname) or fname in ("is_master_ordinal",)) and \
                 m.resolve_function(func, self.scope) is None:
             return self.main(rank_kind(fname))
-        fn = m.resolve_function(func, self.scope)
+        owner, fn = m, m.resolve_function(func, self.scope)
+        if fn is None and m.project is not None and m.import_from and depth < 8:
+            # `rank, world = setup_dist()` / `if local_id() == 0:` with the helper in another project file
+            got = m.project.resolve_call(m, func, self.scope)
+            if got is not None and not isinstance(got[1], ast.ClassDef):
+                owner, fn = got
         if fn is not None and depth < 8:
-            inner = m.scopes[fn]
-            rets = [s.value for s in m.returns_of(fn) if s.value is not None]
+            rets = [s.value for s in owner.returns_of(fn) if s.value is not None]
             if rets and len(rets) <= 4:
-                sub = self._sub(inner)
+                sub = self._sub(owner.scopes[fn])
                 out: set = set()
                 for r in rets:
                     out |= sub.ev(r, depth + 1)
-                self.hit = self.hit or sub.hit
+                self._note(sub, rets[0])
                 return out
         # an unknown function of the rank (`load_shard(rank)`, `open(f"ckpt{rank}")`): its result is data
         # that differs by rank (mentions_rank sees it), but not a rank *condition* to evaluate

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ddp_doctor.lint.evaluate import RANKS, _Eval
+from ddp_doctor.lint.names import dotted, final_name
 from ddp_doctor.lint.scopes import Scope
 
 if TYPE_CHECKING:
@@ -54,11 +55,15 @@ class FunctionSummary:
     forwards: dict[str, tuple[Related, bool]] = field(default_factory=dict)  # param -> (its call, under no_grad)
     iterates: dict[str, tuple[Related, bool]] = field(default_factory=dict)  # param -> (its loop, with a backward)
     returns: dict[str, Related] = field(default_factory=dict)  # "loader" / "sampler" / "ddp" -> where made
+    # the same, per element of a returned tuple (by position) or dict literal (by key)
+    items: dict[int | str, dict[str, Related]] = field(default_factory=dict)
     rank_value: str | None = None  # "rank" (returns the rank) or "main" (returns rank == 0)
     # a `return` before the function's backward under a condition that can differ between ranks (its
     # batch, loss, clock, the rank): a caller's training loop then skips the backward on some ranks only
     early_return: Related | None = None
     early_return_on: tuple[str, ...] = ()  # the parameters its condition depends on
+    iterated_over_epochs: frozenset[str] = frozenset()  # parameters iterated again and again inside
+    sets_epoch: bool = False  # calls some `set_epoch()` (for a constructor: in a method of its class)
 
 
 def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummary:
@@ -102,6 +107,7 @@ def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummar
             colls.extend(inner.collectives)
         if s.backward is None and inner.backward is not None:
             s.backward = inner.backward
+        s.sets_epoch = s.sets_epoch or inner.sets_epoch  # hooks.start_epoch(loader, epoch) in a third file
     s.collectives = tuple(dict.fromkeys(colls))
     loops = A.training_loops(m, scope)
     if loops:
@@ -112,25 +118,76 @@ def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummar
             training = loop in loops
             what = "trains on" if training else "iterates"
             s.iterates[it.id] = (Related(m.path, loop.lineno, f"`{fn.name}` {what} `{it.id}` here"), training)
+    s.sets_epoch = s.sets_epoch or any(final_name(x.call.func) == "set_epoch" for x in scope.sites)
+    if fn.name == "__init__" and scope.cls is not None:
+        _iterated_attributes(m, scope, s)
     for r in m.returns_of(fn):
         v = r.value
         if v is None:
             continue
-        if "loader" not in s.returns and A.resolve_loaders(m, v, scope):
-            call, lscope = A.resolve_loaders(m, v, scope)[0]
-            s.returns["loader"] = Related(m.path, call.lineno, f"the DataLoader made in `{fn.name}`")
-            sampler = _shuffling_sampler_of(m, call, lscope)
-            if sampler is not None:
-                s.returns["shuffled_sampler"] = Related(
-                    m.path, sampler.lineno, f"the shuffling DistributedSampler of the DataLoader made in `{fn.name}`")
-        if "sampler" not in s.returns and _is_sampler_value(m, v, scope):
-            s.returns["sampler"] = Related(m.path, r.lineno, f"the DistributedSampler returned by `{fn.name}`")
-        if "ddp" not in s.returns and m.is_ddp_value(v, scope):
-            s.returns["ddp"] = Related(m.path, r.lineno, f"the DDP model returned by `{fn.name}`")
+        _value_facts(m, v, r.lineno, scope, fn.name, s.returns)
+        if isinstance(v, (ast.Tuple, ast.List)) and not any(isinstance(e, ast.Starred) for e in v.elts):
+            # `return train_loader, valset, collate_fn`: the caller unpacks it
+            for i, elt in enumerate(v.elts):
+                facts = s.items.setdefault(i, {})
+                _value_facts(m, elt, r.lineno, scope, fn.name, facts)
+        elif isinstance(v, ast.Dict):  # `return {"train": train_loader, "val": val_loader}`
+            for k, elt in zip(v.keys, v.values):
+                if isinstance(k, ast.Constant) and isinstance(k.value, str):
+                    _value_facts(m, elt, r.lineno, scope, fn.name, s.items.setdefault(k.value, {}))
+    s.items = {i: f for i, f in s.items.items() if f}
     s.rank_value = _rank_value(m, fn, scope)
     if s.backward is not None:
         s.early_return, s.early_return_on = _early_return(m, fn, scope, positional)
     return s
+
+
+def _iterated_attributes(m: "ModuleModel", scope: Scope, s: FunctionSummary) -> None:
+    """``Trainer(model, loader)``: the constructor keeps ``loader`` as ``self.train_data`` and a method
+    loops over it (with a backward: training; each epoch: when that method is called in a loop)."""
+    from ddp_doctor.lint import analysis as A
+
+    kept = {f"self.{t.attr}": v.id for stmt, _c, _l in scope.stmts if isinstance(stmt, ast.Assign)
+            for t in stmt.targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and
+            t.value.id == "self" and isinstance(v := stmt.value, ast.Name) and v.id in s.params}
+    epochs = set()
+    for method in m.methods.get(scope.cls, {}).values():
+        ms = m.scopes.get(method)
+        if ms is None or method is scope.node:
+            continue
+        s.sets_epoch = s.sets_epoch or any(final_name(x.call.func) == "set_epoch" for x in ms.sites)
+        training = A.training_loops(m, ms)
+        for loop, _c, outer in ms.loops:
+            it = A.unwrap_iter(loop.iter) if isinstance(loop, (ast.For, ast.AsyncFor)) else None
+            pname = kept.get(dotted(it) or "") if it is not None else None
+            if pname is None or pname in s.iterates:
+                continue
+            what = "trains on" if loop in training else "iterates"
+            s.iterates[pname] = (Related(m.path, loop.lineno, f"`{method.name}` {what} `self.{it.attr}` here"),
+                                 loop in training)
+            if outer or A._called_in_loop(m, ms):
+                epochs.add(pname)
+    s.iterated_over_epochs = frozenset(epochs)
+
+
+def _value_facts(m: "ModuleModel", v: ast.expr, line: int, scope: Scope, name: str,
+                 facts: dict[str, Related]) -> None:
+    """What a returned value ``v`` holds ("loader", "shuffled_sampler", "sampler", "ddp"), into ``facts``."""
+    from ddp_doctor.lint import analysis as A
+
+    if "loader" not in facts:
+        loaders = A.resolve_loaders(m, v, scope)
+        if loaders:
+            call, lscope = loaders[0]
+            facts["loader"] = Related(m.path, call.lineno, f"the DataLoader made in `{name}`")
+            sampler = _shuffling_sampler_of(m, call, lscope)
+            if sampler is not None:
+                facts["shuffled_sampler"] = Related(
+                    m.path, sampler.lineno, f"the shuffling DistributedSampler of the DataLoader made in `{name}`")
+    if "sampler" not in facts and _is_sampler_value(m, v, scope):
+        facts["sampler"] = Related(m.path, line, f"the DistributedSampler returned by `{name}`")
+    if "ddp" not in facts and m.is_ddp_value(v, scope):
+        facts["ddp"] = Related(m.path, line, f"the DDP model returned by `{name}`")
 
 
 def _early_return(m: "ModuleModel", fn: ast.AST, scope: Scope, params: list[str]):
@@ -163,12 +220,13 @@ def _early_return(m: "ModuleModel", fn: ast.AST, scope: Scope, params: list[str]
 
 def _shuffling_sampler_of(m: "ModuleModel", loader: ast.Call, scope: Scope) -> ast.Call | None:
     """The DistributedSampler (shuffle not False) given to ``loader``, when the function sets no epoch."""
-    from ddp_doctor.lint.names import arg_or_kw, kwarg
+    from ddp_doctor.lint.names import alternatives, arg_or_kw, kwarg
 
     s = kwarg(loader, "sampler")
     if s is None:
         return None
-    cands = [s.value] if isinstance(s.value, ast.Call) else [v for v in m.values_of(s.value, scope)]
+    vals = [s.value] if isinstance(s.value, (ast.Call, ast.IfExp)) else m.values_of(s.value, scope)
+    cands = [a for v in vals for a in alternatives(v)]
     for c in cands:
         if isinstance(c, ast.Call) and m.is_sampler_call(c):
             shuffle = arg_or_kw(c, 3, "shuffle")

@@ -186,3 +186,13 @@ def data_names(node: ast.AST) -> set[str]:
             elif id(ch) not in skip:
                 stack.append(ch)
     return out
+
+
+def alternatives(expr: ast.expr) -> list[ast.expr]:
+    """The values a conditional expression may take: ``RandomSampler(ds) if rank == -1 else
+    DistributedSampler(ds)`` -> both calls; ``a or b`` -> both."""
+    if isinstance(expr, ast.IfExp):
+        return alternatives(expr.body) + alternatives(expr.orelse)
+    if isinstance(expr, ast.BoolOp) and isinstance(expr.op, ast.Or):
+        return [x for v in expr.values for x in alternatives(v)]
+    return [expr]

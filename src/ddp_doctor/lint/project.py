@@ -20,6 +20,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ddp_doctor.lint.callers import Caller, CallerIndex, package_methods
 from ddp_doctor.lint.function_summary import FunctionSummary, Related
 from ddp_doctor.lint.function_summary import summarise as _summarise
 from ddp_doctor.lint.scopes import Scope
@@ -61,6 +62,9 @@ class Project:
         self._relevant: dict[tuple[str, str], bool] = {}
         self._listings: dict[Path, frozenset] = {}
         self._dropped: list["ModuleModel"] = []  # models out of the cache, released between files
+        self._callers = CallerIndex(self)
+        # answers that hold other files' models (their call sites): forgotten whenever a model is released
+        self._caller_args: dict[tuple[int, str], tuple[ast.AST, list[tuple[ast.expr, Scope]]]] = {}
 
     # --------------------------------------------------------------- files
     def built(self, path: str, source: str) -> "ModuleModel | None":
@@ -94,6 +98,7 @@ class Project:
             self._by_path.clear()
         if not self._dropped:
             return
+        self._caller_args.clear()
         kept = {id(m) for m in self._by_path.values() if m is not None}
         for m in self._dropped:
             if id(m) not in kept:
@@ -103,11 +108,12 @@ class Project:
     def within(self, path: Path) -> bool:
         return any(path == r or r in path.parents for r in self.roots)
 
-    def model_at(self, path: Path) -> "ModuleModel | None":
+    def model_at(self, path: Path, any_text: bool = False) -> "ModuleModel | None":
         """The model of a project file, or None when its text shows nothing a summary could hold (no
-        collective, backward, loader, sampler, rank or DDP word: most files of a large tree)."""
+        collective, backward, loader, sampler, rank or DDP word: most files of a large tree).
+        ``any_text``: whatever the text (its imports are what is asked about)."""
         real = os.path.realpath(path)
-        if real not in self._by_path and not real.endswith("__init__.py") and \
+        if real not in self._by_path and not real.endswith("__init__.py") and not any_text and \
                 not self._relevant_file(Path(real), _SUMMARY_TEXT, "summary"):
             return None
         if real in self._by_path:
@@ -303,6 +309,53 @@ class Project:
         if got is None or got[1] is None:
             return None
         return got
+
+    def callers_of(self, owner: "ModuleModel", fn: ast.AST) -> list[Caller]:
+        """The calls of ``fn`` (a module-level function or class constructor of ``owner``) in the
+        project's other files."""
+        return self._callers.callers(owner, fn)
+
+    def shows(self, fact: str) -> bool | None:
+        """A whole-program fact: does any file under the roots show it (``"sets_device"``)?"""
+        return self._callers.shows(fact)
+
+    def importer_shows(self, owner: "ModuleModel", fact: str) -> Related | None:
+        """A project file that imports ``owner`` (or its package) and shows ``fact``: where it imports it."""
+        return self._callers.importer_shows(owner, fact)
+
+    def caller_args(self, owner: "ModuleModel", fn: ast.AST, idx: int, name: str) -> list[tuple[ast.expr, Scope]]:
+        """(argument, its scope) passed for parameter ``name`` (position ``idx``) of ``fn`` by the
+        callers in other files (``Trainer(model, device_id)`` in the launching script)."""
+        from ddp_doctor.lint.names import arg_or_kw
+
+        key = (id(fn), name)
+        got = self._caller_args.get(key)
+        if got is not None and got[0] is fn:
+            return got[1]
+        out = []
+        for c in self.callers_of(owner, fn):
+            arg = arg_or_kw(c.site.call, idx, name)
+            if arg is not None:
+                out.append((arg, c.site.scope))
+        self._caller_args[key] = (fn, out)
+        return out
+
+    def method_backward(self, owner: "ModuleModel", node: ast.AST, attr: str) -> Related | None:
+        """Does method ``attr`` of the object that ``node`` (a class, or a factory function of ``owner``)
+        builds run a backward?  A class's own method; for a factory, the methods of that name in its
+        package (``create_model(opt)`` picks the class by name at run time)."""
+        key = ("method_backward", id(node), attr)
+        got = owner._cache.get(key)
+        if got is not None and got[0] is node:
+            return got[1]
+        owner._cache[key] = (node, None)  # a cycle of factories ends here
+        if isinstance(node, ast.ClassDef) and attr in owner.methods.get(node, {}):
+            cands = [(owner, owner.methods[node][attr])]
+        else:
+            cands = package_methods(self, owner, attr)
+        res = next((s.backward for m, fn in cands if (s := self.summary(m, fn)).backward is not None), None)
+        owner._cache[key] = (node, res)
+        return res
 
     # ----------------------------------------------------------- summaries
     def summary_of_call(self, model: "ModuleModel", func: ast.expr, scope: Scope) -> FunctionSummary | None:

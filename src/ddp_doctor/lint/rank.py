@@ -79,6 +79,16 @@ class RankDependence:
         self._cache[key] = (expr, ev.hit)  # holding expr keeps its id from being reused
         return ev.hit
 
+    def rank_origin(self, expr: ast.expr, scope: Scope) -> tuple[str, int] | None:
+        """Where the rank that ``expr`` reads enters from another file (a caller passing it, a helper
+        returning it): (path, line), or None when it is read here."""
+        ev = _Eval(self, scope, 0, {}, collect=True)
+        try:
+            ev.ev(expr, 0)
+        except Exception:  # noqa: BLE001
+            pass
+        return next((o for o in ev.origins if o[0] != self.path), None) if ev.hit else None
+
     def atom_key(self, node: ast.AST) -> str:
         d = dotted(node)
         if d is not None:
@@ -93,16 +103,23 @@ class RankDependence:
 
     def sigmas(self, atoms: list[str], exprs: Iterable[ast.AST] = ()) -> Iterator[dict[str, Any]]:
         """Values to try for the unknowns: a few small ones, plus the integers the conditions compare with
-        (so `step % 4 == 3` can be true)."""
-        atoms = atoms[:_MAX_ATOMS]
+        (so `step % 4 == 3` can be true).  Past the first few unknowns every combination is not tried:
+        the others take a value that changes from one try to the next.  Any choice is a legal one (an
+        unknown is the same on every rank), and leaving one without a value would make a condition that
+        reads many counters (``update_idx % log_interval == 0 or last_batch``) look rank-dependent only
+        because it could not be evaluated."""
+        first, rest = atoms[:_MAX_ATOMS], atoms[_MAX_ATOMS:]
         domain = list(_DOMAIN)
         for e in exprs:
             for n in ast.walk(e):
                 if isinstance(n, ast.Constant) and type(n.value) is int and n.value not in domain and \
                         len(domain) < 8:
                     domain.append(n.value)
-        for combo in itertools.product(domain, repeat=len(atoms)):
-            yield dict(zip(atoms, combo))
+        for i, combo in enumerate(itertools.product(domain, repeat=len(first))):
+            sigma = dict(zip(first, combo))
+            for j, a in enumerate(rest):
+                sigma[a] = domain[(i + j + 1) % len(domain)]
+            yield sigma
 
     def is_rank_condition(self, expr: ast.expr, scope: Scope) -> bool:
         key = ("rankcond", id(expr), id(scope))
@@ -152,10 +169,20 @@ class RankDependence:
                 arg = arg_or_kw(site.call, idx, name)
                 if arg is not None and site.scope is not scope:
                     got.append((arg, site.scope))
-            if got and any(self._mentions_rank_shallow(arg, sc) for arg, sc in got):
-                res = got
+            if not sites and idx >= 0 and self.project is not None:
+                # no caller here: the callers in the project's other files (not cached on this model:
+                # they hold other models, which the project may release between files)
+                res = self._rank_args(self.project.caller_args(self, fn, idx, name))
+                del self._cache[key]  # (the recursion guard)
+                return res
+            res = self._rank_args(got)
         self._cache[key] = res
         return res
+
+    @staticmethod
+    def _rank_args(got: list) -> list | None:
+        """``got`` when one of its (argument, scope) pairs carries the rank, else None."""
+        return got if got and any(sc.module._mentions_rank_shallow(arg, sc) for arg, sc in got) else None
 
     def _spawn_target(self, fn: ast.AST) -> bool:
         """``fn`` is started by ``torch.multiprocessing.spawn(fn, ...)`` (or ``start_processes``), which

@@ -69,10 +69,70 @@ class ValueFlow:
             vals = self.self_assigns.get(scope.cls, {}).get(d, [])
         return vals
 
+    def param_args(self, expr: ast.expr, scope: Scope) -> list[tuple[ast.expr, Scope]]:
+        """For a parameter ``expr`` of ``scope``'s function: what this file's callers pass for it
+        (``prepare_dataloader(dataset, 32)`` -> ``dataset`` in the caller's scope)."""
+        if not isinstance(expr, ast.Name) or expr.id not in scope.params or scope.is_module:
+            return []
+        idx = scope.params.index(expr.id)
+        fn = scope.node
+        if scope.cls is not None and fn.args.args and fn.args.args[0].arg in ("self", "cls"):
+            idx -= 1  # a method's ``self`` is not passed at the call site
+        out = []
+        for site in self.call_sites_of(fn):
+            a = arg_or_kw(site.call, idx, expr.id) if idx >= 0 else None
+            if a is not None:
+                out.append((a, site.scope))
+        return out
+
     def scope_of_value(self, value: ast.expr, default: Scope) -> Scope:
         """The scope a value returned by :meth:`values_of` must be resolved in (self.attr values live in
         the method that assigned them)."""
         return self.value_scope.get(id(value), default)
+
+    def returned_values(self, expr: ast.expr, scope: Scope) -> list[tuple[ast.expr, Scope]]:
+        """The values a call of a same-file function returns (``wrap(model)``), or the element of its
+        returned tuple or dict that ``expr`` takes (``build(cfg)[0]`` from ``loader, valset, fn =
+        build(cfg)``; ``build(cfg)["train"]``)."""
+        index = None
+        if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) and \
+                type(expr.slice.value) in (int, str):
+            index, expr = expr.slice.value, expr.value
+        if not isinstance(expr, ast.Call):
+            return []
+        fn = self.resolve_function(expr.func, scope)
+        if fn is None or fn is scope.node:
+            return []
+        inner = self.scopes[fn]
+        out = []
+        for r in self.returns_of(fn):
+            v = r.value
+            if v is not None and isinstance(index, str):  # `return {"train": loader, ...}`
+                v = next((x for k, x in zip(v.keys, v.values) if isinstance(k, ast.Constant) and k.value == index),
+                         None) if isinstance(v, ast.Dict) else None
+            elif v is not None and index is not None:
+                ok = isinstance(v, (ast.Tuple, ast.List)) and -len(v.elts) <= index < len(v.elts) and \
+                    not any(isinstance(e, ast.Starred) for e in v.elts)
+                v = v.elts[index] if ok else None
+            if v is not None:
+                out.append((v, inner))
+        return out
+
+    def call_result_facts(self, expr: ast.expr, scope: Scope) -> dict:
+        """What a call of another project file's function returns ("loader", "shuffled_sampler",
+        "sampler", "ddp" -> Related): ``model = wrap(model)``; for ``build(cfg)[0]`` (a returned tuple
+        unpacked) or ``build(cfg)["train"]`` (a returned dict), what that element holds."""
+        index = None
+        if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) and \
+                type(expr.slice.value) in (int, str):
+            index, expr = expr.slice.value, expr.value
+        if not isinstance(expr, ast.Call) or self.project is None or \
+                self.resolve_function(expr.func, scope) is not None:
+            return {}
+        summ = self.project.summary_of_call(self, expr.func, scope)
+        if summ is None:
+            return {}
+        return summ.returns if index is None else summ.items.get(index, {})
 
     def is_ddp_call(self, call: ast.AST) -> bool:
         if not isinstance(call, ast.Call):
@@ -215,6 +275,12 @@ class ValueFlow:
         return isinstance(call.func, ast.Attribute) and call.func.attr in ("backward", "manual_backward")
 
     # ------------------------------------------------------- DDP models
+    def _returns_ddp(self, expr: ast.expr, scope: Scope, depth: int) -> bool:
+        """``model = wrap(model)``: a helper, here or in another project file, returns the DDP model."""
+        if any(self.is_ddp_value(v, vs, depth + 1) for v, vs in self.returned_values(expr, scope)):
+            return True
+        return "ddp" in self.call_result_facts(expr, scope)
+
     def is_ddp_value(self, expr: ast.expr, scope: Scope, depth: int = 0) -> bool:
         """Does ``expr`` hold a DDP-wrapped model (``model = DDP(net)``, ``model, opt = fabric.setup(...)``)?"""
         if depth > 4:
@@ -226,8 +292,10 @@ class ValueFlow:
             if isinstance(f, ast.Attribute) and f.attr in ("setup", "setup_module") and \
                     self._receiver_kind(f.value, scope) == "fabric":
                 return True
-            return False
+            return self._returns_ddp(expr, scope, depth)
         if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant):
+            if self._returns_ddp(expr, scope, depth):
+                return True
             inner = expr.value
             if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute):
                 f = inner.func

@@ -66,15 +66,36 @@ def _from_fixes(m: ModuleModel, func: ast.expr, scope: Scope) -> bool:
     return False
 
 
-def iterates_data(loop: ast.stmt) -> bool:
+_PASS_THROUGH = ("enumerate", "tqdm", "zip", "iter", "list", "sorted", "reversed")
+
+
+def _unwrapped(it: ast.expr) -> ast.expr:
+    while isinstance(it, ast.Call) and final_name(it.func) in _PASS_THROUGH and it.args:
+        it = it.args[0]
+    return it
+
+
+def _counter(it: ast.expr, values, depth: int = 0) -> bool:
+    """``pbar`` with ``pbar = range(n)``, then ``pbar = tqdm(pbar)`` on rank 0 only: the same counter
+    on every rank (a progress bar yields what it wraps)."""
+    it = _unwrapped(it)
+    if isinstance(it, ast.Call):
+        return final_name(it.func) in _RANGE_LIKE
+    if not isinstance(it, ast.Name) or values is None or depth > 3:
+        return False
+    vals = [v for v in values(it) if not (isinstance(_unwrapped(v), ast.Name) and _unwrapped(v).id == it.id)]
+    return bool(vals) and all(_counter(v, values, depth + 1) for v in vals)
+
+
+def iterates_data(loop: ast.stmt, values=None) -> bool:
     """Does this ``for`` walk data (a loader, a dataset, a list of batches) rather than a counter or a
-    configuration (``range``, a literal list, ``dict.items()``, ``model.parameters()``)?"""
+    configuration (``range``, a literal list, ``dict.items()``, ``model.parameters()``)?  ``values``:
+    what a name was assigned (to see a counter behind a name)."""
     if not isinstance(loop, (ast.For, ast.AsyncFor)):
         return False
-    it = loop.iter
-    while isinstance(it, ast.Call) and final_name(it.func) in ("enumerate", "tqdm", "zip", "iter", "list",
-                                                                "sorted", "reversed") and it.args:
-        it = it.args[0]
+    it = _unwrapped(loop.iter)
+    if _counter(it, values):
+        return False
     if isinstance(it, (ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Constant, ast.JoinedStr)):
         return False
     if isinstance(it, ast.Call):
@@ -86,9 +107,9 @@ def iterates_data(loop: ast.stmt) -> bool:
     return True
 
 
-def loop_data_names(loop: ast.stmt) -> set[str]:
+def loop_data_names(loop: ast.stmt, values=None) -> set[str]:
     """Names bound to the *data* of a for loop (not ``enumerate``'s counter, not ``range``)."""
-    if not iterates_data(loop):
+    if not iterates_data(loop, values):
         return set()
     target = loop.target
     it = loop.iter
@@ -155,12 +176,20 @@ class RankVariance:
         elif isinstance(stmt, ast.AugAssign):
             bind(stmt.target, ast.BinOp(left=stmt.target, op=stmt.op, right=stmt.value))
         elif isinstance(stmt, (ast.For, ast.AsyncFor)):
-            data = loop_data_names(stmt)
+            def values(e: ast.expr) -> list[ast.expr]:
+                return self.m.values_of(e, self.scope)
+
+            data = loop_data_names(stmt, values)
             inner = loops + (stmt,)
             for n in ast.walk(stmt.target):
                 if isinstance(n, ast.Name):
-                    value = None if n.id in data else (stmt.iter if iterates_data(stmt) or
-                                                       not isinstance(stmt.iter, ast.Call) else ast.Constant(0))
+                    if n.id in data:
+                        value = None
+                    elif _counter(stmt.iter, values) or (isinstance(stmt.iter, ast.Call) and
+                                                         not iterates_data(stmt, values)):
+                        value = ast.Constant(0)
+                    else:
+                        value = stmt.iter
                     self.bindings.setdefault(n.id, []).append(Binding(n.id, value, stmt, conds, inner))
         elif isinstance(stmt, (ast.With, ast.AsyncWith)):
             for item in stmt.items:

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import ast
+import re
 
 from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import ModuleModel
 from ddp_doctor.lint.names import arg_or_kw
 from ddp_doctor.lint.scopes import GuardedCall, Scope
 from ddp_doctor.lint.rules.base import Context, Rule
+from ddp_doctor.lint.balance import once_per_node
 from ddp_doctor.lint.rules.devices import is_dist_script
 
 
@@ -30,6 +32,17 @@ def _in_guarded_fn(m: ModuleModel, scope: Scope) -> bool:
     sites = m.call_sites_of(scope.node)
     return bool(sites) and all(m.rank_conds(s.conds, s.scope) or s.scope.rank_guarded_all or
                                A.single_process_only(m, s.conds, s.scope) for s in sites)
+
+
+_MULTI_NODE = re.compile(r"node_rank|NODE_RANK|nnodes|num_nodes|n_nodes|SLURM_NODEID|GROUP_RANK|get_node_rank")
+
+
+def multi_node(m: ModuleModel) -> bool:
+    """The script is written for several nodes: it reads a node index or a node count (here, or in the
+    project file that imports it)."""
+    if _MULTI_NODE.search(m.source):
+        return True
+    return m.project is not None and m.project.importer_shows(m, "multi_node") is not None
 
 
 def _training_function(m: ModuleModel, scope: Scope) -> bool:
@@ -55,11 +68,20 @@ class SaveOnEveryRank(Rule):
             for site in scope.sites:
                 if m.qual(site.call.func) != "torch.save":
                     continue
-                if self._guarded(m, site):
-                    continue
                 path = arg_or_kw(site.call, 1, "f")
                 if path is not None and m.mentions_rank(path, scope):
-                    continue  # a per-rank file (sharded checkpoint)
+                    continue  # a per-rank (or per-node) file (sharded checkpoint)
+                if self._guarded(m, site):
+                    if multi_node(m) and once_per_node(m, site.conds, scope):
+                        ctx.report(
+                            self.code, site.call,
+                            "`torch.save` here runs once per node (its condition is a local-rank test), and this "
+                            "is a multi-node script: with a file system the nodes share, every node writes the "
+                            "same file at once (a torn or half-written checkpoint when they race).",
+                            "Save on one rank of the job: test the global rank (`if dist.get_rank() == 0:`), or "
+                            "put the node's index in the path if every node must keep its own copy.",
+                        )
+                    continue
                 ctx.report(
                     self.code, site.call,
                     "`torch.save` here runs on every rank: all ranks write the same file at once (N times the "

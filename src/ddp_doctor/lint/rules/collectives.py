@@ -23,6 +23,17 @@ def _guard_text(ctx: Context, site: GuardedCall, conds: list[Cond]) -> str:
     return f"it runs only where `{t if c.positive else f'not ({t})'}` holds{_per_node(ctx, site, c)}"
 
 
+def _rank_source(ctx: Context, site: GuardedCall, conds: list[Cond]) -> tuple[Related, ...]:
+    """The other file's line where the condition's rank comes from (the launcher passing it to a
+    constructor, the helper returning it), as a related location."""
+    if not conds:
+        return ()
+    got = ctx.model.rank_origin(conds[-1].test, site.scope)
+    if got is None:
+        return ()
+    return (Related(got[0], got[1], f"the rank in `{ctx.text(conds[-1].test, 40)}` comes from here"),)
+
+
 def _per_node(ctx: Context, site: GuardedCall, c: Cond) -> str:
     """A local-rank test is true once per *node*: say so (one writer per node, not per job)."""
     if "local" not in ctx.text(c.test, 200).lower():
@@ -129,7 +140,7 @@ class RankConditionalCollective(Rule):
                         f"waits forever (a silent hang until the NCCL/gloo timeout).",
                         "Call it on every rank: keep the rank-0-only work under the condition and move the "
                         "collective out of it (or use `with ddp_doctor.fixes.rank_zero_first(): ...`).",
-                        related=desc.related,
+                        related=desc.related + _rank_source(ctx, site, conds),
                     )
 
 
@@ -146,7 +157,9 @@ class DDPForwardOnSubset(Rule):
                 if target is not None and m.is_ddp_value(target, scope):
                     if A.no_buffer_broadcast(m, target, scope) and A.in_no_grad(m, scope, site.call.lineno):
                         return None  # no_grad forward with broadcast_buffers=False runs no collective
-                    return "forward", f"the DDP model `{ctx.text(target)}`"
+                    made = tuple(r for v in m.values_of(target, scope)
+                                 if (r := m.call_result_facts(v, scope).get("ddp")) is not None)[:1]
+                    return "forward", Desc(f"the DDP model `{ctx.text(target)}`", made)
                 fn = m.resolve_function(site.call.func, scope)
                 if fn is not None and fn is not scope.node:
                     inner = A.ddp_forward_in_fn(m, fn, site.call, scope)
@@ -181,5 +194,5 @@ class DDPForwardOnSubset(Rule):
                         "Evaluate the unwrapped model on the single rank (`model.module(x)`), or run the "
                         "evaluation on every rank with a DistributedSampler and combine the metric with "
                         "`dist.all_reduce` (or `ddp_doctor.fixes.gather_variable`).",
-                        related=desc.related,
+                        related=desc.related + _rank_source(ctx, site, conds),
                     )

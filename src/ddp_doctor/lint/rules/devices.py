@@ -32,29 +32,42 @@ def is_dist_script(m: ModuleModel) -> bool:
 
 class LoadWithoutMapLocation(Rule):
     code = "DDP301"
+    needs_distributed = False  # a checkpoint utility runs in the distributed program that imports it
 
     def check(self, ctx: Context) -> None:
         m = ctx.model
-        if not is_dist_script(m):
+        if "torch" not in m.source:
             return
-        for scope in m.scopes.values():
-            for site in scope.sites:
-                call = site.call
-                if m.qual(call.func) != "torch.load" or A.single_process_only(m, site.conds, scope):
-                    continue
-                if arg_or_kw(call, 1, "map_location") is not None or any(k.arg is None for k in call.keywords):
-                    continue
-                if _loads_data_cache(call, site.stmt):
-                    continue
-                ctx.report(
-                    self.code, call,
-                    "`torch.load` without `map_location` puts every tensor back on the device it was saved from "
-                    "(usually cuda:0): on every rank, so all ranks allocate memory and a CUDA context on GPU 0 "
-                    "(uneven memory, out-of-memory on GPU 0, slow loading).",
-                    "Pass `map_location=\"cpu\"` (then `model.load_state_dict(...)` copies to the model's own "
-                    "device), or use `ddp_doctor.fixes.load_checkpoint(path)`.",
-                    fix_kind="map-location",
-                )
+        loads = [site for scope in m.scopes.values() for site in scope.sites if self._unmapped_load(m, site, scope)]
+        if not loads:
+            return
+        via = None  # the distributed script of the project that imports this module
+        if not is_dist_script(m):
+            via = m.project.importer_shows(m, "dist_script") if m.project is not None else None
+            if via is None:
+                return
+        where = f" (this module runs in a distributed program: {via.message} at {via.where})" if via else ""
+        for site in loads:
+            who = "on every rank, so all ranks allocate" if not m.rank_conds(site.conds, site.scope) else \
+                "on each rank that runs it (whatever its own GPU), which allocates"
+            ctx.report(
+                self.code, site.call,
+                "`torch.load` without `map_location` puts every tensor back on the device it was saved from "
+                f"(usually cuda:0): {who} memory and a CUDA context on GPU 0 "
+                f"(uneven memory, out-of-memory on GPU 0, slow loading){where}.",
+                "Pass `map_location=\"cpu\"` (then `model.load_state_dict(...)` copies to the model's own "
+                "device), or use `ddp_doctor.fixes.load_checkpoint(path)`.",
+                fix_kind="map-location", related=[via] if via else (),
+            )
+
+    @staticmethod
+    def _unmapped_load(m: ModuleModel, site, scope: Scope) -> bool:
+        call = site.call
+        if m.qual(call.func) != "torch.load" or A.single_process_only(m, site.conds, scope):
+            return False
+        if arg_or_kw(call, 1, "map_location") is not None or any(k.arg is None for k in call.keywords):
+            return False
+        return not _loads_data_cache(call, site.stmt)
 
 
 # helpers of other modules that, by their name, set up the process group and the device
@@ -68,9 +81,12 @@ _SETUP_HELPER_RE = re.compile(
 def _is_setup_helper(m: ModuleModel, call: ast.Call, scope: Scope) -> bool:
     """A call into another module's helper named like a distributed/device setup: it may well call
     ``torch.cuda.set_device`` inside (we cannot see it), so it counts as one.  A bare ``setup(...)``
-    counts when it is given the rank (``setup(rank, world_size)``)."""
+    counts when it is given the rank (``setup(rank, world_size)``).  Not a helper of this project when
+    no file of the project sets a device (then it does not either)."""
     q = m.qual(call.func) or ""
     if q.startswith("torch.") or m.resolve_function(call.func, scope) is not None:
+        return False
+    if _project_sets_device(m) is False and m.project.resolve_call(m, call.func, scope) is not None:
         return False
     name = final_name(call.func) or ""
     if _SETUP_HELPER_RE.match(name):
@@ -110,6 +126,11 @@ def _loads_data_cache(call: ast.Call, stmt: ast.stmt) -> bool:
         targets = [stmt.target]
     names = [n for t in targets for n in _bound_names(t) if n != "_"]
     return bool(names) and all(_DATA_NAME_RE.search(n) for n in names)
+
+
+def _project_sets_device(m: ModuleModel) -> bool | None:
+    """Does some file of the project call ``torch.cuda.set_device`` (or pin devices another way)?"""
+    return m.project.shows("sets_device") if m.project is not None else None
 
 
 def _is_set_device(m: ModuleModel, call: ast.Call, scope: Scope, depth: int = 0) -> bool:
@@ -172,9 +193,12 @@ class CudaBeforeSetDevice(Rule):
                     break
         if any_set or not m.uses_ddp or "CUDA_VISIBLE_DEVICES" in m.source:
             return
+        if m.project is not None and m.project.importer_shows(m, "sets_device"):
+            return  # the file that imports this one sets it (the launcher, before it builds what this wraps)
         if any(q.split(".")[0] in ("lightning", "pytorch_lightning", "accelerate", "lightning_fabric")
                for q in m.imports.values()):
             return
+        nowhere = " (nor does any other file of the project)" if _project_sets_device(m) is False else ""
         for scope in m.scopes.values():
             for site in scope.sites:
                 what = _current_device_alloc(m, site.call)
@@ -182,8 +206,8 @@ class CudaBeforeSetDevice(Rule):
                     ctx.report(
                         self.code, site.call,
                         f"{what} uses the current CUDA device, but this DDP script never calls "
-                        f"`torch.cuda.set_device(local_rank)`: the current device is cuda:0 on every rank, so all "
-                        f"ranks put their model and data on GPU 0.",
+                        f"`torch.cuda.set_device(local_rank)`{nowhere}: the current device is cuda:0 on every "
+                        f"rank, so all ranks put their model and data on GPU 0.",
                         "Call `torch.cuda.set_device(local_rank)` right after reading LOCAL_RANK, or move to an "
                         "explicit device: `.to(f\"cuda:{local_rank}\")`.",
                     )

@@ -204,6 +204,36 @@ def expensive_dataset(m: ModuleModel, ds: ast.expr | None, scope: Scope, depth: 
     return None
 
 
+def dataset_unknown(m: ModuleModel, ds: ast.expr | None, scope: Scope, depth: int = 0) -> bool:
+    """Nothing here says what ``ds`` is: a parameter, or what an installed library's function returns
+    (``load_dataset(...)``, ``build_dataset(cfg)`` of a package).  A class or helper of this file or of
+    the project, a torchvision or in-memory dataset, is known (and :func:`expensive_dataset` judged it)."""
+    if ds is None or depth > 6:
+        return ds is not None
+    if isinstance(ds, ast.Call):
+        name = final_name(ds.func) or ""
+        if name in ("TensorDataset", "Subset", "ConcatDataset", "random_split") or name in _FILE_DATASETS or \
+                (m.qual(ds.func) or "").startswith("torchvision.datasets."):
+            return False
+        if isinstance(ds.func, ast.Name) and name in m.classes:
+            return False
+        fn = m.resolve_function(ds.func, scope)
+        if fn is not None:
+            rets = [r.value for r in m.returns_of(fn) if r.value is not None]
+            return any(dataset_unknown(m, r, m.scopes[fn], depth + 1) for r in rets)
+        return m.project is None or m.project.resolve_call(m, ds.func, scope) is None
+    if isinstance(ds, ast.Subscript):
+        got = m.returned_values(ds, scope)  # dataset, model, opt = load_train_objs()
+        if got:
+            return any(dataset_unknown(m, v, vs, depth + 1) for v, vs in got)
+        return dataset_unknown(m, ds.value, scope, depth + 1)
+    if isinstance(ds, (ast.Name, ast.Attribute)):
+        vals = [(v, m.scope_of_value(v, scope)) for v in m.values_of(ds, scope) if v is not ds] or \
+            m.param_args(ds, scope)  # prepare_dataloader(dataset, ...): what this file's callers pass
+        return not vals or any(dataset_unknown(m, v, vs, depth + 1) for v, vs in vals)
+    return True
+
+
 def training_loader_uses(m: ModuleModel) -> dict[ast.Call, list[A.LoaderUse]]:
     out: dict[ast.Call, list[A.LoaderUse]] = {}
     for use in A.loader_uses(m):

@@ -8,7 +8,9 @@ from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import ModuleModel
 from ddp_doctor.lint.names import arg_or_kw, dotted, final_name, has_star_kwargs
 from ddp_doctor.lint.rules.base import Context, Rule
-from ddp_doctor.lint.rules.loader_facts import dl_arg, expensive_dataset, num_workers_arg, training_loader_uses
+from ddp_doctor.lint.rules.loader_facts import (
+    LoadCost, dataset_unknown, dl_arg, expensive_dataset, num_workers_arg, training_loader_uses,
+)
 
 
 class DataBound(Rule):
@@ -24,13 +26,22 @@ class DataBound(Rule):
             nw, val = num_workers_arg(call)
             if val != 0:
                 continue
-            cost = expensive_dataset(m, dl_arg(call, "dataset"), uses[0].loader_scope)
+            ds = dl_arg(call, "dataset")
+            cost = expensive_dataset(m, ds, uses[0].loader_scope)
             if cost is None:
-                continue  # evidence before advice: in-memory tensors gain nothing from workers
+                # evidence before advice: in-memory tensors gain nothing from workers.  But a dataset of
+                # unknown type is no evidence of cheap loading: with batches copied to the GPU at every
+                # step, the GPU waits on it (0 % / 100 % utilisation); say that the type is unknown
+                if not dataset_unknown(m, ds, uses[0].loader_scope) or \
+                        not any(_moves_batches_to_cuda(m, u) for u in uses):
+                    continue
+                cost = LoadCost(f"dataset type unknown: `{ctx.text(ds, 40)}` is not a class or helper this "
+                                f"project defines, and nothing shows its items are tensors already in memory")
             how = "no `num_workers`" if nw is None else "`num_workers=0`"
+            what = "may be" if cost.why.startswith("dataset type unknown") else "is"
             ctx.report(
                 self.code, call,
-                f"the training DataLoader has {how} and its dataset is expensive to load ({cost.why}): every "
+                f"the training DataLoader has {how} and its dataset {what} expensive to load ({cost.why}): every "
                 f"batch is loaded and transformed in the training process itself, so the GPU waits for the "
                 f"data at every step (and in DDP the slowest rank's loading stalls all ranks).",
                 "Load in background workers: `num_workers=4` (or more: about CPU cores / ranks per node), "

@@ -6,7 +6,7 @@ import ast
 
 from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import ModuleModel
-from ddp_doctor.lint.names import arg_or_kw, final_name, has_star_kwargs
+from ddp_doctor.lint.names import alternatives, arg_or_kw, final_name, has_star_kwargs
 from ddp_doctor.lint.scopes import Scope
 from ddp_doctor.lint.rules.base import Context, Rule
 from ddp_doctor.lint.rules.loader_facts import (
@@ -23,13 +23,13 @@ class SamplerEpochNotSet(Rule):
         set_epoch_sites = [s for sc in m.scopes.values() for s in sc.sites if final_name(s.call.func) == "set_epoch"]
         for call, scope in list(all_calls(m, m.is_sampler_call)):
             shuffle = arg_or_kw(call, 3, "shuffle")
-            if shuffle is not None and A.literal(shuffle) is not True:
+            if shuffle is not None and not _true(m, shuffle, scope):
                 continue  # shuffle=False (or unknown): the order does not depend on the epoch
-            if any(self._sets_epoch_of(m, s, call, uses) for s in set_epoch_sites):
+            if any(self._sets_epoch_of(m, s, call, uses) for s in set_epoch_sites) or _epoch_helper(m):
                 continue
             # the loaders that use this sampler, and whether they are iterated over epochs
             # only loaders that drive training epochs: a validation loader's order does not matter
-            drivers = [use for use in uses if use.epochs and use.training and
+            drivers = [use for use in uses if use.epochs and use.training and not use.sets_epoch and
                        _loader_sampler_is(m, use.loader, use.loader_scope, call)]
             if not drivers:
                 continue
@@ -42,7 +42,7 @@ class SamplerEpochNotSet(Rule):
                 related=[u.via for u in drivers[:1] if u.via is not None],
             )
 
-        if m.project is not None and not set_epoch_sites:
+        if m.project is not None and not set_epoch_sites and not _epoch_helper(m):
             self._loaders_from_other_files(ctx)
 
     def _loaders_from_other_files(self, ctx: Context) -> None:
@@ -58,19 +58,19 @@ class SamplerEpochNotSet(Rule):
                     continue
                 if not (outer or A._called_in_loop(m, scope)):
                     continue  # a single pass: no epoch to set
-                for call in _origin_calls(m, A.unwrap_iter(loop.iter), scope):
-                    if call in done or m.resolve_function(call.func, scope) is not None:
+                for origin in _origin_calls(m, A.unwrap_iter(loop.iter), scope):
+                    call = origin.value if isinstance(origin, ast.Subscript) else origin
+                    if call in done:
                         continue
-                    summ = m.project.summary_of_call(m, call.func, scope)
-                    sampler = summ.returns.get("shuffled_sampler") if summ is not None else None
+                    sampler = m.call_result_facts(origin, scope).get("shuffled_sampler")
                     if sampler is None:
                         continue
                     done.add(call)
                     ctx.report(
                         self.code, call,
-                        f"the loader that `{ctx.text(call.func)}()` returns shuffles with a DistributedSampler "
-                        f"({sampler.where}), and this file iterates it over training epochs (line {loop.lineno}) "
-                        f"without ever calling `set_epoch()`: every epoch replays the same permutation on every "
+                        f"the loader that `{ctx.text(call.func)}()` returns{_element(origin)} shuffles with a "
+                        f"DistributedSampler ({sampler.where}), and this file iterates it over training epochs "
+                        f"(line {loop.lineno}) without ever calling `set_epoch()`: every epoch replays the same permutation on every "
                         f"rank (no reshuffling between epochs, which hurts convergence).",
                         "Call `loader.sampler.set_epoch(epoch)` at the start of every epoch, before iterating "
                         "the loader.",
@@ -97,32 +97,62 @@ class SamplerEpochNotSet(Rule):
         vals = m.values_of(recv, site.scope)
         if not vals:
             return True  # a parameter or an object we cannot follow: assume it is this sampler
-        known = [v for v in vals if isinstance(v, ast.Call) and m.is_sampler_call(v)]
+        known = [a for v in vals for a in alternatives(v) if isinstance(a, ast.Call) and m.is_sampler_call(a)]
         if not known:
             return True  # `s = train_sampler if cond else None`, built by a helper, ...: assume it is
         return sampler in known
 
 
-def _origin_calls(m: ModuleModel, expr: ast.expr, scope: Scope, depth: int = 0) -> list[ast.Call]:
+def _epoch_helper(m: ModuleModel) -> bool:
+    """A call into another project file's function that sets an epoch (``utils.start_epoch(loader,
+    epoch)``): its target is not followed, so every sampler here counts as set."""
+    def compute() -> bool:
+        if m.project is None or not m.import_from:
+            return False
+        for scope in m.scopes.values():
+            for site in scope.sites:
+                if site.loops and m.resolve_function(site.call.func, scope) is None:
+                    summ = m.project.summary_of_call(m, site.call.func, scope)
+                    if summ is not None and summ.sets_epoch:
+                        return True
+        return False
+    return A._cached(m, "epoch_helper", compute)
+
+
+def _true(m: ModuleModel, expr: ast.expr, scope: Scope) -> bool:
+    """``True``, or a parameter every caller here passes ``True`` (``data_sampler(ds, shuffle=True)``)."""
+    if A.literal(expr) is True:
+        return True
+    args = m.param_args(expr, scope) if isinstance(expr, ast.Name) and not m.values_of(expr, scope) else []
+    return bool(args) and all(A.literal(a) is True for a, _s in args)
+
+
+def _element(origin: ast.expr) -> str:
+    if not isinstance(origin, ast.Subscript):
+        return ""
+    key = origin.slice.value
+    return f" (item {key} of its tuple)" if isinstance(key, int) else f" (its `{key!r}` entry)"
+
+
+def _origin_calls(m: ModuleModel, expr: ast.expr, scope: Scope, depth: int = 0) -> list[ast.expr]:
     """The calls whose result ``expr`` holds: through assignments and, for a parameter, the arguments
-    of this file's callers (``train_one_epoch(epoch, model, loader_train)``)."""
+    of this file's callers (``train_one_epoch(epoch, model, loader_train)``); ``build(cfg)[0]`` for an
+    element of a returned tuple (``loader, valset, collate_fn = build(cfg)``)."""
     if depth > 3:
         return []
-    if isinstance(expr, ast.Call):
+    if isinstance(expr, ast.Call) or isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Call):
         return [expr]
+    if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant):
+        # loaders["train"] with loaders = build_loaders(cfg): that entry of what the call returns
+        return [ast.copy_location(ast.Subscript(value=o, slice=expr.slice), o) if isinstance(o, ast.Call) else o
+                for o in _origin_calls(m, expr.value, scope, depth + 1)]
     out = []
     for v in m.values_of(expr, scope):
         if v is not expr:
             out += _origin_calls(m, v, m.scope_of_value(v, scope), depth + 1)
-    if not out and isinstance(expr, ast.Name) and expr.id in scope.params and not scope.is_module:
-        idx = scope.params.index(expr.id)
-        fn = scope.node
-        if scope.cls is not None and fn.args.args and fn.args.args[0].arg in ("self", "cls"):
-            idx -= 1
-        for site in m.call_sites_of(fn):
-            a = arg_or_kw(site.call, idx, expr.id) if idx >= 0 else None
-            if a is not None:
-                out += _origin_calls(m, a, site.scope, depth + 1)
+    if not out:
+        for a, ascope in m.param_args(expr, scope):
+            out += _origin_calls(m, a, ascope, depth + 1)
     return out
 
 
@@ -133,7 +163,9 @@ def _loader_sampler_is(m: ModuleModel, loader: ast.Call, scope: Scope, sampler: 
         s = bs.args[0] if isinstance(bs, ast.Call) and bs.args else bs
     if s is None:
         return False
-    return s is sampler or any(v is sampler for v in m.values_of(s, scope))
+    vals = [s, *m.values_of(s, scope)]
+    vals += [r for v in vals for r, _rs in m.returned_values(v, scope)]  # sampler=data_sampler(ds, ...)
+    return any(a is sampler for v in vals for a in alternatives(v))
 
 
 class ShuffleWithSampler(Rule):

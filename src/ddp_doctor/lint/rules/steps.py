@@ -87,12 +87,35 @@ def _data_exception(ctx: Context, scope: Scope, stmt: ast.stmt, loop: ast.stmt, 
             caught = [] if h.type is None else [final_name(t) for t in (
                 h.type.elts if isinstance(h.type, ast.Tuple) else [h.type])]
             if caught and all(c in _END_OF_DATA for c in caught):
-                return None
+                sampler = _per_rank_batch_sampler(ctx.model, other, scope)
+                if sampler is None:
+                    return None  # the end of the data, which every rank reaches at the same step
+                return f"except {ctx.text(h.type, 40)}` from `{ctx.text(sampler.func, 40)}", "uneven"
             loads = any(isinstance(c, ast.Call) and (final_name(c.func) in _LOADS or rv.sources(c))
                         for b in other.body for c in ast.walk(b))
             if loads:
                 text = "except" + (f" {ctx.text(h.type, 40)}" if h.type is not None else "")
                 return text, "exception"
+    return None
+
+
+def _per_rank_batch_sampler(m: ModuleModel, try_stmt: ast.Try, scope: Scope) -> ast.Call | None:
+    """The batch sampler behind ``next(it)`` in ``try_stmt``'s body when it forms each rank's batches from
+    that rank's own shard (built with the rank, and not torch's ``BatchSampler`` over a DistributedSampler,
+    which pads every rank to the same length): the ranks' iterators then end after different numbers of
+    batches (a bucketing sampler)."""
+    for b in try_stmt.body:
+        for c in ast.walk(b):
+            if not (isinstance(c, ast.Call) and final_name(c.func) == "next" and c.args):
+                continue
+            for loader, lscope in A.resolve_loaders(m, c.args[0], scope):
+                bs = kwarg(loader, "batch_sampler")
+                vals = [bs.value] if bs is not None else []
+                vals = [v for x in vals for v in ([x] if isinstance(x, ast.Call) else m.values_of(x, lscope))]
+                for v in vals:
+                    if isinstance(v, ast.Call) and final_name(v.func) != "BatchSampler" and any(
+                            m.mentions_rank(a, lscope) for a in (*v.args, *(k.value for k in v.keywords))):
+                        return v
     return None
 
 
@@ -276,6 +299,9 @@ class UnevenSteps(Rule):
     def _why(reason: str, kind: str) -> str:
         if kind == "rank":
             return f"`{reason}` depends on the rank itself."
+        if kind == "uneven":
+            return "that batch sampler forms each rank's batches from the rank's own shard without padding " \
+                   "them to one length, so the ranks run out of batches after different numbers of steps."
         if kind == "exception":
             return f"`{reason}` catches an error raised while this rank loads its own data, which the other " \
                    f"ranks do not see (no collective makes them agree)."

@@ -1,0 +1,41 @@
+"""The reverse direction of the project (issue 24): which files import or call a module, and the
+whole-program facts read from every file."""
+from pathlib import Path
+
+from ddp_doctor.lint import lint_paths
+
+_UTIL_LOAD = "import torch\n\n\ndef read_stats(path):\n    return torch.load(path)\n"
+_TRAIN = """import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from util import box_ops
+
+
+def main(net):
+    dist.init_process_group("nccl")
+    return DDP(net), box_ops
+"""
+
+
+def _project(root: Path, init_text: str) -> Path:
+    (root / "util").mkdir(parents=True)
+    (root / "util" / "__init__.py").write_text(init_text)
+    (root / "util" / "box_ops.py").write_text("def area(b):\n    return b\n")
+    (root / "util" / "plots.py").write_text(_UTIL_LOAD)
+    (root / "train.py").write_text(_TRAIN)
+    return root
+
+
+def _ddp301(root: Path) -> set[str]:
+    return {Path(f.location.path).name for f in lint_paths([root]).findings if f.code == "DDP301"}
+
+
+def test_importing_a_package_does_not_import_its_other_modules(tmp_path):
+    # `from util import box_ops` loads util/__init__.py and box_ops, never util/plots.py (detr's plot_utils)
+    assert _ddp301(_project(tmp_path / "a", "")) == set()
+
+
+def test_a_package_that_loads_the_module_makes_it_part_of_the_distributed_program(tmp_path):
+    assert _ddp301(_project(tmp_path / "b", "from .plots import read_stats\n")) == {"plots.py"}
+    assert _ddp301(_project(tmp_path / "c", "import importlib\n\n\ndef load(name):\n"
+                                           "    return importlib.import_module('util.' + name)\n")) == {"plots.py"}
