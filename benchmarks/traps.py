@@ -320,6 +320,7 @@ def run(p: Program, workdir: Path, timeout: float = 300.0) -> Outcome:
                           "--nproc-per-node", str(p.nproc), str(script)], cwd=d, env=env, timeout=timeout,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = Outcome(p, res.returncode, None, seconds=time.monotonic() - t0)
+    (d / "output.txt").write_text(res.stdout)  # the ranks' own output, kept with --keep
     try:
         rep = json.loads(report.read_text())
     except (OSError, ValueError) as e:

@@ -388,3 +388,31 @@ def test_a_hang_names_the_members_that_passed_a_group_they_are_not_in(tmp_path):
     f = findings[0]
     assert (verdict, f.code, f.ranks, f.location.line) == ("hang", "DDP203", [1, 2], dec)
     assert "not members of" in f.message and "rank 0 waits in all_reduce on pg:0,1" in f.message
+
+
+def test_a_rank_that_failed_is_placed_by_its_traceback(tmp_path):
+    """Seed 000: rank 1 finished, rank 0 then failed in validate's DDP forward (a broken connection): no stack
+    was taken, its traceback says the way it came, through the rank-0 branch."""
+    from ddp_doctor.evidence import RaisedError
+
+    path = _script(tmp_path, """
+        def validate(model):
+            return model(x)  # showed
+
+        def main(rank):
+            for epoch in range(3):
+                train()
+                if rank == 0:  # decision
+                    validate(model)  # call
+    """)
+    dec, at, call = _line(path, "# decision"), _line(path, "# showed"), _line(path, "# call")
+    tb = (Site(path, call, "main"), Site(path, at, "validate"), Site("/x/site-packages/torch/nn/m.py", 9, "f"))
+    from ddp_doctor.evidence import Collective
+
+    waited = Collective("world", 17, "ddp.forward(broadcast_buffers)", site=Site(path, at, "validate"))
+    ranks = {0: RankState(rank=0, exc=RaisedError("RuntimeError", "Connection closed by peer", "builtins",
+                                                  Site(path, at, "validate"), tb, True, waited)),
+             1: RankState(rank=1, done=True)}
+    f = Finding("DDP202", "Rank 0 ran the DDP model alone.", "fix", location=Location(path, at, "validate"), ranks=[0])
+    provenance.with_decisions([f], ranks)
+    assert f.location.line == dec and f.evidence["decision"]["kind"] == "if"

@@ -71,7 +71,11 @@ def _user_stack(st: RankState) -> list[Site]:
     if frames:
         return frames
     main = next((t for t in st.threads if t.main), None)
-    return [fv.site for fv in reversed(main.values)] if main else []
+    if main is not None and main.values:
+        return [fv.site for fv in reversed(main.values)]
+    # a rank that failed inside a collective (a broken connection once the other rank ended): where it waited,
+    # by its traceback; an error raised after a collective (a consequence of what it received) says nothing
+    return [f for f in st.exc.traceback if is_user(f.path)] if st.exc and st.exc.collective else []
 
 
 def _aligned(sa: list[Site], sb: list[Site]) -> tuple[list[Site], list[Site]]:
