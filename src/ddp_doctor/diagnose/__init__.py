@@ -73,10 +73,8 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
 
 
 def _perf(evidence: JobEvidence) -> list[Finding]:
-    try:
-        from ddp_doctor.diagnose.perf import diagnose_perf
-    except ImportError:
-        return []
+    from ddp_doctor.diagnose.perf import diagnose_perf
+
     try:
         return list(diagnose_perf(evidence.to_json()))  # the perf family still reads the wire form
     except Exception as e:  # a perf diagnosis must never hide the run's verdict
