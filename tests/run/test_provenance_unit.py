@@ -416,3 +416,25 @@ def test_a_rank_that_failed_is_placed_by_its_traceback(tmp_path):
     f = Finding("DDP202", "Rank 0 ran the DDP model alone.", "fix", location=Location(path, at, "validate"), ranks=[0])
     provenance.with_decisions([f], ranks)
     assert f.location.line == dec and f.evidence["decision"]["kind"] == "if"
+
+
+def test_a_rank_that_went_on_alone_after_training_is_the_culprit_not_the_one_that_finished(tmp_path):
+    """Both ranks ran 8 steps; rank 1 finished; rank 0 waits in an all_gather of an evaluation only it runs:
+    DDP201 on rank 0 at its main-process branch, not DDP101 'left the training loop' on rank 1."""
+    from ddp_doctor.diagnose import diagnose
+    from ddp_doctor.evidence import Collective, JobEvidence, Verdict
+
+    path = _script(tmp_path, """
+        def main(trainer):
+            trainer.train()
+            if trainer.is_world_process_zero():  # decision
+                trainer.evaluate()  # eval
+    """)
+    dec, at = _line(path, "# decision"), _line(path, "# eval")
+    ranks = {0: RankState(rank=0, step=8, in_collective=Collective("world", 40, "all_gather", site=Site(path, at, "main")),
+                          stack=(Site(path, at, "main"),)),
+             1: RankState(rank=1, step=8, done=True)}
+    verdict, findings = diagnose(JobEvidence(2, ranks), Verdict("exit", rank=1, finished=True))
+    f = next(f for f in findings if f.severity.value == "error")
+    assert (f.code, f.ranks, f.location.line) == ("DDP201", [0], dec)
+    assert "went on alone into all_gather()" in f.message

@@ -39,8 +39,6 @@ def _root_ranks(ranks: dict[int, RankState]) -> list[int]:
     return sorted(r for r, st in ranks.items() if st.signal)
 
 
-
-
 def timeouts_as_waits(ranks: dict[int, RankState]) -> dict[int, RankState]:
     """Ranks whose only failure is a collective that timed out (``monitored_barrier``, a short process-group
     timeout), as the waiting ranks they were -- when some other rank is alive and was not in that collective.
