@@ -438,3 +438,16 @@ def test_a_rank_that_went_on_alone_after_training_is_the_culprit_not_the_one_tha
     f = next(f for f in findings if f.severity.value == "error")
     assert (f.code, f.ranks, f.location.line) == ("DDP201", [0], dec)
     assert "went on alone into all_gather()" in f.message
+
+
+def test_a_ddp_call_at_an_unknown_line_is_not_a_parting():
+    """watch() after DDP(): a rank's first gradient all-reduce has no known line; that is no different line."""
+    from ddp_doctor.diagnose.live import parted_calls
+    from ddp_doctor.evidence import Collective
+
+    op, at = "ddp.backward(allreduce_grads)", Site("/u/train.py", 33, "main")
+    fps = {0: {("world", 0): Collective("world", 0, op, site=None)},
+           1: {("world", 0): Collective("world", 0, op, site=at)}}
+    assert parted_calls(fps) == {}
+    fps[0][("world", 0)] = Collective("world", 0, op, site=Site("/u/train.py", 40, "evaluate"))
+    assert set(parted_calls(fps)) == {0, 1}

@@ -400,7 +400,8 @@ def from_parted(ranks: dict[int, RankState], parted: dict[int, Collective], show
     if len(parted) < 2:
         return None
     first = next(iter(parted.values()))
-    if first.op.startswith("ddp.") and len({c.site.key() if c.site else None for c in parted.values()}) > 1:
+    if first.op.startswith("ddp.") and all(c.site for c in parted.values()) \
+            and len({c.site.key() for c in parted.values()}) > 1:
         code, fault, site = classify_calls(parted, ranks)
         if code == "DDP202":
             return finding_for_calls(code, fault, site, parted, ranks, first.group, first.seq,

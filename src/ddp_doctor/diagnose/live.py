@@ -227,7 +227,8 @@ def parted_calls(fps: dict[int, Any], group: str | None = None, before: int | No
             return {}  # the ranks disagree here already: that is the proof, not a parting before it
         if len({c.epoch for c in vals}) > 1 and all(c.epoch is not None for c in vals):
             return calls  # a rank already in the next training epoch: it ran fewer steps in this one
-        if vals[0].op.startswith("ddp.") and len({c.site.key() if c.site else None for c in vals}) > 1:
+        # (a line unknown on a rank -- a DDP model adopted by a late watch() -- is no different line)
+        if vals[0].op.startswith("ddp.") and all(c.site for c in vals) and len({c.site.key() for c in vals}) > 1:
             return calls
     return {}
 
