@@ -51,10 +51,13 @@ class Outcome:
     bad: list[str] = field(default_factory=list)   # findings that must not be there
     perf: list[str] = field(default_factory=list)  # performance advice (reported, not counted)
     seconds: float = 0.0
+    # torch itself aborted a rank at exit after its program had finished (gloo's teardown race, seen under
+    # plain torchrun too: pytorch#190489): ddp-doctor stopped nothing and its report says so
+    torch_teardown: list[str] = field(default_factory=list)
 
     @property
     def stopped(self) -> bool:
-        return self.exit_code != 0 or self.verdict != "ok"
+        return (self.exit_code != 0 or self.verdict != "ok") and not self.torch_teardown
 
 
 # -- the patterns ------------------------------------------------------------------------------------
@@ -329,7 +332,9 @@ def run(p: Program, workdir: Path, timeout: float = 300.0) -> Outcome:
     out.verdict = rep.get("verdict")
     for f in rep.get("findings") or []:
         tag = f"{f['code']}[{f['severity']}] ranks {f.get('ranks')}: {f.get('message', '')[:160]}"
-        if f["severity"] == "error" or (f["severity"] == "warning" and f["code"].startswith(CORRECTNESS)):
+        if f["severity"] == "error" and (f.get("evidence") or {}).get("finished_program"):
+            out.torch_teardown.append(tag)
+        elif f["severity"] == "error" or (f["severity"] == "warning" and f["code"].startswith(CORRECTNESS)):
             out.bad.append(tag)
         elif f["severity"] == "warning":
             out.perf.append(tag)
@@ -347,7 +352,7 @@ def run_many(seeds: list[int], workdir: Path, parallel: int = 2, echo=print) -> 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         for o in pool.map(lambda p: run(p, workdir), programs):
             outcomes.append(o)
-            flag = "STOPPED" if o.stopped else ("WARNED" if o.bad else "ok")
+            flag = "STOPPED" if o.stopped else ("WARNED" if o.bad else "TORCH-ABORT-AT-EXIT" if o.torch_teardown else "ok")
             echo(f"{flag:8} seed {o.program.seed:5} {o.program.nproc} ranks {'+'.join(o.program.patterns):60} "
                  f"{o.seconds:5.1f}s" + "".join(f"\n         {b}" for b in o.bad))
     return outcomes

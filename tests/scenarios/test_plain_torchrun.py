@@ -21,6 +21,7 @@ import manifest  # noqa: E402
 pytestmark = pytest.mark.scenario
 
 SHORT_PG_TIMEOUT_S = 8
+TORCH_EXIT_ABORT = "exitcode  : -6"  # torchrun's summary of a rank that died of SIGABRT
 STALL_KILL_AFTER_S = 45
 
 
@@ -30,6 +31,12 @@ def _check_plain(name: str) -> manifest.CommandResult:
     env = {"DDP_TIMEOUT": str(SHORT_PG_TIMEOUT_S)} if outcome == "hang-timeout" else None
     timeout = STALL_KILL_AFTER_S if outcome == "killed" else 150
     res = manifest.plain_torchrun(name, timeout=timeout, env=env)
+    if outcome == "exit0" and res.returncode != 0 and TORCH_EXIT_ABORT in (res.stdout + res.stderr):
+        # plain torch's own teardown race (a gloo worker thread's work freed during interpreter exit:
+        # SIGABRT after the program finished, pytorch#190489): this baseline says what the script does,
+        # not how often torch crashes on exit, so that one crash is run again once, and said
+        print(f"{name}: plain torchrun died of SIGABRT at exit; run again once", flush=True)
+        res = manifest.plain_torchrun(name, timeout=timeout, env=env)
     summary = manifest.summarize(res, lines=20)
     if outcome == "exit0":
         assert res.returncode == 0 and not res.timed_out, summary
