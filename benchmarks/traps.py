@@ -363,7 +363,7 @@ def table(outcomes: list[Outcome]) -> str:
     stopped = sum(o.stopped for o in outcomes)
     warned = sum(bool(o.bad) and not o.stopped for o in outcomes)
     perf = sum(bool(o.perf) for o in outcomes)
-    lines = [f"| jobs | stopped | warned (correctness) | performance advice only |", "|---|---|---|---|",
+    lines = ["| jobs | stopped | warned (correctness) | performance advice only |", "|---|---|---|---|",
              f"| {n} | {stopped} | {warned} | {perf} |", "", "| pattern | jobs | stopped or warned |", "|---|---|---|"]
     names = sorted({p for o in outcomes for p in o.program.patterns})
     for name in names:
