@@ -18,6 +18,8 @@ from ddp_doctor.diagnose.steps import uneven_steps
 
 FIX_203_GROUP = runtime_fix("DDP203.group")
 FIX_203_NOT_MEMBER = runtime_fix("DDP203.not_member")
+# the evidence key of a DDP203 on ranks that passed a group they are not in (provenance reads it: one spelling)
+NOT_MEMBER = "not_member"
 
 
 def ddp_forward_sites(st: RankState) -> dict[tuple, tuple[Site, int]]:
@@ -254,7 +256,7 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
         fix = sized.fix if sized else FIX_203
     ev = {"group": group, "seq": seq, "calls": {str(r): c for r, c in calls.items() if c}, **step_evidence(ranks)}
     if fix is FIX_203_NOT_MEMBER:
-        ev["not_member"] = sorted(fault)
+        ev[NOT_MEMBER] = sorted(fault)
     return Finding(code, msg, fix, location=loc(site), ranks=sorted(fault), evidence=ev)
 
 

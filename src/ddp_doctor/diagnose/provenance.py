@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ddp_doctor.evidence import FrameValues, RankState, Site
 from ddp_doctor.findings import Finding, Location, runtime_fix
 from ddp_doctor.frames import is_user
+from ddp_doctor.diagnose.collectives import NOT_MEMBER
 from ddp_doctor.diagnose.source import (LOOPS, RANK_WORDS, arm, exits_in, function_at, keyword, loop_targets,
                                          names_read, own_nodes, parse_file, reads_rank, source_of, within)
 
@@ -437,7 +438,7 @@ def with_decisions(findings: list[Finding], ranks: dict[int, RankState]) -> list
         if not f.ranks or not (f.code in STEP_FAMILY or finished):
             continue
         at = Site(f.location.path, f.location.line, f.location.function) if f.location else None
-        if f.evidence.get("not_member") and at is not None:
+        if f.evidence.get(NOT_MEMBER) and at is not None:
             d = group_choice(at, f.ranks, ranks)
         else:
             d = locate(f.ranks, ranks) if not finished else None
@@ -455,7 +456,7 @@ def with_decisions(findings: list[Finding], ranks: dict[int, RankState]) -> list
                 d = next((got for fr in frames + [at] if (got := rank_branch(fr, inside, ranks)) is not None), None)
         if d is None:
             continue
-        if f.code == "DDP203" and d.alone and not f.evidence.get("not_member"):
+        if f.code == "DDP203" and d.alone and not f.evidence.get(NOT_MEMBER):
             # not two calls that disagree: a collective only the ranks that went that way make
             f = _as_rank_conditional(f, list(d.alone))
             findings[i] = f
