@@ -5,7 +5,7 @@ Each job is one program built from a random choice of patterns that real, correc
 like the bugs ddp-doctor hunts: extra loader passes on one rank (a peek, sample predictions, a no_grad pass
 over the training loader), DDP's Join over map-style or iterable data with workers (and ZeRO), `no_sync`
 accumulation with an agreed count, object collectives in an agreed order, all_to_all with per-rank split
-sizes, groups created in the same order, a rank busy or idle below the limit, ranks finishing at different
+sizes, groups created in the same order, a subgroup's collective called by its non-members too, a rank busy or idle below the limit, ranks finishing at different
 times, rank-zero-only saving, a rank-local optimizer, FSDP2 with every rank evaluating.  A generated job that
 is stopped, or warned about, is a bug in the mechanism: fix the mechanism, never exclude the pattern.
 
@@ -111,6 +111,12 @@ def _groups(r: random.Random, w: int) -> dict:
             "epoch": ["g = torch.ones(2)", "dist.all_reduce(g, group=evens if rank % 2 == 0 else odds)"]}
 
 
+def _non_member_calls(r: random.Random, w: int) -> dict:
+    """Every rank calls the evens' all_reduce; on the odd ranks, not members, torch skips it with a warning."""
+    return {"setup": ["evens_only = dist.new_group(list(range(0, world, 2)))"],
+            "epoch": ["e = torch.ones(2)", "dist.all_reduce(e, group=evens_only)"]}
+
+
 def _busy(r: random.Random, w: int) -> dict:
     who, s = r.randrange(w), r.choice((2, 4, 6))
     return {"epoch": [f"if rank == {who} and epoch == 0:", "    t0 = time.time()",
@@ -147,6 +153,7 @@ PATTERNS = {
     "peek": _peek, "sample_preds": _sample_preds, "nograd_pass": _nograd_pass, "metric_allreduce": _metric_allreduce,
     "objects": _objects, "all_to_all": _all_to_all, "groups": _groups, "busy": _busy, "idle": _idle,
     "save_rank0": _save_rank0, "local_optimizer": _local_optimizer, "finish_late": _finish_late,
+    "non_member_calls": _non_member_calls,
 }
 # training loops: plain DDP, no_sync accumulation, DDP's Join over uneven data (map-style / iterable with
 # workers / with ZeRO), FSDP2 (fully_shard) with every rank evaluating, accelerate's Accelerator and Lightning
