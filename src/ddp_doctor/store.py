@@ -28,6 +28,7 @@ faulthandler's stacks on SIGUSR1 or a fatal signal) and ``teardown_file``.
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 
 REQ = "ddpd/req"
@@ -124,6 +125,14 @@ def split_address(address: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+def embedded_host() -> str:
+    """The host other ranks reach rank 0 on: MASTER_ADDR, else the default group's rendezvous host, else
+    this machine's name."""
+    import socket
+
+    return os.environ.get("MASTER_ADDR") or _rendezvous_of_default_group()[0] or socket.gethostname()
+
+
 def embedded_address() -> str | None:
     """Where rank 0 hosts the store when no ``ddp-doctor run`` is around (another launcher started the
     ranks): ``MASTER_ADDR:(MASTER_PORT+1)``, ``DDP_DOCTOR_PORT`` overrides the port.  Without MASTER_ADDR /
@@ -136,6 +145,39 @@ def embedded_address() -> str | None:
     if not addr or not port:
         return None
     return f"{addr}:{int(os.environ.get('DDP_DOCTOR_PORT') or int(port) + 1)}"
+
+
+SIDE_CHANNEL_KEY = "ddp_doctor/side_channel"  # in torch's own store: where rank 0 hosts the side channel
+
+
+def default_group_store():
+    """The store the default process group rendezvoused on (torch's own), or None before ``init_process_group``."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_initialized():
+            return None
+        return dist.distributed_c10d._get_default_store()
+    except Exception:
+        return None
+
+
+def announce_address(group_store, address: str) -> None:
+    """Rank 0: tell the other ranks, through torch's store, where it hosts the side channel (a port the OS
+    picked: MASTER_PORT + 1 may be anybody's, Ray's own services among them)."""
+    group_store.set(SIDE_CHANNEL_KEY, address)
+
+
+def announced_address(group_store, wait_s: float) -> tuple[str, int]:
+    """The side channel's address rank 0 announced; polls (a non-blocking ``check``: torch's client holds
+    its lock through a blocking ``wait``) for at most ``wait_s`` s, then raises TimeoutError."""
+    end = time.monotonic() + wait_s
+    while not group_store.check([SIDE_CHANNEL_KEY]):
+        if time.monotonic() > end:
+            raise TimeoutError("rank 0 announced no side channel")
+        time.sleep(0.2)
+    return split_address(group_store.get(SIDE_CHANNEL_KEY).decode())
 
 
 def _rendezvous_of_default_group() -> tuple[str | None, int | None]:

@@ -39,6 +39,19 @@ def test_srun_style_watch_after_init(procs, tmp_path):
     assert all(r.get("ddp") for r in rep["ranks"]), rep["ranks"]
 
 
+def test_watch_after_init_with_master_port_plus_one_taken(procs, tmp_path):
+    """Another service listens on MASTER_PORT + 1 (Ray's took it in CI): after init_process_group rank 0
+    hosts the side channel on a port the OS picks and announces it in torch's store."""
+    import socket
+
+    port = free_port()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port + 1))
+        squatter.listen()
+        rep = _srun_style(procs, tmp_path, ["barrier", "after"], MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    expect(rep, PLAIN, "barrier", "environment")
+
+
 def test_mpirun_style_watch_without_master_port(procs, tmp_path):
     """No MASTER_ADDR/MASTER_PORT at all (init_method="tcp://..."): the store joins once the group exists."""
     rep = _srun_style(procs, tmp_path, ["raise", "before", f"tcp://127.0.0.1:{free_port()}"], OMPI_COMM_WORLD_SIZE="2")

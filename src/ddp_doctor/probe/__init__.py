@@ -26,7 +26,7 @@ _active: "Probe | None" = None
 # a failing rank under another launcher waits this long for rank 0's watcher to write the report and stop the job
 EMBEDDED_REPORT_WAIT_S = 20.0
 # rank 0 under another launcher: (store address, world size) -> run after the rank finished, or None
-HostWatcher = Callable[[str, int], "Callable[[], None] | None"]
+HostWatcher = Callable[[str, int], "tuple[Callable[[], None] | None, int]"]
 
 
 class Probe:
@@ -71,22 +71,41 @@ class Probe:
             self.publisher.start()
             self.rec.flush = self.publisher.flush
 
-    def _embedded(self) -> str | None:
-        """No ddp-doctor launcher around us: rank 0 hosts the side channel and the watcher (``host_watcher``)."""
-        try:
-            from ddp_doctor.store import embedded_address
+    def _embedded(self):
+        """No ddp-doctor launcher around us: rank 0 hosts the side channel and the watcher (``host_watcher``).
 
-            addr = embedded_address()
-            if addr and self.rec.rank == 0 and self.host_watcher is not None:
-                final = self.host_watcher(addr, self.rec.world_size)
-                if final is not None:
-                    self.after_finish.append(final)
+        Once the default group exists, rank 0 hosts on a port the OS picks and announces it in torch's own
+        store (the others' publishers look it up while they connect); before that, on MASTER_PORT + 1
+        (``DDP_DOCTOR_PORT`` fixes the port in both cases)."""
+        try:
+            from ddp_doctor import store as side
+
+            group = side.default_group_store()
+            if group is not None and not os.environ.get("DDP_DOCTOR_PORT"):
+                if self.rec.rank == 0 and self.host_watcher is not None:
+                    host = side.embedded_host()
+                    port = self._host(f"{host}:0")
+                    side.announce_address(group, f"{host}:{port}")
+                    addr = f"{host}:{port}"
+                else:
+                    addr = lambda: side.announced_address(group, wait_s=5.0)  # noqa: E731
+            else:
+                addr = side.embedded_address()
+                if addr and self.rec.rank == 0 and self.host_watcher is not None:
+                    self._host(addr)
             if addr:
                 os.environ["DDP_DOCTOR_STORE_EMBEDDED"] = "1"
             return addr
         except Exception as e:
             print(f"ddp-doctor probe: no side channel ({e!r}); recording only", file=sys.stderr)
             return None
+
+    def _host(self, address: str) -> int:
+        """Rank 0: host the store and the watcher on ``address``; returns the port it listens on."""
+        final, port = self.host_watcher(address, self.rec.world_size)
+        if final is not None:
+            self.after_finish.append(final)
+        return port
 
     def record_exception(self, exc: BaseException) -> None:
         """Note the exception that ends the rank: type, message, innermost user frame, traceback."""
@@ -180,7 +199,7 @@ def distributed() -> bool:
 
 def activate(host_watcher: HostWatcher | None = None) -> Probe:
     """Install the probe in this process (idempotent); ``host_watcher(address, world_size)`` starts the embedded
-    watcher and returns what to run once this rank finished (its final report), or None."""
+    watcher and returns (what to run once this rank finished (its final report) or None, the port it hosts on)."""
     global _active
     if _active is None:
         _active = Probe(host_watcher)

@@ -12,8 +12,8 @@ import sys
 
 
 def _host_watcher(address: str, world_size: int):
-    """Rank 0 under another launcher: host the side channel and the watcher in this process; returns the
-    job's final report, to run once this rank finished."""
+    """Rank 0 under another launcher: host the side channel and the watcher in this process; returns (the
+    job's final report, to run once this rank finished; the port the side channel listens on)."""
     from ddp_doctor.session import embedded
 
     return embedded.start_in_rank0(address, world_size)

@@ -5,7 +5,9 @@
 - an exception nobody caught, in the main thread: ``sys.excepthook`` (chained);
 - ``watch()`` called from another thread (Ray Train runs the training function in a thread of its worker
   actor, which lives on): that thread's end; Ray catches the function's exception itself, so its
-  ``construct_user_exception_with_traceback`` is wrapped to see it first;
+  ``construct_user_exception_with_traceback`` is wrapped to see it first, and its runner's queue to see
+  the function return *inside* the thread: Ray's controller kills the worker actors within one health
+  check (2 s) of the thread's end, which can be before a watcher outside the thread wrote the report;
 - a multiprocessing child (``torch.multiprocessing.spawn``: Lightning's ddp_spawn, accelerate's
   notebook_launcher): a multiprocessing finaliser.  Such children end by ``os._exit`` (no atexit); the
   finaliser runs while the child's SystemExit propagates, and torch's ``_wrap`` turns the function's
@@ -29,6 +31,7 @@ def install(finish: Finish) -> None:
     caller = threading.current_thread()
     if caller is not threading.main_thread():
         _wrap_ray(finish, caller)
+        _finish_in_ray_thread(finish, caller)
         threading.Thread(target=_after_thread, args=(caller, finish), name="ddp-doctor-end", daemon=True).start()
         return
     import multiprocessing
@@ -88,3 +91,33 @@ def _wrap_ray(finish: Finish, thread: threading.Thread) -> None:
 
     construct_user_exception_with_traceback.__ddp_doctor_wrapped__ = fn
     runner.construct_user_exception_with_traceback = construct_user_exception_with_traceback
+
+
+class _FinishFirst:
+    """Ray's runner's exception queue, seen by the probe: the training thread's ``put(None)`` (its function
+    returned) first finishes the rank, while the thread is still alive, so Ray waits for the report."""
+
+    def __init__(self, queue, finish: Finish, thread: threading.Thread):
+        self._queue, self._finish, self._thread = queue, finish, thread
+
+    def put(self, item, *args, **kwargs):
+        if item is None and threading.current_thread() is self._thread:
+            self._finish(0)
+        return self._queue.put(item, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._queue, name)
+
+
+def _finish_in_ray_thread(finish: Finish, thread: threading.Thread) -> None:
+    """Find Ray Train's ``ThreadRunner`` running this thread (the ``self`` of its ``_run_target`` frame) and
+    see its function's return through the runner's queue (see :class:`_FinishFirst`)."""
+    f = sys._getframe(1)
+    while f is not None:
+        runner = f.f_locals.get("self") if f.f_code.co_name == "_run_target" else None
+        queue = getattr(runner, "_exc_queue", None)
+        if queue is not None and callable(getattr(queue, "put", None)):
+            if not isinstance(queue, _FinishFirst):
+                runner._exc_queue = _FinishFirst(queue, finish, thread)
+            return
+        f = f.f_back

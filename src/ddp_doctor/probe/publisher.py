@@ -11,7 +11,7 @@ import json
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ddp_doctor import store as side
 from ddp_doctor import frames as kinds
@@ -247,10 +247,11 @@ def no_gc():
 class Publisher(threading.Thread):
     """Daemon thread: connect to the watcher's store, post state, answer stack requests."""
 
-    def __init__(self, rec: Recorder, address: str) -> None:
+    def __init__(self, rec: Recorder, address: "str | Callable[[], tuple[str, int]]") -> None:
+        """``address``: host:port, or what looks it up (rank 0's announcement) while the channel connects."""
         super().__init__(name="ddp-doctor-probe", daemon=True)
         self.rec = rec
-        self.host, self.port = side.split_address(address)
+        self.where = (lambda: side.split_address(address)) if isinstance(address, str) else address
         self.store = self._channel()
         self.last_req = 0
         self.stopped = threading.Event()
@@ -263,7 +264,7 @@ class Publisher(threading.Thread):
         """Signed, never-blocking client of the watcher's store (``ddp_doctor.channel``)."""
         from ddp_doctor.channel import SideChannel, job_secret
 
-        return SideChannel(connect=lambda: side.tcp_client(self.host, self.port, timeout_s=15), secret=job_secret(),
+        return SideChannel(connect=lambda: side.tcp_client(*self.where(), timeout_s=15), secret=job_secret(),
                            deadline=DEADLINE_S, give_up_s=GIVE_UP_S)
 
     def _state_json(self, *, with_stack: bool) -> str:

@@ -2,9 +2,9 @@
 
 Activation: ``ddp_doctor.watch()`` in the rank's program, or ``-m ddp_doctor.probe`` in front of the script
 (``torchrun --nproc-per-node 2 -m ddp_doctor.probe train.py``).  Without ``ddp-doctor run`` around it,
-there is no launcher-side watcher, so rank 0 hosts the side-channel TCPStore on
-``MASTER_ADDR:(MASTER_PORT+1)`` (``DDP_DOCTOR_PORT`` overrides; without MASTER_* the default group's
-rendezvous address, see ``store.embedded_address``) and runs the same :class:`~ddp_doctor.watcher.Watcher`
+there is no launcher-side watcher, so rank 0 hosts the side-channel TCPStore (once the default group
+exists, on a port the OS picks, announced in torch's store; before, on ``MASTER_ADDR:(MASTER_PORT+1)``:
+see ``Probe._embedded``) and runs the same :class:`~ddp_doctor.watcher.Watcher`
 in a thread; the other ranks publish to it.  On a diagnosis rank 0 writes the report, prints it, and sets
 ``ddpd/stop``: every probe then terminates its own rank and DataLoader workers, so the launcher sees the
 job fail instead of hanging until a timeout.  A job that ends without one gets its report once rank 0
@@ -29,12 +29,13 @@ FINAL_WAIT_S = 10.0  # rank 0 finished: how long its report waits for the other 
 
 
 def start_in_rank0(address: str, world: int):
-    """Host the store and start the watcher thread (called by the probe on global rank 0); returns what the
-    probe runs once rank 0 finished: the report of a job the watcher had no reason to stop."""
+    """Host the store (port 0: one the OS picks) and start the watcher thread (called by the probe on global
+    rank 0); returns (what the probe runs once rank 0 finished: the report of a job the watcher had no
+    reason to stop, the port the store listens on)."""
     from ddp_doctor.store import host_store
     from ddp_doctor.watcher import Watcher
 
-    store, _ = host_store(int(address.rpartition(":")[2]))
+    store, port = host_store(int(address.rpartition(":")[2]))
     _check_destinations()
     ht = os.environ.get("DDP_DOCTOR_HANG_TIMEOUT")
     own_dir = not os.environ.get("DDP_DOCTOR_DIR")
@@ -48,7 +49,7 @@ def start_in_rank0(address: str, world: int):
     w.start()
     threading.Thread(target=_warnings, args=(w,), name="ddp-doctor-warn", daemon=True).start()
     _keep.append((store, w))
-    return lambda: _final_report(w, t0, reported)
+    return (lambda: _final_report(w, t0, reported)), port
 
 
 def _ended(w) -> bool:
