@@ -4,6 +4,7 @@ and the source, with each rank's way and values."""
 from __future__ import annotations
 
 import textwrap
+from dataclasses import replace
 import threading
 
 import torch
@@ -451,3 +452,58 @@ def test_a_ddp_call_at_an_unknown_line_is_not_a_parting():
     assert parted_calls(fps) == {}
     fps[0][("world", 0)] = Collective("world", 0, op, site=Site("/u/train.py", 40, "evaluate"))
     assert set(parted_calls(fps)) == {0, 1}
+
+
+def _in_grad_sync(st: RankState, forwards: int, syncs: int) -> RankState:
+    from ddp_doctor.evidence import Collective
+    from ddp_doctor.diagnose.grad_sync import GRAD_SYNC
+
+    return replace(st, forwards=forwards, sync_forwards=syncs, in_collective=Collective("pg:0,1", syncs, GRAD_SYNC))
+
+
+def test_a_rank_local_no_sync_choice_is_the_decision(tmp_path):
+    """Gradient accumulation to a per-rank token budget: the ranks leave no_sync() after different
+    micro-batches; the choice of the context manager is where they parted, with the count it read."""
+    path = _script(tmp_path, """
+        def main(model, batches):
+            tokens = 0
+            for ids in batches:
+                tokens += count(ids)
+                sync_now = tokens >= 96
+                ctx = nullcontext() if sync_now else model.no_sync()  # decision
+                with ctx:
+                    model(ids).sum().backward()  # rank1
+                if sync_now:
+                    tokens = 0
+            dist.barrier()  # rank0
+    """)
+    dec, r0, r1 = _line(path, "# decision"), _line(path, "# rank0"), _line(path, "# rank1")
+    ranks = {0: _in_grad_sync(_rank(0, [Site(path, r0, "main")], {"main": {"tokens": "40"}}), 48, 12),
+             1: _in_grad_sync(_rank(1, [Site(path, r1, "main")], {"main": {"tokens": "101", "sync_now": "True"}}), 46, 13)}
+    f = Finding("DDP101", "Ranks ran different numbers of steps.", "", location=Location(path, r1, "main"), ranks=[0])
+    provenance.with_decisions([f], ranks)
+    d = f.evidence["decision"]
+    assert f.location.line == dec and d["kind"] == "value" and "model.no_sync()" in d["condition"]
+    assert d["ways"] == {"1": "synced gradients after 13 of 46 forwards", "0": "synced gradients after 12 of 48 forwards"}
+    assert d["values"]["1"] == {"sync_now": "True", "tokens": "101"}
+
+
+def test_an_accumulation_schedule_on_the_step_is_not_the_decision(tmp_path):
+    """`if (step + 1) % accum != 0: with model.no_sync()` is the same on every rank at one step: ranks whose
+    syncs differ parted elsewhere (uneven batches), so the choice is not named."""
+    path = _script(tmp_path, """
+        def main(model, loader, accum):
+            for step, ids in enumerate(loader):
+                if (step + 1) % accum != 0:
+                    with model.no_sync():
+                        model(ids).sum().backward()
+                else:
+                    model(ids).sum().backward()  # rank1
+            dist.barrier()  # rank0
+    """)
+    r0, r1 = _line(path, "# rank0"), _line(path, "# rank1")
+    ranks = {0: _in_grad_sync(_rank(0, [Site(path, r0, "main")]), 40, 10),
+             1: _in_grad_sync(_rank(1, [Site(path, r1, "main")]), 44, 11)}
+    from ddp_doctor.diagnose.grad_sync import sync_choice
+
+    assert sync_choice(ranks) is None

@@ -12,73 +12,17 @@ from __future__ import annotations
 import ast
 import os
 import re
-from dataclasses import dataclass
 
-from ddp_doctor.evidence import FrameValues, RankState, Site
+from ddp_doctor.evidence import RankState, Site
 from ddp_doctor.findings import Finding, Location, runtime_fix
-from ddp_doctor.frames import is_user
+from ddp_doctor.diagnose.decision import Decision, user_stack, values_at, why_it_varies
 from ddp_doctor.diagnose.collectives import NOT_MEMBER
+from ddp_doctor.diagnose.grad_sync import sync_choice
 from ddp_doctor.diagnose.source import (LOOPS, RANK_WORDS, arm, exits_in, function_at, keyword, loop_targets,
                                          names_read, own_nodes, parse_file, reads_rank, source_of, within)
 
-_CLOCK_WORDS = re.compile(r"\btime\b|time\(|monotonic|perf_counter|clock|elapsed|deadline|seconds|wall", re.I)
-_NAN_WORDS = re.compile(r"isnan|isfinite|isinf|\bnan\b|\binf\b", re.I)
-_EMPTY_WORDS = re.compile(r"\bis None\b|\bis not None\b|\blen\(|numel\(|\bempty\b|\bnot \w+$", re.I)
-_FILE_WORDS = re.compile(r"exists\(|isfile\(|isdir\(|os\.path|glob\(|listdir\(", re.I)
-_EMPTY = ("None", "list of 0", "tuple of 0", "dict of 0")
-_NONFINITE = ("nan", "inf", "-inf")
 
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """The decision the ranks parted at, as a finding tells it."""
-    site: Site                                   # the `if` of a branch; the `break`/`continue`/`return` of an exit
-    kind: str                                    # "if" (a branch) | "return" | "break" | "continue" | "raise"
-    condition: str                               # the test's source ("rank == 0", "val_loss < best")
-    ways: tuple[tuple[int, str], ...]            # (rank, which way it went)
-    values: tuple[tuple[int, tuple[tuple[str, str], ...]], ...] = ()  # (rank, the test's names and values)
-    why: str = ""
-    alone: tuple[int, ...] = ()  # ranks that went on into a collective the others' way skips (their call
-    #                              is one only some ranks make: DDP201), when the decision shows it
-
-    def text(self) -> str:
-        """"The ranks parted at `if val_loss < best:` (train.py:57): rank 0 went into it, ...; values ..."."""
-        what = {"if": f"`if {self.condition}:`", "decorator": f"`@{self.condition}`",
-                "value": f"`{self.condition}`", "while": f"`while {self.condition}:`",
-                "for": f"`for {self.condition}:`"}.get(
-            self.kind, f"`{self.kind}` under `if {self.condition}:`")
-        by_way: dict[str, list[int]] = {}
-        for r, w in self.ways:
-            by_way.setdefault(w, []).append(r)
-        ways = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} {w}" for w, rs in by_way.items())
-        out = f"The ranks parted at {what} ({os.path.basename(self.site.path)}:{self.site.line}): {ways}."
-        if self.values:
-            vals = "; ".join(f"rank {r}: " + ", ".join(f"{k}={v}" for k, v in kv) for r, kv in self.values)
-            out += f" Values there when the job was diagnosed: {vals}."
-        return out + (f" {self.why}" if self.why else "")
-
-    def to_json(self) -> dict:
-        return {"site": self.site.to_json(), "kind": self.kind, "condition": self.condition,
-                "ways": {str(r): w for r, w in self.ways},
-                "values": {str(r): dict(kv) for r, kv in self.values}, "why": self.why}
-
-
-# -- the ranks' frames --------------------------------------------------------------------------
-def _user_stack(st: RankState) -> list[Site]:
-    """The rank's user frames, outermost first.  faulthandler keeps the innermost 100 frames only, so a
-    rank deep in an import (DDP's first call imports torch's dynamo) shows none of the user's: then the
-    frames the probe read values from (its innermost user frames, from the live frame chain)."""
-    frames = [f for f in st.stack if is_user(f.path)]
-    if frames:
-        return frames
-    main = next((t for t in st.threads if t.main), None)
-    if main is not None and main.values:
-        return [fv.site for fv in reversed(main.values)]
-    # a rank that failed inside a collective (a broken connection once the other rank ended): where it waited,
-    # by its traceback; an error raised after a collective (a consequence of what it received) says nothing
-    return [f for f in st.exc.traceback if is_user(f.path)] if st.exc and st.exc.collective else []
-
-
+# -- locating ----------------------------------------------------------------------------------------
 def _aligned(sa: list[Site], sb: list[Site]) -> tuple[list[Site], list[Site]]:
     """Both stacks from their first common function on (one may lack outer frames)."""
     same = lambda x, y: x.path == y.path and x.function == y.function  # noqa: E731
@@ -89,61 +33,18 @@ def _aligned(sa: list[Site], sb: list[Site]) -> tuple[list[Site], list[Site]]:
     return sa, sb
 
 
-def _frame_values(st: RankState, path: str, function: str | None) -> FrameValues | None:
-    main = next((t for t in st.threads if t.main), None)
-    for fv in main.values if main else ():
-        if os.path.basename(fv.site.path) == os.path.basename(path) and fv.site.function == function:
-            return fv
-    return None
-
-
-def _values(ranks: dict[int, RankState], order: list[int], site: Site, names: list[str]):
-    out = []
-    for r in order:
-        fv = _frame_values(ranks[r], site.path, site.function)
-        if fv is None:
-            continue
-        got = dict(fv.values)
-        kv = tuple((n, got[n]) for n in names if n in got)
-        if kv:
-            out.append((r, kv))
-    return tuple(out)
-
-
-def why_it_varies(condition: str, values, by_rank: bool) -> str:
-    """Why a condition's value differs between ranks, from its text, the values seen, and whether it reads
-    the rank (``by_rank``)."""
-    seen = [v for _r, kv in values for _k, v in kv]
-    if by_rank:
-        return "The condition reads the rank itself: the ranks take different ways by design."
-    if _NAN_WORDS.search(condition) or any(v.removeprefix("tensor(").rstrip(")") in _NONFINITE for v in seen):
-        return "It tests for a NaN/inf, which one rank's own batch can produce while the others' do not."
-    if _EMPTY_WORDS.search(condition) or (len(set(seen)) > 1 and any(v in _EMPTY for v in seen)):
-        return "It tests for an empty or missing batch or shard, which only some ranks may get."
-    if _FILE_WORDS.search(condition):
-        return ("It reads the file system, which each rank sees on its own (a file one rank wrote, a node-local "
-                "disk, a race with the rank that writes it).")
-    if _CLOCK_WORDS.search(condition):
-        return "It reads the wall clock, which differs between ranks."
-    if len({kv for _r, kv in values}) > 1:
-        return ("Its values differ between the ranks: they are computed from each rank's own data (a shard-local "
-                "metric or count), so each rank decides differently.")
-    return "It is computed from each rank's own data, so the ranks can decide differently."
-
-
-# -- locating ----------------------------------------------------------------------------------------
 def locate(fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
     """The decision the ranks ``fault`` parted from the others at, found from where each rank is now."""
-    a = next((r for r in fault if r in ranks and _user_stack(ranks[r])), None)
+    a = next((r for r in fault if r in ranks and user_stack(ranks[r])), None)
     if a is None:
         return None
-    sa = _user_stack(ranks[a])
+    sa = user_stack(ranks[a])
     # another rank not at fault; when every rank is (a mismatch), one that stands somewhere else
     others = [r for r in sorted(ranks) if r not in fault] or [r for r in sorted(ranks) if r != a]
-    b = next((r for r in others if _user_stack(ranks[r]) and _user_stack(ranks[r]) != sa), None)
+    b = next((r for r in others if user_stack(ranks[r]) and user_stack(ranks[r]) != sa), None)
     if b is None:
         return None
-    sa, sb = _aligned(sa, _user_stack(ranks[b]))
+    sa, sb = _aligned(sa, user_stack(ranks[b]))
     i = 0
     while i < min(len(sa), len(sb)) and sa[i].path == sb[i].path and sa[i].function == sb[i].function:
         if sa[i].line != sb[i].line:
@@ -177,7 +78,7 @@ def rank_branch(frame: Site, inside: list[int], ranks: dict[int, RankState]) -> 
     order = list(inside) + [r for r in sorted(ranks) if r not in inside]
     way = "went into it" if arm(node, frame.line) == "body" else "took its `else`"
     ways = tuple((r, way) for r in inside) + tuple((r, "did not") for r in sorted(ranks) if r not in inside)
-    return Decision(site, "if", cond, ways, _values(ranks, order, site, names), why_it_varies(cond, (), True))
+    return Decision(site, "if", cond, ways, values_at(ranks, order, site, names), why_it_varies(cond, (), True))
 
 
 def _parted_in(path, function, line, a, b, ranks, sa, sb, depth) -> Decision | None:
@@ -240,19 +141,19 @@ def _branch(fn, lines, line, a, b, ranks, path, function) -> Decision | None:
     order = [a, b] + [r for r in sorted(ranks) if r not in (a, b)]
     site_of = lambda n: Site(path, n.lineno, function)  # noqa: E731
     node = _ranked(cands, path, fn,
-                   lambda n: _values(ranks, order, site_of(n), names_read(n.test)))
+                   lambda n: values_at(ranks, order, site_of(n), names_read(n.test)))
     if node is None:
         return None
     way = {"body": "went into it", "orelse": "took its `else`", "test": "was evaluating it",
            None: "went past it"}
     ways = []
     for r in order:  # every rank whose stack holds this function: which arm its line is in
-        at = line.get(r) or next((f.line for f in _user_stack(ranks[r]) if f.path == path and f.function == function),
+        at = line.get(r) or next((f.line for f in user_stack(ranks[r]) if f.path == path and f.function == function),
                                  None)
         if at is not None:
             ways.append((r, way[arm(node, at)]))
     names, cond = names_read(node.test), source_of(node.test, lines)
-    vals = _values(ranks, order, site_of(node), names)
+    vals = values_at(ranks, order, site_of(node), names)
     # the ranks inside an arm that does not leave (no return/raise/break/continue) come back to the others'
     # path: their collective there is one the others skip; an arm that leaves is the others' alternative
     inside = tuple(r for r, w in ways if w == "went into it")
@@ -286,13 +187,13 @@ def _loop_exit(fn, lines, line, a, b, ranks, path, function, sure: bool = False)
         for loop in sorted(loops, key=lambda n: -n.lineno):  # the innermost loop first
             exits = exits_in(loop)
             node = _ranked([c for _e, c in exits], path, fn,
-                           lambda n: _values(ranks, order, Site(path, n.lineno, function), names_read(n.test)),
+                           lambda n: values_at(ranks, order, Site(path, n.lineno, function), names_read(n.test)),
                            sure=sure) if exits else None
             if node is None:
                 continue
             stmt = next(e for e, c in exits if c is node)
             names = names_read(node.test)
-            vals = _values(ranks, order, Site(path, node.lineno, function), names)
+            vals = values_at(ranks, order, Site(path, node.lineno, function), names)
             verb = "returned" if isinstance(stmt, ast.Return) else "left the loop"
             ways = ((left, f"{verb} at line {stmt.lineno}"), (stayed, "stayed in the loop"))
             return Decision(Site(path, stmt.lineno, function), keyword(stmt), source_of(node.test, lines), ways, vals,
@@ -311,7 +212,7 @@ def _loop_header(loop, lines, left, stayed, ranks, path, fn, function) -> tuple[
     ways = ((left, "left the loop"), (stayed, "stayed in the loop"))
     at = Site(path, loop.lineno, function)
     expr = loop.test if isinstance(loop, ast.While) else loop.iter
-    vals = _values(ranks, [left, stayed], at, names_read(expr))
+    vals = values_at(ranks, [left, stayed], at, names_read(expr))
     by_rank = reads_rank(path, fn, expr)
     evident = by_rank or len({kv for _r, kv in vals}) > 1
     if isinstance(loop, ast.While):
@@ -321,7 +222,7 @@ def _loop_header(loop, lines, left, stayed, ranks, path, fn, function) -> tuple[
     count = _rank_assignment(fn, loop.iter, path)  # the rank-local value the loop counts with
     if count is not None:
         return Decision(Site(path, count.lineno, function), "value", source_of(count, lines), ways,
-                        _values(ranks, [left, stayed], Site(path, count.lineno, function), names_read(count.value)),
+                        values_at(ranks, [left, stayed], Site(path, count.lineno, function), names_read(count.value)),
                         f"`for {cond}:` runs a different number of times per rank: the count comes from the rank."), True
     return Decision(at, "for", cond, ways, vals,
                     "The ranks ran this loop a different number of times: what it iterates yields a different "
@@ -355,12 +256,12 @@ def _early_exit(frame: Site, inside: int, other: int, ranks) -> Decision | None:
                 cands.append(node)
     order = [inside, other]
     node = _ranked(cands, frame.path, fn,
-                   lambda n: _values(ranks, order, Site(frame.path, n.lineno, frame.function), names_read(n.test)))
+                   lambda n: values_at(ranks, order, Site(frame.path, n.lineno, frame.function), names_read(n.test)))
     if node is None:
         return None
     stmt = next(s for s in node.body + node.orelse if isinstance(s, (ast.Return, ast.Raise)))
     names = names_read(node.test)
-    vals = _values(ranks, order, Site(frame.path, node.lineno, frame.function), names)
+    vals = values_at(ranks, order, Site(frame.path, node.lineno, frame.function), names)
     ways = ((other, f"returned early from {frame.function}() at line {stmt.lineno}"),
             (inside, f"went on in {frame.function}() to line {frame.line}"))
     return Decision(Site(frame.path, stmt.lineno, frame.function), keyword(stmt), source_of(node.test, lines), ways, vals,
@@ -383,7 +284,7 @@ def explain_at(site: Site, fault: list[int], ranks: dict[int, RankState]) -> Dec
             function = fn.name if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else "<module>"
             names = names_read(node.test)
             order = list(fault) + [r for r in sorted(ranks) if r not in fault]
-            vals = _values(ranks, order, Site(site.path, node.lineno, function), names)
+            vals = values_at(ranks, order, Site(site.path, node.lineno, function), names)
             stmt = next(s for s in node.body + node.orelse if s.lineno == site.line)
             verb = {ast.Continue: "skipped the rest of a step", ast.Break: "left the loop",
                     ast.Return: "returned early", ast.Raise: "raised"}[type(stmt)]
@@ -418,7 +319,7 @@ def group_choice(site: Site, fault: list[int], ranks: dict[int, RankState]) -> D
     order = list(fault) + [r for r in sorted(ranks) if r not in fault]
     ways = tuple((r, "got a group without this rank") for r in fault) + tuple(
         (r, "got a group with this rank") for r in sorted(ranks) if r not in fault)
-    return Decision(at, "value", source_of(node, lines), ways, _values(ranks, order, at, names),
+    return Decision(at, "value", source_of(node, lines), ways, values_at(ranks, order, at, names),
                     "The group is picked from a rank-dependent value; on the ranks not in the group it picked, "
                     "new_group() had returned a placeholder and torch skips the collective.")
 
@@ -440,6 +341,8 @@ def with_decisions(findings: list[Finding], ranks: dict[int, RankState]) -> list
         at = Site(f.location.path, f.location.line, f.location.function) if f.location else None
         if f.evidence.get(NOT_MEMBER) and at is not None:
             d = group_choice(at, f.ranks, ranks)
+        elif (d := sync_choice(ranks)) is not None:
+            pass  # the ranks left DDP's no_sync() after different micro-batches
         else:
             d = locate(f.ranks, ranks) if not finished else None
         if d is None and at is not None and not finished:
@@ -449,10 +352,10 @@ def with_decisions(findings: list[Finding], ranks: dict[int, RankState]) -> list
             # taken by the ranks standing at that line
             inside = [r for r, st in sorted(ranks.items())
                       if any(fr.line == at.line and os.path.basename(fr.path) == os.path.basename(at.path)
-                             for fr in _user_stack(st))] or ([] if finished else list(f.ranks))
+                             for fr in user_stack(st))] or ([] if finished else list(f.ranks))
             if inside and len(inside) < len(ranks):
                 # the outermost rank branch on the way to that line: the callers' frames first, then the line's
-                frames = [fr for fr in _user_stack(ranks[inside[0]]) if (fr.path, fr.line) != (at.path, at.line)]
+                frames = [fr for fr in user_stack(ranks[inside[0]]) if (fr.path, fr.line) != (at.path, at.line)]
                 d = next((got for fr in frames + [at] if (got := rank_branch(fr, inside, ranks)) is not None), None)
         if d is None:
             continue
