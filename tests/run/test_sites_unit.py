@@ -280,3 +280,29 @@ def test_no_cycle_without_proof(case):
     views = {"async": lambda: _node_cycle(blocking=False), "short": lambda: _node_cycle(wait=0.3),
              "apart": lambda: _node_cycle(t1=13.0), "entered": lambda: _node_cycle(rank1_seq={"world": 6, "pg:0,1": 1})}
     assert find_desync(views[case](), 2) is None
+
+
+def _mesh_cycle(rank3_entered=False, rank2_async=False):
+    """A 2x2 mesh, tp groups [0,1] [2,3], dp groups [0,2] [1,3]: ranks 0 and 3 blocked in their tp pair's
+    all_reduce, ranks 1 and 2 in the dp group's all-gather: 0 waits for 1, 1 for 3, 3 for 2, 2 for 0."""
+    def c(group, seq, op, blocking=True):
+        return Collective(group, seq, op, ("1",), ("float32",), Site(S, 36 if op == "all_reduce" else 30, "main"),
+                          waiting_s=2.0, blocking=blocking)
+    return {0: _blocked_view(0, c("pg:0,1", 1, "all_reduce"), {"pg:0,1": 2, "pg:0,2": 12}),
+            1: _blocked_view(1, c("pg:1,3", 12, "all_gather_single"), {"pg:0,1": 1, "pg:1,3": 13}),
+            3: _blocked_view(3, c("pg:2,3", 0, "all_reduce"), {"pg:2,3": 1, "pg:1,3": 13 if rank3_entered else 12}),
+            2: _blocked_view(2, c("pg:0,2", 12, "all_gather_single", blocking=not rank2_async),
+                             {"pg:2,3": 0, "pg:0,2": 13})}
+
+
+def test_four_ranks_waiting_round_a_cycle_of_two_groups_are_proven_at_once():
+    d = find_desync(_mesh_cycle(), 4)
+    assert d is not None and d.kind == "cycle" and set(d.calls) == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("case", ["entered", "async"])
+def test_no_longer_cycle_without_proof(case):
+    """Rank 3 already entered the dp all-gather rank 1 waits in (rank 1's call can still complete), or rank 2's
+    call is an issued asynchronous one: the cycle is broken, no verdict."""
+    views = _mesh_cycle(rank3_entered=case == "entered", rank2_async=case == "async")
+    assert find_desync(views, 4) is None

@@ -147,12 +147,15 @@ def group_members(group: str | None, world: list[int]) -> list[int] | None:
     return None if members is None else sorted(members)
 
 
-def on_group(group: str | None) -> str:
-    """A group in words: "world", or the subgroup's key with its ranks ("pg:0,1 (ranks 0, 1)")."""
+def on_group(group: str | None, ranks: dict[int, RankState] | None = None) -> str:
+    """A group in words: "world", or the subgroup's key with its ranks and, for a DeviceMesh's group, the
+    dimension the ranks named it ("pg:0,1 (ranks 0, 1; mesh dimension 'tp')")."""
     members = group_members(group, [])
     if group in (None, "world", GROUP_CREATION) or not members:
         return group or "world"
-    return f"{group} (ranks {', '.join(map(str, members))})"
+    dims = sorted({st.mesh_dims[group] for st in (ranks or {}).values() if group in st.mesh_dims})
+    dim = f"; mesh dimension {' / '.join(repr(x) for x in dims)}" if dims else ""
+    return f"{group} (ranks {', '.join(map(str, members))}{dim})"
 
 
 def blame_positions(in_coll: dict[int, Collective], ranks: dict[int, RankState]) -> tuple | None:
@@ -214,7 +217,7 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
     rs = ", ".join(map(str, sorted(fault)))
     own = sorted({calls[r].group for r in fault if calls.get(r)} - {None, "world", GROUP_CREATION})
     if own:  # a subgroup's collective: "the other ranks" are the group's other members
-        on = f" on {' and '.join(on_group(g) for g in own)}"
+        on = f" on {' and '.join(on_group(g, ranks) for g in own)}"
         never = f"a line the other ranks of {'that group' if len(own) == 1 else 'those groups'} never reach"
     else:
         on, never = "", "a line the other ranks never reach"
@@ -230,7 +233,7 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
                f"(collective #{seq} on {group}: {calls_txt}).")
         fix = FIX_202
     elif code == "DDP203" and set(at_fault) <= set(passed_not_member(calls, ranks)):
-        waiting = "; ".join(f"rank {r} waits in {c.op} on {on_group(c.group)}"
+        waiting = "; ".join(f"rank {r} waits in {c.op} on {on_group(c.group, ranks)}"
                             for r, c in sorted(calls.items()) if c and r not in fault and not c.op.startswith("ddp."))
         op = next(c.op for c in calls.values() if c and not c.op.startswith("ddp."))
         msg = (f"Rank {rs} called {op}() at {where(site)} with a process group {'it is not a member' if len(fault) == 1 else 'they are not members'} "
@@ -251,7 +254,7 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
         if differs:  # the tensors are spelled out there, rank by rank
             calls_txt = "; ".join(f"rank {r}: {_call_text(c, group, seq, tensors=False)}"
                                   for r, c in sorted(calls.items()) if c)
-        msg = (f"At collective #{seq} on {on_group(group)} the ranks disagree: {calls_txt}.{differs} gloo/NCCL pair "
+        msg = (f"At collective #{seq} on {on_group(group, ranks)} the ranks disagree: {calls_txt}.{differs} gloo/NCCL pair "
                f"calls by position only, so this hangs, crashes or silently mixes data. {detected_how}.")
         fix = sized.fix if sized else FIX_203
     ev = {"group": group, "seq": seq, "calls": {str(r): c for r, c in calls.items() if c}, **step_evidence(ranks)}
@@ -349,11 +352,11 @@ def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Finding]:
                                       "Detected as it happened, before any timeout: the ranks wait for each other "
                                       "in collectives of different groups")]
     shown = "; ".join(f"rank {r}: {_call_text(c, d.group, d.seq)}" for r, c in sorted(calls.items()))
-    api = _api_parted(ranks, f"it showed as a mismatch at collective #{d.seq} on {on_group(d.group)} ({shown})")
+    api = _api_parted(ranks, f"it showed as a mismatch at collective #{d.seq} on {on_group(d.group, ranks)} ({shown})")
     if api is not None:
         return [api]
     parted = from_parted(ranks, dict(d.parted), f"it showed as a mismatch at collective #{d.seq} on "
-                                                 f"{on_group(d.group)} ({shown})", lint)
+                                                 f"{on_group(d.group, ranks)} ({shown})", lint)
     if parted is not None:
         parted.evidence.update({"group": d.group, "seq": d.seq, "calls": {str(r): c for r, c in calls.items()}})
         return [parted]

@@ -6,7 +6,8 @@ from ddp_doctor.evidence import Collective, JobEvidence, RankState, Verdict
 from ddp_doctor.findings import Finding, runtime_fix
 
 from ddp_doctor.diagnose.blame import agreement
-from ddp_doctor.diagnose.collectives import blame_positions, classify_calls, finding_for_calls, passed_not_member
+from ddp_doctor.diagnose.collectives import (blame_positions, classify_calls, finding_for_calls, on_group,
+                                             passed_not_member)
 from ddp_doctor.diagnose.common import (FIX_201, FIX_202, doing, loc, others_text, rank_site, ranks_of,
                                         step_evidence, user_frame, where)
 from ddp_doctor.diagnose.exits import diagnose_exit
@@ -54,7 +55,7 @@ def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Finding]:
         code = "DDP202" if op.startswith("ddp.forward") else "DDP201"
         fault = set(subset)
         msg = (f"Rank {', '.join(map(str, sorted(fault)))} waits in {op}() at {where(site)} "
-               f"(collective #{seq} on {group}), which the other ranks never entered: "
+               f"(collective #{seq} on {on_group(group, ranks)}), which the other ranks never entered: "
                f"{others_text(ranks, fault)}. {how}.")
         ev_ = {"group": group, "seq": seq, "in_collective": {str(r): c for r, c in in_coll.items()},
                "where": {str(r): rank_site(st) for r, st in out_coll.items()}, **stall, **step_evidence(ranks)}

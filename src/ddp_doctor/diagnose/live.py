@@ -234,13 +234,15 @@ def parted_calls(fps: dict[int, Any], group: str | None = None, before: int | No
 
 
 def _waiting_for_each_other(seen: list[Any], world_size: int) -> Verdict | None:
-    """Two ranks blocked in collectives of different groups, each in a call the other has not entered: rank
-    a waits at (G, s) for b, a member of G; b waits at (H, t) for a, a member of H.  Neither call can
-    return (gloo's collectives wait for every member), so they never will: proof of a deadlock, which no
-    single group's sequence shows (a rank-conditional collective inside a node group while its peer is in
-    the world group's gradient all-reduce).  Only calls the rank's thread is inside (not asynchronous
-    ones, which it may overtake), of known groups (group creation waits for its members only), waited in
-    for at least ``CYCLE_S`` by states published within that time of each other: the two waits overlapped."""
+    """Ranks blocked in collectives of different groups, each waiting for the next around a cycle: rank a
+    waits at (G, s) for b, a member of G that has not entered that call, being blocked at (H, t) of another
+    group, where it waits for c ... and so back to a.  No call on the cycle can return (gloo's collectives
+    wait for every member), so none ever will: proof of a deadlock, which no single group's sequence shows
+    (a rank-conditional collective inside a node group while its peer is in the world group's gradient
+    all-reduce; on a 2-D mesh, a "tp" pair's all-reduce while the partner is in the "dp" group's all-gather,
+    four ranks round).  Only calls the rank's thread is inside (not asynchronous ones, which it may
+    overtake), of known groups (group creation waits for its members only), waited in for at least
+    ``CYCLE_S``, by states that show one moment: the waits on the cycle all overlapped."""
     blocked = {}
     for v in seen:
         st, c = v.state, v.state.in_collective
@@ -249,17 +251,31 @@ def _waiting_for_each_other(seen: list[Any], world_size: int) -> Verdict | None:
         if c.group == GROUP_CREATION or (c.waiting_s or 0) < CYCLE_S or st.t is None:
             continue
         blocked[v.rank] = (st, c)
-    for a, (sa, ca) in sorted(blocked.items()):
-        members_g = group_ranks(ca.group, world_size) or set()
-        for b, (sb, cb) in sorted(blocked.items()):
-            if b == a or b not in members_g or cb.group == ca.group:
-                continue
-            if a not in (group_ranks(cb.group, world_size) or set()):
-                continue
-            if abs(sa.t - sb.t) > min(ca.waiting_s, cb.waiting_s):
-                continue  # the two states may not show one moment
-            if sb.seq.get(ca.group, 0) <= ca.seq and sa.seq.get(cb.group, 0) <= cb.seq:
-                return Verdict("desync", kind="cycle", group=ca.group, seq=ca.seq, calls={a: ca, b: cb})
+
+    def waits_for(a: int) -> list[int]:
+        sa, ca = blocked[a]
+        members = group_ranks(ca.group, world_size) or set()
+        return [b for b, (sb, cb) in sorted(blocked.items())
+                if b != a and b in members and cb.group != ca.group and sb.seq.get(ca.group, 0) <= ca.seq]
+
+    def overlapped(cycle: list[int]) -> bool:
+        return max(blocked[r][0].t - blocked[r][1].waiting_s for r in cycle) <= min(blocked[r][0].t for r in cycle)
+
+    for start in sorted(blocked):
+        path, todo, visited = [start], [iter(waits_for(start))], {start}
+        while todo:
+            nxt = next(todo[-1], None)
+            if nxt is None:
+                path.pop()
+                todo.pop()
+            elif nxt == start and len(path) > 1 and overlapped(path):
+                ca = blocked[start][1]
+                return Verdict("desync", kind="cycle", group=ca.group, seq=ca.seq,
+                               calls={r: blocked[r][1] for r in path})
+            elif nxt not in visited and nxt > start:  # each cycle from its lowest rank; each rank once
+                visited.add(nxt)
+                path.append(nxt)
+                todo.append(iter(waits_for(nxt)))
     return None
 
 

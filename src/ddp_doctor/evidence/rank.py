@@ -50,6 +50,7 @@ class RankState:
     fingerprints: tuple[Collective, ...] = ()
     site_counts: tuple[SiteCount, ...] = ()
     not_member: tuple[SiteCount, ...] = ()  # calls on a group the rank is not in (no-ops in torch), per line
+    mesh_dims: Mapping[str, str] = field(default_factory=dict)  # group key -> its DeviceMesh dimension name
     timing: Timing | None = None
     coll_count: int = 0
     coll_time_s: float = 0.0
@@ -167,6 +168,7 @@ class RankState:
                                for g, s, op, sh, dt, si, ep, st, *j in d.get("fingerprints") or ()),
             site_counts=tuple(SiteCount(op, at(si), n) for op, si, n in d.get("site_counts") or ()),
             not_member=tuple(SiteCount(op, at(si), n) for op, si, n in d.get("not_member") or ()),
+            mesh_dims=dict(d.get("mesh_dims") or {}),
             timing=Timing.from_json(d.get("timing")), coll_count=colls.get("count") or 0,
             coll_time_s=colls.get("time_s") or 0.0,
             loaders=tuple(LoaderState.from_json(ld) for ld in d.get("loaders") or ()),
@@ -193,7 +195,7 @@ def missing_rank(rank: int) -> RankState:
 
 # newer fields, left out when unknown (older captures and states round-trip unchanged)
 _OMIT_WHEN_NONE = frozenset({"activity", "pg_timeout_s", "idle_s", "sync_forwards", "syncs_skipped", "skipped_syncs",
-                             "teardown", "refused"})
+                             "teardown", "refused", "mesh_dims"})
 # encoded field by field; the others have a compact encoding of their own in to_json
 _PLAIN_FIELDS = tuple(f.name for f in fields(RankState)
                       if f.name not in ("fingerprints", "site_counts", "not_member", "perf", "sites_seen", "coll_count",

@@ -21,6 +21,7 @@ import weakref
 from typing import Any, Callable
 
 _group_keys: dict[int, tuple] = {}  # id(group) -> (weak reference, key)
+mesh_dims: dict[str, str] = {}  # group key -> the DeviceMesh dimension it is ("tp"), from torch's group_desc
 
 
 def group_key(group) -> str | None:
@@ -42,6 +43,9 @@ def group_key(group) -> str | None:
             key = "world"
         else:
             key = "pg:" + ",".join(str(r) for r in c10d.get_process_group_ranks(group))
+            desc = getattr(group, "group_desc", "") or ""
+            if desc.startswith("mesh_") and desc != "mesh_default":  # init_device_mesh's f"mesh_{dim_name}"
+                mesh_dims[key] = desc[len("mesh_"):]
     except Exception:
         key = "pg?"
     try:
