@@ -507,3 +507,26 @@ def test_an_accumulation_schedule_on_the_step_is_not_the_decision(tmp_path):
     from ddp_doctor.diagnose.grad_sync import sync_choice
 
     assert sync_choice(ranks) is None
+
+
+def test_a_sync_flag_passed_into_a_helper_is_the_decision(tmp_path):
+    """The choice made in a helper from a flag its caller computed per rank: the helper's choice, with the flag."""
+    path = _script(tmp_path, """
+        def micro_step(model, ids, sync):
+            with (nullcontext() if sync else model.no_sync()):  # decision
+                model(ids).sum().backward()  # rank1
+
+        def main(model, batches):
+            for ids in batches:
+                micro_step(model, ids, count(ids) > 40)  # call
+            dist.barrier()  # rank0
+    """)
+    dec, call, r0, r1 = (_line(path, m) for m in ("# decision", "# call", "# rank0", "# rank1"))
+    ranks = {0: _in_grad_sync(_rank(0, [Site(path, r0, "main")]), 48, 12),
+             1: _in_grad_sync(_rank(1, [Site(path, call, "main"), Site(path, r1, "micro_step")],
+                                    {"micro_step": {"sync": "True"}}), 46, 13)}
+    from ddp_doctor.diagnose.grad_sync import sync_choice
+
+    d = sync_choice(ranks)
+    assert d is not None and d.site.line == dec and d.site.function == "micro_step"
+    assert dict(d.values) == {1: (("sync", "True"),)}

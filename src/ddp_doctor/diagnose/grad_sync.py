@@ -44,6 +44,11 @@ def _assigned(fn: ast.AST) -> set[str]:
             for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
 
 
+def _parameters(fn: ast.AST) -> set[str]:
+    args = getattr(fn, "args", None)
+    return {a.arg for a in (args.posonlyargs + args.args + args.kwonlyargs)} if args is not None else set()
+
+
 def _one_hop(fn: ast.AST, names: list[str], before: int) -> list[str]:
     """The names plus those their last assignment before line ``before`` read (``sync_now = tokens >= budget``)."""
     out = list(names)
@@ -81,8 +86,11 @@ def sync_choice(ranks: dict[int, RankState]) -> Decision | None:
         loop_vars = loop_targets(fn)
         # the choice reads a value the function itself keeps changing (a running count), or the rank;
         # `(step + 1) % accum` (a loop variable, a fixed argument) is the same on every rank at one step
+        read = {n.split(".")[0] for n in _one_hop(fn, names, stmt.lineno)}
         kept = _assigned(fn) - loop_vars
-        if not (reads_rank(frame.path, fn, test) or any(n.split(".")[0] in kept for n in _one_hop(fn, names, stmt.lineno))):
+        if not read & loop_vars:  # a flag the caller passes in (``train_step(..., sync=...)``) decides too
+            kept |= _parameters(fn)
+        if not (reads_rank(frame.path, fn, test) or read & kept):
             return None
         site = Site(frame.path, stmt.lineno, frame.function)
         order = waiting + [r for r in sorted(ranks) if r not in waiting]
