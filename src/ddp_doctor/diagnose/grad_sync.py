@@ -72,7 +72,8 @@ def sync_choice(ranks: dict[int, RankState]) -> Decision | None:
     with_ddp = {r: st for r, st in ranks.items() if st.forwards}
     if not waiting or len({st.sync_forwards for st in with_ddp.values()}) < 2:
         return None
-    for frame in reversed(user_stack(ranks[waiting[0]])):  # the innermost function that makes the choice
+    frames = [f for r in waiting for f in reversed(user_stack(ranks[r]))]  # innermost first, rank by rank
+    for frame in frames:  # the innermost function that makes the choice
         parsed = parse_file(frame.path)
         if parsed is None:
             continue
