@@ -306,3 +306,20 @@ def test_no_longer_cycle_without_proof(case):
     call is an issued asynchronous one: the cycle is broken, no verdict."""
     views = _mesh_cycle(rank3_entered=case == "entered", rank2_async=case == "async")
     assert find_desync(views, 4) is None
+
+
+def test_two_groups_of_the_same_ranks_keep_keys_of_their_own():
+    """A gloo twin of a group (Megatron's data_parallel_group_gloo) has the same ranks: merged under one key,
+    their sequences would pair calls of two groups.  The key's suffix is the creation order, which every
+    member shares."""
+    import torch.distributed as dist
+
+    from ddp_doctor.diagnose.live import group_ranks
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        a, b = dist.new_group([0]), dist.new_group([0])
+        assert (groups.group_key(a), groups.group_key(b)) == ("pg:0", "pg:0~1")
+        assert group_ranks("pg:0~1", 1) == {0}
+    finally:
+        dist.destroy_process_group()

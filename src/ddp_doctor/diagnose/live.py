@@ -43,7 +43,7 @@ def group_ranks(group: str | None, world_size: int) -> set[int] | None:
         return set(range(world_size))
     if group and group.startswith("pg:"):
         try:
-            return {int(x) for x in group[3:].split(",") if x}
+            return {int(x) for x in group[3:].partition("~")[0].split(",") if x}
         except ValueError:
             return None
     return None

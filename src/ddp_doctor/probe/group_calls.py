@@ -25,7 +25,9 @@ mesh_dims: dict[str, str] = {}  # group key -> the DeviceMesh dimension it is ("
 
 
 def group_key(group) -> str | None:
-    """The group's key, "world" or "pg:0,1" (its global ranks); None for a group this rank is not in
+    """The group's key, "world" or "pg:0,1" (its global ranks; "pg:0,1~1" for the second group of the same
+    ranks, by creation order, which every member shares: Megatron-style NCCL and gloo twins of one group
+    keep sequences of their own); None for a group this rank is not in
     (torch's NON_GROUP_MEMBER, an int, whose get_process_group_ranks() answers with the last such group's
     ranks): the call is a no-op there, and recording it would pair it with the members' real calls.
     Cached by id() with a weak reference, so a group created where a destroyed one lived is asked anew."""
@@ -42,7 +44,8 @@ def group_key(group) -> str | None:
         if group is c10d.GroupMember.WORLD or group is c10d._get_default_group():
             key = "world"
         else:
-            key = "pg:" + ",".join(str(r) for r in c10d.get_process_group_ranks(group))
+            ranks = c10d.get_process_group_ranks(group)
+            key = "pg:" + ",".join(str(r) for r in ranks) + _twin_suffix(c10d, group, set(ranks))
             desc = getattr(group, "group_desc", "") or ""
             if desc.startswith("mesh_") and desc != "mesh_default":  # init_device_mesh's f"mesh_{dim_name}"
                 mesh_dims[key] = desc[len("mesh_"):]
@@ -53,6 +56,17 @@ def group_key(group) -> str | None:
     except TypeError:  # not weakly referenceable: ask every time
         pass
     return key
+
+
+def _twin_suffix(c10d, group, ranks: set[int]) -> str:
+    """"~N" for the N-th (N >= 1) group created with these same ranks (torch's registry is in creation order)."""
+    try:
+        same = [pg for pg, members in list(c10d._world.pg_group_ranks.items())
+                if set(members) == ranks and pg is not c10d._get_default_group()]
+    except Exception:
+        return ""
+    n = next((i for i, pg in enumerate(same) if pg is group), 0)
+    return f"~{n}" if n else ""
 
 
 def _ranks_text(ranks) -> str:
