@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from ddp_doctor.diagnose.common import same_line
-from ddp_doctor.evidence import Collective, LintMark, Site
+from ddp_doctor.diagnose.live import group_ranks
+from ddp_doctor.evidence import GROUP_CREATION, Collective, LintMark, RankState, Site
 from ddp_doctor.findings import Finding
 
 # lint's codes that say "this line is reached under a rank-dependent condition"
@@ -62,6 +63,33 @@ def odd_ones_out(calls: Mapping[int, Collective | None]) -> tuple[list[int], Sit
     fault = sorted(r for g in (ranked[1:] if clear else ranked) for r in g)
     site = calls[fault[0]].site  # type: ignore[union-attr]
     return fault, site
+
+
+def group_members(group: str | None, world: list[int]) -> list[int] | None:
+    """Global ranks of a group key as the probe writes it ("world", "pg:0,1"); None when unknown ("pg?")."""
+    if group in (None, "world", GROUP_CREATION):
+        return list(world)
+    members = group_ranks(group, len(world))
+    return None if members is None else sorted(members)
+
+
+def not_members_passed(calls: Mapping[int, Collective | None], ranks: Mapping[int, RankState]
+                       ) -> tuple[list[int], Collective | None]:
+    """Members of a group others wait in that called the same collective at the same line with a group they
+    are not in (torch skipped the call with a warning): they went on while the members wait for them.
+    Returns (those ranks, the members' call they skipped)."""
+    world = sorted(ranks)
+    waits = [c for c in calls.values() if c and c.site and not c.op.startswith("ddp.")]
+    out, skipped = set(), None
+    for r, mine in calls.items():
+        st = ranks.get(r)
+        for w in waits if st is not None and st.not_member else ():
+            here = mine is not None and mine.site is not None and mine.site.key() == w.site.key()
+            if not here and r in (group_members(w.group, world) or ()) and any(
+                    sc.op == w.op and sc.site is not None and sc.site.key() == w.site.key() for sc in st.not_member):
+                out.add(r)
+                skipped = skipped or w
+    return sorted(out), skipped
 
 
 def lint_code_at(lint: Sequence[LintMark] | None, site: Site | None) -> str | None:

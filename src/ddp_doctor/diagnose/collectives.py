@@ -9,10 +9,9 @@ from ddp_doctor.evidence import GROUP_CREATION, Collective, JobEvidence, RankSta
 from ddp_doctor.findings import Finding, runtime_fix
 
 from ddp_doctor.diagnose.apiwords import api_of, api_parting, called, lint_subset, more_often, op_text, why_all
-from ddp_doctor.diagnose.blame import agreement, odd_ones_out
+from ddp_doctor.diagnose.blame import agreement, group_members, not_members_passed, odd_ones_out
 from ddp_doctor.diagnose.common import (FIX_101, FIX_201, FIX_202, FIX_203, lint_flagged, lint_line, loc, others_text, ranks_of,
                                         step_evidence, user_frame, where)
-from ddp_doctor.diagnose.live import group_ranks
 from ddp_doctor.diagnose.sizes import explain as explain_sizes
 from ddp_doctor.diagnose.steps import uneven_steps
 
@@ -116,35 +115,11 @@ def classify_calls(calls: dict[int, Collective | None],
     return "DDP203", minority, site
 
 
-def passed_not_member(calls: dict[int, Collective | None], ranks: dict[int, RankState]) -> list[int]:
-    """Members of a group others wait in that called the same collective at the same line with a group they
-    are not in (torch skipped the call with a warning): they went on while the members wait for them."""
-    world = sorted(ranks)
-    waits = [c for c in calls.values() if c and c.site and not c.op.startswith("ddp.")]
-    out = set()
-    for r, mine in calls.items():
-        st = ranks.get(r)
-        for w in waits if st is not None and st.not_member else ():
-            here = mine is not None and mine.site is not None and mine.site.key() == w.site.key()
-            if not here and r in (group_members(w.group, world) or ()) and any(
-                    sc.op == w.op and sc.site is not None and sc.site.key() == w.site.key() for sc in st.not_member):
-                out.add(r)
-    return sorted(out)
-
-
 def _line_unseen(r: int, c: Collective, calls, lines: dict[int, set], reliable: set[int]) -> bool:
     """No other rank (whose record is reliable) ever issued any collective at ``c``'s line.  The others
     include ranks outside collectives now (None): what they ever ran is still on record."""
     others = [o for o in calls if o != r and o in reliable]
     return c.site is not None and bool(others) and all(c.site.key() not in lines[o] for o in others)
-
-
-def group_members(group: str | None, world: list[int]) -> list[int] | None:
-    """Global ranks of a group key as the probe writes it ("world", "pg:0,1"); None when unknown ("pg?")."""
-    if group in (None, "world", GROUP_CREATION):
-        return list(world)
-    members = group_ranks(group, len(world))
-    return None if members is None else sorted(members)
 
 
 def on_group(group: str | None, ranks: dict[int, RankState] | None = None) -> str:
@@ -182,9 +157,9 @@ def blame_positions(in_coll: dict[int, Collective], ranks: dict[int, RankState])
         if not absent and len({agreement(c) for c in calls.values()}) == 1:
             continue  # every member is in it and they agree
         calls.update({a: in_coll.get(a) for a in absent})
-        passed = passed_not_member(calls, ranks)
+        passed, skipped = not_members_passed(calls, ranks)
         if passed:  # members that passed a group they are not in at this very line: merged across groups
-            site = next(c.site for c in calls.values() if c and c.site and not c.op.startswith("ddp."))
+            site = skipped.site
             key = ("DDP203", site.key())
             found.setdefault(key, ["DDP203", [], site, {}, g, s])
             found[key][1] = sorted(set(found[key][1]) | set(passed))
@@ -232,7 +207,7 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
                f"pairs with the others' unrelated collectives; {others_text(ranks, fault)}. {detected_how} "
                f"(collective #{seq} on {group}: {calls_txt}).")
         fix = FIX_202
-    elif code == "DDP203" and set(at_fault) <= set(passed_not_member(calls, ranks)):
+    elif code == "DDP203" and set(at_fault) <= set(not_members_passed(calls, ranks)[0]):
         waiting = "; ".join(f"rank {r} waits in {c.op} on {on_group(c.group, ranks)}"
                             for r, c in sorted(calls.items()) if c and r not in fault and not c.op.startswith("ddp."))
         op = next(c.op for c in calls.values() if c and not c.op.startswith("ddp."))
@@ -478,4 +453,3 @@ def diagnose_fatal_collective(ev: JobEvidence) -> list[Finding]:
     f = finding_for_calls(code, fault, site, calls, ranks, group, seq,
                            "gloo aborted the process (SIGABRT) on the mismatch")
     return [f]
-

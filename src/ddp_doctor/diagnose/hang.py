@@ -5,9 +5,8 @@ from __future__ import annotations
 from ddp_doctor.evidence import Collective, JobEvidence, RankState, Verdict
 from ddp_doctor.findings import Finding, runtime_fix
 
-from ddp_doctor.diagnose.blame import agreement
-from ddp_doctor.diagnose.collectives import (blame_positions, classify_calls, finding_for_calls, on_group,
-                                             passed_not_member)
+from ddp_doctor.diagnose.blame import agreement, not_members_passed
+from ddp_doctor.diagnose.collectives import blame_positions, classify_calls, finding_for_calls, on_group
 from ddp_doctor.diagnose.common import (FIX_201, FIX_202, doing, loc, others_text, rank_site, ranks_of,
                                         step_evidence, user_frame, where)
 from ddp_doctor.diagnose.exits import diagnose_exit
@@ -23,10 +22,9 @@ def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Finding]:
     out_coll = {r: st for r, st in live.items() if r not in in_coll}
     how = f"No rank progressed for {d.stalled_s}s (hang limit {d.limit_s}s)"
     calls = {**in_coll, **{r: None for r in out_coll}}
-    passed = passed_not_member(calls, ranks)
+    passed, skipped = not_members_passed(calls, ranks)
     if passed:  # members that passed a group they are not in where the others wait: whatever else they do now
-        c = next(c for c in in_coll.values() if c.site and not c.op.startswith("ddp."))
-        return [finding_for_calls("DDP203", passed, c.site, calls, ranks, c.group, c.seq, how)]
+        return [finding_for_calls("DDP203", passed, skipped.site, calls, ranks, skipped.group, skipped.seq, how)]
     if len({c.group for c in in_coll.values()}) > 1 and not (out_coll and all(st.in_data_wait for st in out_coll.values())):
         # collectives of several groups: each position is judged against its own group's members
         b = blame_positions(in_coll, ranks)
@@ -141,7 +139,6 @@ def stall_finding(ranks: dict[int, RankState], stuck: dict[int, RankState], stal
     return Finding("DDP205", msg, fix, location=loc(site), ranks=sorted(stuck),
                    evidence={**stall, "where": {str(r): rank_site(st) for r, st in stuck.items()},
                              "workers": workers_ev, **step_evidence(ranks)})
-
 
 
 def slow_not_stuck(ev: JobEvidence) -> list[Finding]:
