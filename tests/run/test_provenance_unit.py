@@ -530,3 +530,39 @@ def test_a_sync_flag_passed_into_a_helper_is_the_decision(tmp_path):
     d = sync_choice(ranks)
     assert d is not None and d.site.line == dec and d.site.function == "micro_step"
     assert dict(d.values) == {1: (("sync", "True"),)}
+
+
+def test_a_thread_that_makes_one_call_more_is_the_culprit_at_its_loop(tmp_path):
+    """Two groups of the same ranks; a metrics thread all-reduces `40 + rank` times on the second.  Rank 1's
+    thread waits in its 41st call, rank 0's thread has ended and rank 0 waits in the final barrier on the
+    first group: a wait cycle.  The culprit is rank 1's thread, at the loop whose count reads the rank -
+    not rank 0's barrier, which only waits for it."""
+    from ddp_doctor.diagnose.collectives import blame_positions
+    from ddp_doctor.evidence import Collective, SiteCount
+
+    path = _script(tmp_path, """
+        def main(rank, train_group, metrics_group):
+            def report():
+                for _ in range(40 + rank):  # decision
+                    dist.all_reduce(torch.ones(1), group=metrics_group)  # thread
+            t = threading.Thread(target=report)
+            t.start()
+            train(train_group)
+            t.join()  # join
+            dist.barrier(group=train_group)  # rank0
+    """)
+    dec, th, jn, r0 = (_line(path, m) for m in ("# decision", "# thread", "# join", "# rank0"))
+    reduce_at, barrier_at = Site(path, th, "report"), Site(path, r0, "main")
+    counts = (SiteCount("all_reduce", reduce_at, 40),)
+    ranks = {
+        0: replace(_rank(0, [barrier_at]), site_counts=counts, seq={"pg:0,1": 62, "pg:0,1~1": 40},
+                   in_collective=Collective("pg:0,1", 61, "barrier", site=barrier_at, blocking=True, waiting_s=2.0)),
+        1: replace(_rank(1, [Site(path, jn, "main")]), site_counts=counts, seq={"pg:0,1": 61, "pg:0,1~1": 41},
+                   in_collective=Collective("pg:0,1~1", 40, "all_reduce", site=reduce_at, blocking=True, waiting_s=2.0),
+                   threads=(ThreadStack("MainThread", True, (Site(path, jn, "main"),)),
+                            ThreadStack("metrics", False, (Site(path, th, "report"),)))),
+    }
+    code, fault, site, calls, group, seq = blame_positions({r: st.in_collective for r, st in ranks.items()}, ranks)
+    assert (code, fault, site.line, group) == ("DDP201", [1], th, "pg:0,1~1")
+    d = provenance.thread_loop(site, [1], ranks)
+    assert d is not None and d.site.line == dec and d.kind == "for" and dict(d.ways) == {0: "left the loop", 1: "stayed in the loop"}

@@ -92,6 +92,30 @@ def not_members_passed(calls: Mapping[int, Collective | None], ranks: Mapping[in
     return sorted(out), skipped
 
 
+def thread_ran_on(calls: Mapping[int, Collective | None], ranks: Mapping[int, RankState]) -> list[int]:
+    """Ranks whose call is made by a thread of their own (not the main thread) that the group's other
+    members no longer run: none of their threads stands in that function, though they made calls at that
+    line before.  Such a thread made more calls than the others' (a rank-local count), and its extra call
+    has no partner; the others' calls elsewhere (a final barrier) only wait for it."""
+    def where_thread(st: RankState, site: Site):
+        return next((t for t in st.threads if any(f.path == site.path and f.line == site.line for f in t.frames)), None)
+
+    out = []
+    for r, c in calls.items():
+        st = ranks.get(r)
+        t = where_thread(st, c.site) if st is not None and c is not None and c.site is not None else None
+        if t is None or t.main:
+            continue
+        others = [ranks[o] for o in calls if o != r and o in ranks]
+        base = os.path.basename(c.site.path)
+        if others and all(o.threads and not any(os.path.basename(f.path) == base and f.function == c.site.function
+                                                 for th in o.threads for f in th.frames)
+                          and any(sc.op == c.op and sc.site is not None and sc.site.key() == c.site.key() and sc.calls
+                                  for sc in o.site_counts) for o in others):
+            out.append(r)
+    return sorted(out)
+
+
 def lint_code_at(lint: Sequence[LintMark] | None, site: Site | None) -> str | None:
     """The rank-conditional code lint reports on ``site``'s line (``same_line``), if any."""
     if site is None:

@@ -9,7 +9,7 @@ from ddp_doctor.evidence import GROUP_CREATION, Collective, JobEvidence, RankSta
 from ddp_doctor.findings import Finding, runtime_fix
 
 from ddp_doctor.diagnose.apiwords import api_of, api_parting, called, lint_subset, more_often, op_text, why_all
-from ddp_doctor.diagnose.blame import agreement, group_members, not_members_passed, odd_ones_out
+from ddp_doctor.diagnose.blame import agreement, group_members, not_members_passed, odd_ones_out, thread_ran_on
 from ddp_doctor.diagnose.common import (FIX_101, FIX_201, FIX_202, FIX_203, lint_flagged, lint_line, loc, others_text, ranks_of,
                                         step_evidence, user_frame, where)
 from ddp_doctor.diagnose.sizes import explain as explain_sizes
@@ -145,7 +145,7 @@ def blame_positions(in_coll: dict[int, Collective], ranks: dict[int, RankState])
     for r, c in in_coll.items():
         positions.setdefault((c.group, c.seq), []).append(r)
     found: dict[tuple, list] = {}
-    mismatch = None
+    mismatch = extra = None
     for (g, s), waiters in sorted(positions.items(), key=lambda kv: (-len(kv[1]), str(kv[0]))):
         members = group_members(g, world)
         if members is None:
@@ -165,6 +165,10 @@ def blame_positions(in_coll: dict[int, Collective], ranks: dict[int, RankState])
             found[key][1] = sorted(set(found[key][1]) | set(passed))
             found[key][3].update(calls)
             continue
+        ran_on = [r for r in thread_ran_on(calls, ranks) if r in waiters]
+        if ran_on and extra is None:  # a thread that made one call more: what the others' calls wait for
+            extra = ("DDP201", ran_on, calls[ran_on[0]].site, calls, g, s)
+            continue
         code, fault, site = classify_calls(calls, ranks)
         if code in ("DDP201", "DDP202") and set(fault) <= set(waiters):
             key = (code, site.key() if site else None)
@@ -174,6 +178,8 @@ def blame_positions(in_coll: dict[int, Collective], ranks: dict[int, RankState])
             found[key][3].update(calls)
         elif not absent and mismatch is None:
             mismatch = (code, fault, site, calls, g, s)
+    if extra is not None:
+        return extra
     if found:
         code, fault, site, calls, g, s = max(found.values(), key=lambda f: len(f[1]))
         return code, fault, site, calls, g, s
@@ -196,7 +202,13 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
         never = f"a line the other ranks of {'that group' if len(own) == 1 else 'those groups'} never reach"
     else:
         on, never = "", "a line the other ranks never reach"
-    if code == "DDP201":
+    if code == "DDP201" and set(at_fault) <= set(thread_ran_on(calls, ranks)):
+        c = calls[at_fault[0]]
+        msg = (f"Rank {rs}'s own thread {called(c, site)}{on} once more than the other ranks' did: their thread "
+               f"that makes this call ({c.site.function}) has ended, so it has no partner; "
+               f"{others_text(ranks, fault)}. {detected_how} (collective #{seq} on {group}: {calls_txt}).")
+        fix = FIX_201
+    elif code == "DDP201":
         msg = (f"Rank {rs} {called(calls[at_fault[0]], site)}{on}, {never}; "
                f"{others_text(ranks, fault)}.{why_all(calls[at_fault[0]])} {detected_how} "
                f"(collective #{seq} on {group}: {calls_txt}).")

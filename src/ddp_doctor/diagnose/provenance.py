@@ -224,6 +224,9 @@ def _loop_header(loop, lines, left, stayed, ranks, path, fn, function) -> tuple[
         return Decision(Site(path, count.lineno, function), "value", source_of(count, lines), ways,
                         values_at(ranks, [left, stayed], Site(path, count.lineno, function), names_read(count.value)),
                         f"`for {cond}:` runs a different number of times per rank: the count comes from the rank."), True
+    if by_rank:
+        return Decision(at, "for", cond, ways, vals,
+                        f"`for {cond}:` runs a different number of times per rank: its count reads the rank."), True
     return Decision(at, "for", cond, ways, vals,
                     "The ranks ran this loop a different number of times: what it iterates yields a different "
                     "number of items per rank (a per-rank count, uneven shards, a per-rank filter, an IterableDataset, "
@@ -294,6 +297,26 @@ def explain_at(site: Site, fault: list[int], ranks: dict[int, RankState]) -> Dec
     return None
 
 
+def thread_loop(site: Site, fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
+    """A culprit's own thread (not its main thread) stands at ``site``, and the others' thread that ran that
+    line has ended: the loop around the line, when its count reads the rank (``range(40 + rank)``)."""
+    culprit = ranks.get(fault[0]) if fault else None
+    on_thread = culprit is not None and any(not t.main and any(f.path == site.path and f.line == site.line
+                                                                 for f in t.frames) for t in culprit.threads)
+    others = [r for r in sorted(ranks) if r not in fault]
+    parsed = parse_file(site.path) if on_thread and others else None
+    if parsed is None:
+        return None
+    tree, lines = parsed
+    fn = function_at(tree, site.function, site.line)
+    loops = [n for n in own_nodes(fn) if isinstance(n, LOOPS) and within(n, site.line)]
+    if not loops:
+        return None
+    d, evident = _loop_header(max(loops, key=lambda n: n.lineno), lines, others[0], fault[0], ranks, site.path, fn,
+                              site.function)
+    return d if evident else None
+
+
 STEP_FAMILY = ("DDP101", "DDP201", "DDP202", "DDP203")
 
 
@@ -347,6 +370,8 @@ def with_decisions(findings: list[Finding], ranks: dict[int, RankState]) -> list
             d = locate(f.ranks, ranks) if not finished else None
         if d is None and at is not None and not finished:
             d = explain_at(at, f.ranks, ranks)
+        if d is None and at is not None and not finished:
+            d = thread_loop(at, list(f.ranks), ranks)
         if d is None and at is not None and f.code != "DDP203":
             # the others are gone or elsewhere: the rank branch that holds the line the finding shows,
             # taken by the ranks standing at that line

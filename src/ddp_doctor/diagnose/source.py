@@ -51,6 +51,8 @@ def reads_rank(path: str, fn: ast.AST, test: ast.expr, depth: int = 0) -> bool:
             return True
     except Exception:  # noqa: BLE001
         return any(RANK_WORDS.search(x) for x in names_read(test))
+    if isinstance(test, ast.Call) and any(reads_rank(path, fn, a, depth) for a in test.args):
+        return True  # range(40 + rank), min(n, rank_quota(rank))
     return _assigned_from_rank(path, fn, test, depth)
 
 
