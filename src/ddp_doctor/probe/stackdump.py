@@ -1,56 +1,54 @@
-"""Every thread's Python stack as text, without touching a frame object: ``faulthandler.dump_traceback``
-into an in-memory file (~20 µs), parsed.
+"""Every thread's Python stack as text (``  File "...", line N in f``, most recent call first), taken from
+the probe's thread 4x a second.
 
-Why not ``sys._current_frames()``: it materializes frame objects, and a frame object held by the probe's
-thread while its function returns takes over that function's locals -- then the probe's thread frees
-them.  A DDP model torn down that way (its reducer destroyed outside the thread that used it) aborts
-the rank ("terminate called without an active exception").  The periodic publish must never do that.
-"""
+Not ``faulthandler.dump_traceback(all_threads=True)``: it walks the interpreter's thread states without
+CPython's HEAD lock, while a C thread may be making or ending a thread state (a gloo or autograd thread
+running a Python callback: a DDP comm hook, ZeRO's overlap, Join); the walk then reads a NULL ``cframe``
+and the rank dies of SIGSEGV in ``dump_traceback`` (twice on this machine, in CPython 3.11.7: "segfault at
+8 ... in libpython3.11", ``dump_traceback+137``; once a correct Join + ZeRO trap job in a fresh-clone CI
+run).  ``sys._current_frames()`` takes that lock.
+
+Its frame objects are held only inside a switch interval long enough that no other thread runs: a frame
+object held while its function returns takes over that function's locals, and the probe's thread would
+then free them (a DDP model torn down outside the thread that used it aborts the rank, "terminate called
+without an active exception")."""
 from __future__ import annotations
 
-import faulthandler
-import os
 import re
-import tempfile
+import sys
 import threading
 
-_HEAD = re.compile(rb"^(?:Current thread|Thread) 0x([0-9a-f]+) ", re.M)
 _FRAME = re.compile(rb'^  File "(.*)", line (\d+) in (.*)$', re.M)
+MAX_FRAMES = 100  # as faulthandler: the innermost 100
 
 
 class StackDumper:
-    """One per probe; used from the publisher thread only."""
+    """One per probe; used from the publisher thread."""
 
     def __init__(self) -> None:
-        self.fd: int | None = None
         self.lock = threading.Lock()
-
-    def _file(self) -> int:
-        if self.fd is None:
-            try:
-                self.fd = os.memfd_create("ddp-doctor-stacks")
-            except (AttributeError, OSError):
-                self.fd = os.dup(tempfile.TemporaryFile().fileno())
-        return self.fd
 
     def dump(self) -> dict[int, bytes]:
         """{thread ident: its stack text (most recent call first)}; {} when it cannot be taken."""
         with self.lock:
+            interval = sys.getswitchinterval()
+            out: dict[int, bytes] = {}
+            sys.setswitchinterval(10.0)  # no other thread runs (or returns) while the frames are held here
             try:
-                fd = self._file()
-                os.lseek(fd, 0, os.SEEK_SET)
-                os.ftruncate(fd, 0)
-                faulthandler.dump_traceback(fd, all_threads=True)
-                size = os.lseek(fd, 0, os.SEEK_CUR)
-                os.lseek(fd, 0, os.SEEK_SET)
-                data = os.read(fd, size)
-            except (OSError, ValueError, RuntimeError):
+                frames = sys._current_frames()
+                for ident, f in frames.items():
+                    lines = []
+                    while f is not None and len(lines) < MAX_FRAMES:
+                        code = f.f_code
+                        lines.append(f'  File "{code.co_filename}", line {f.f_lineno} in {code.co_name}\n')
+                        f = f.f_back
+                    out[ident] = "".join(lines).encode("utf-8", "replace")
+                frames = f = None
+            except Exception:  # noqa: BLE001 - no stacks this time
+                frames = f = None
                 return {}
-        heads = list(_HEAD.finditer(data))
-        out = {}
-        for i, h in enumerate(heads):
-            end = heads[i + 1].start() if i + 1 < len(heads) else len(data)
-            out[int(h.group(1), 16)] = data[h.end():end]
+            finally:
+                sys.setswitchinterval(interval)
         return out
 
 
