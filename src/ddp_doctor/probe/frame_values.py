@@ -12,11 +12,11 @@ scalar: no CUDA sync on a hung device), objects by the plain values in their ins
 """
 from __future__ import annotations
 
-import sys
 import types
 
 from ddp_doctor import frames as kinds
 from ddp_doctor.evidence import FrameValues, Site
+from ddp_doctor.probe.stackdump import held_frames
 
 MAX_FRAMES = 6      # innermost user frames read
 MAX_VALUES = 40     # values per frame
@@ -28,18 +28,17 @@ _SKIP_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, 
 def user_frame_values(thread_id: int) -> tuple[FrameValues, ...]:
     """The innermost user frames of thread ``thread_id`` (innermost first) with their plain values."""
     out: list[FrameValues] = []
-    frame = sys._current_frames().get(thread_id)
-    f = frame
     try:
-        while f is not None and len(out) < MAX_FRAMES:
-            code = f.f_code
-            if kinds.is_user(code.co_filename):
-                out.append(FrameValues(Site(code.co_filename, f.f_lineno, code.co_name), plain_values(f.f_locals)))
-            f = f.f_back
+        with held_frames() as frames:
+            f = frames.get(thread_id)
+            while f is not None and len(out) < MAX_FRAMES:
+                code = f.f_code
+                if kinds.is_user(code.co_filename):
+                    out.append(FrameValues(Site(code.co_filename, f.f_lineno, code.co_name), plain_values(f.f_locals)))
+                f = f.f_back
+            f = None
     except Exception:  # noqa: BLE001 - values are an aid: a frame that cannot be read gives none
         pass
-    finally:
-        del frame, f
     return tuple(out)
 
 

@@ -14,12 +14,29 @@ then free them (a DDP model torn down outside the thread that used it aborts the
 without an active exception")."""
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import threading
 
 _FRAME = re.compile(rb'^  File "(.*)", line (\d+) in (.*)$', re.M)
 MAX_FRAMES = 100  # as faulthandler: the innermost 100
+
+
+@contextlib.contextmanager
+def held_frames():
+    """``sys._current_frames()``, held only while no other thread runs (a long switch interval): a frame
+    object held while its function returns would take over that function's locals (see above)."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(10.0)
+    frames = None
+    try:
+        frames = sys._current_frames()
+        yield frames
+    finally:
+        if frames is not None:
+            frames.clear()
+        sys.setswitchinterval(interval)
 
 
 class StackDumper:
@@ -31,24 +48,19 @@ class StackDumper:
     def dump(self) -> dict[int, bytes]:
         """{thread ident: its stack text (most recent call first)}; {} when it cannot be taken."""
         with self.lock:
-            interval = sys.getswitchinterval()
             out: dict[int, bytes] = {}
-            sys.setswitchinterval(10.0)  # no other thread runs (or returns) while the frames are held here
             try:
-                frames = sys._current_frames()
-                for ident, f in frames.items():
-                    lines = []
-                    while f is not None and len(lines) < MAX_FRAMES:
-                        code = f.f_code
-                        lines.append(f'  File "{code.co_filename}", line {f.f_lineno} in {code.co_name}\n')
-                        f = f.f_back
-                    out[ident] = "".join(lines).encode("utf-8", "replace")
-                frames = f = None
+                with held_frames() as frames:
+                    for ident, f in frames.items():
+                        lines = []
+                        while f is not None and len(lines) < MAX_FRAMES:
+                            code = f.f_code
+                            lines.append(f'  File "{code.co_filename}", line {f.f_lineno} in {code.co_name}\n')
+                            f = f.f_back
+                        out[ident] = "".join(lines).encode("utf-8", "replace")
+                    f = None
             except Exception:  # noqa: BLE001 - no stacks this time
-                frames = f = None
                 return {}
-            finally:
-                sys.setswitchinterval(interval)
         return out
 
 
