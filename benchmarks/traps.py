@@ -117,6 +117,24 @@ def _non_member_calls(r: random.Random, w: int) -> dict:
             "epoch": ["e = torch.ones(2)", "dist.all_reduce(e, group=evens_only)"]}
 
 
+def _twin_groups(r: random.Random, w: int) -> dict:
+    """Two groups of the same ranks (Megatron's gloo twin): every step all-reduces on one while a metrics thread
+    all-reduces on the other at its own pace, so the two interleave differently on each rank (keyed by
+    their ranks alone, the two groups' sequences merged and such jobs were stopped)."""
+    n, pause = r.randint(10, 40), r.choice((0.001, 0.003, 0.01))
+    return {"setup": ["import threading",
+                      "twin_a = dist.new_group(list(range(world)))",
+                      "twin_b = dist.new_group(list(range(world)))",
+                      "def _metrics():",
+                      f"    for _ in range({n}):",
+                      "        dist.all_reduce(torch.ones(1), group=twin_b)",
+                      f"        time.sleep({pause} * (1 + rank))",
+                      "metrics = threading.Thread(target=_metrics)",
+                      "metrics.start()"],
+            "step": ["dist.all_reduce(torch.ones(3), group=twin_a)"],
+            "after": ["metrics.join()"]}
+
+
 def _busy(r: random.Random, w: int) -> dict:
     who, s = r.randrange(w), r.choice((2, 4, 6))
     return {"epoch": [f"if rank == {who} and epoch == 0:", "    t0 = time.time()",
@@ -153,7 +171,7 @@ PATTERNS = {
     "peek": _peek, "sample_preds": _sample_preds, "nograd_pass": _nograd_pass, "metric_allreduce": _metric_allreduce,
     "objects": _objects, "all_to_all": _all_to_all, "groups": _groups, "busy": _busy, "idle": _idle,
     "save_rank0": _save_rank0, "local_optimizer": _local_optimizer, "finish_late": _finish_late,
-    "non_member_calls": _non_member_calls,
+    "non_member_calls": _non_member_calls, "twin_groups": _twin_groups,
 }
 # training loops: plain DDP, no_sync accumulation, DDP's Join over uneven data (map-style / iterable with
 # workers / with ZeRO), FSDP2 (fully_shard) with every rank evaluating, accelerate's Accelerator and Lightning
@@ -206,6 +224,7 @@ def generate(seed: int, nproc: int | None = None) -> Program:
     pool = sorted(PATTERNS)
     if join:  # inside Join only DDP's own collectives are shadowed: other patterns run outside the loop
         pool.remove("local_optimizer")
+        pool.remove("twin_groups")  # a step's own collective: uneven under Join
     if mode == "fsdp2":  # a sharded model's forward is collective: no rank-local pass through it
         pool = [p for p in pool if p not in ("sample_preds", "nograd_pass", "peek")]
     chosen = r.sample(pool, r.randint(1, 4))
