@@ -146,3 +146,11 @@ def test_restarted_attempt_is_shown_after_the_last_attempts_findings():
     assert tail, out
     assert "DDP204 rank-exited" in tail and "rank 1" in tail and "stale file handle" in tail
     assert "DDP204" not in head
+
+
+def test_a_failed_diagnosis_is_said_and_the_ranks_still_shown():
+    rep = dict(S.get("hang"), findings=[], diagnosis_error="IndexError: list index out of range at exits.py:212")
+    jsonschema.validate(rep, REPORT_JSON_SCHEMA)
+    out = render(rep)
+    assert "HANG" in out and "could not word a diagnosis" in out and "exits.py:212" in out
+    assert "train.py:63 in main" in out  # every rank's state is still there

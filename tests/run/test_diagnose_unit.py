@@ -276,3 +276,33 @@ def test_a_collective_timeout_is_the_consequence_of_the_rank_it_waited_for():
     ev["ranks"][0]["exc"]["message"] = "CUDA error: an illegal memory access was encountered"
     verdict, fs = diagnose(ev, {"reason": "exit", "rank": 0})
     assert verdict == "crash" and fs[0].code == "DDP204" and fs[0].ranks == [0]
+
+
+def test_a_lost_node_whose_rank_finished_is_the_story_not_a_crash_of_the_diagnosis():
+    """Seen in CI (2 nodes x 2 ranks): node 1's launcher went silent after its rank 2 had ended normally; the
+    live verdict said "a rank finished"; the others then failed on broken connections.  With the lost node's
+    ranks and their consequences taken out, no finished rank is left: the lost node is the finding (the
+    diagnosis raised IndexError here and node 0 wrote no report)."""
+    broken = {"type": "RuntimeError", "message": "Connection reset by peer", "location": site(30),
+              "collective": {"group": "world", "seq": 40, "op": "ddp.backward(allreduce_grads)", "site": site(30)}}
+    ev = {"ranks": {0: rank(0, exc=broken), 1: rank(1), 2: rank(2, done=True), 3: rank(3)},
+          "lost_nodes": [{"node": 1, "host": "n1", "ranks": [2, 3], "silent_s": 12.0}]}
+    verdict, fs = diagnose(ev, {"reason": "exit", "rank": 2, "finished": True},
+                           {0: {"exit_code": 1}, 1: {"exit_code": -15, "signal": "SIGTERM"}})
+    assert verdict == "crash"
+    assert fs and fs[0].code == "DDP204" and fs[0].ranks == [2, 3] and "went silent" in fs[0].message
+
+
+def test_a_diagnosis_that_raises_keeps_the_verdict_and_says_so(monkeypatch):
+    """A bug in a diagnosis module must not cost the user the verdict: diagnose_guarded keeps the live
+    decision's verdict, gives no finding and the error in words (the report's diagnosis_error)."""
+    def broken(*_a, **_k):
+        raise IndexError("list index out of range")
+
+    monkeypatch.setattr(_diagnose.hang, "diagnose_hang", broken)
+    ev = JobEvidence.from_json({"ranks": {0: rank(0, in_collective={"group": "world", "seq": 3, "op": "barrier",
+                                                                    "site": site(20)}), 1: rank(1)}})
+    verdict, fs, error = _diagnose.diagnose_guarded(ev, Verdict.from_json({"reason": "hang", "stalled_s": 30}))
+    assert (verdict, fs) == ("hang", []) and error.startswith("IndexError: list index out of range at ")
+    ok = JobEvidence.from_json({"ranks": {r: rank(r, done=True) for r in (0, 1)}})
+    assert _diagnose.diagnose_guarded(ok, None)[::2] == ("ok", None)

@@ -50,9 +50,9 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
         verdict = "hang"
         findings += exits.diagnose_lost_nodes(evidence)  # several nodes: an agent that went silent first
         findings += hang.diagnose_hang(evidence, decision)
-    elif reason == "exit" or failed or exits.finished_case(ranks, decision):
+    elif reason == "exit" or failed or exits.finished_case(exits.beyond_lost_nodes(evidence, ranks), decision):
         verdict = "crash"
-        if exits.finished_case(ranks, decision):
+        if exits.finished_case(exits.beyond_lost_nodes(evidence, ranks), decision):
             # a rank left early: sys.exit() is an exit (crash); a loop left early is uneven steps (desync)
             done_exit = [st for st in ranks.values() if st.done and st.exit_site]
             verdict = "crash" if done_exit else "desync"
@@ -70,6 +70,34 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
         findings += hang.slow_not_stuck(evidence)
         findings += _perf(evidence)
     return verdict, _dedupe(findings)
+
+
+def diagnose_guarded(evidence: JobEvidence, decision: Verdict | None,
+                     failures: dict[int, ExitStatus] | None = None) -> tuple[str, list[Finding], str | None]:
+    """:func:`diagnose`, and when it raises (a bug of ours), the verdict the facts already give with no
+    finding, and the error in words: the user keeps the verdict, the exit code and every rank's state."""
+    try:
+        verdict, findings = diagnose(evidence, decision, failures)
+        return verdict, findings, None
+    except Exception as e:
+        import traceback
+
+        tb = traceback.extract_tb(e.__traceback__)
+        at = f" at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else ""
+        return _verdict_of(evidence, decision, failures), [], f"{type(e).__name__}: {e}{at}"
+
+
+def _verdict_of(evidence: JobEvidence, decision: Verdict | None, failures: dict[int, ExitStatus] | None) -> str:
+    """The verdict without the diagnosis: the live decision's reason, else whether a rank failed."""
+    failed = any(st.failed for st in evidence.ranks.values()) or any(
+        (x.exit_code or 0) != 0 for x in (failures or {}).values())
+    if decision is None:
+        return "crash" if failed else "ok"
+    if decision.reason == "hang":
+        return "hang"
+    if decision.reason == "desync":
+        return "crash" if decision.failed else ("hang" if decision.blocked else "desync")
+    return "crash" if failed or not decision.finished else "desync"
 
 
 def _perf(evidence: JobEvidence) -> list[Finding]:

@@ -76,7 +76,11 @@ def finished_early(ranks: dict[int, RankState]) -> list[int]:
 
 
 def finished_case(ranks: dict[int, RankState], d: Verdict | None) -> bool:
-    """A rank ended (normally or by sys.exit) while others waited for it, and nothing else failed first."""
+    """A rank ended (normally or by sys.exit) while others waited for it, and nothing else failed first.
+    Only ranks in ``ranks`` count: the ranks of a lost node, taken out as its consequence, may be the ones
+    the live verdict saw finish."""
+    if not any(st.finished for st in ranks.values()):
+        return False
     if d is not None and d.finished:
         return True
     if not finished_early(ranks):
@@ -155,6 +159,15 @@ def diagnose_lost_nodes(ev: JobEvidence) -> list[Finding]:
     return out
 
 
+def beyond_lost_nodes(ev: JobEvidence, ranks: dict[int, RankState]) -> dict[int, RankState]:
+    """The ranks whose story is their own: not on a node whose launcher went silent, and not failing on the
+    broken connection that loss caused."""
+    lost = {r for n in ev.lost_nodes for r in n.ranks}
+    if not lost:
+        return ranks
+    return {r: st for r, st in ranks.items() if r not in lost and not _consequence(st)}
+
+
 def _consequence(st: RankState) -> bool:
     """A rank's exception reads as a lost peer's consequence (a broken connection)."""
     msg = (st.exc.message or "").lower() if st.exc else ""
@@ -191,8 +204,7 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
     lint = ev.lint
     out: list[Finding] = diagnose_lost_nodes(ev)
     if out:  # the lost nodes are the story; the others' broken connections follow from them
-        lost = {r for n in ev.lost_nodes for r in n.ranks}
-        ranks = {r: st for r, st in ranks.items() if r not in lost and not _consequence(st)}
+        ranks = beyond_lost_nodes(ev, ranks)
         if not any(st.failed for st in ranks.values()):
             return out
     if finished_case(ranks, d):

@@ -61,6 +61,7 @@ _REPORT_EXTRAS = {
     "restarts": {"type": "array", "items": {"type": "object", "properties": {
         "findings": {"type": "array", "items": _FINDING}, "ranks": {"type": "array"}}}},
     "errors": {"type": "array", "items": {"type": "object"}},
+    "diagnosis_error": {"type": "string"},  # the diagnosis raised (our bug): verdict and ranks kept, no finding
 }
 
 LINT_JSON_SCHEMA: dict[str, Any] = {

@@ -105,6 +105,10 @@ def _print_report(con: Console, report: dict[str, Any]) -> None:
                            style="dim"))
         for f in lint:
             _finding(con, f)
+    if report.get("diagnosis_error"):
+        con.print(Text(f"ddp-doctor could not word a diagnosis (its own error, please report it: "
+                       f"{report['diagnosis_error']}). The verdict and each rank's state below are the watcher's.",
+                       style="red"))
     for err in report.get("errors") or []:
         con.print(Text(f"error: {err.get('path')}: {err.get('message')}", style="red"))
     if report.get("ranks"):

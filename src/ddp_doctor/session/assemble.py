@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from ddp_doctor import store as side
-from ddp_doctor.diagnose import diagnose
+from ddp_doctor.diagnose import diagnose_guarded
 from ddp_doctor.diagnose.blame import lint_mark
 from ddp_doctor.diagnose.common import same_hazard, same_line
 from ddp_doctor.evidence import EVIDENCE_OUT_ENV, Capture, ExitStatus, JobEvidence, LintMark, RankState, Verdict
@@ -27,7 +27,10 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
     evidence = w.evidence().with_(lint=marks)
     save_evidence(evidence, decision, job.failures)
     lost = {r for n in evidence.lost_nodes for r in n.ranks}
-    verdict, findings = diagnose(evidence, decision, job.failures)
+    verdict, findings, failed_diagnosis = diagnose_guarded(evidence, decision, job.failures)
+    if failed_diagnosis:
+        print(f"ddp-doctor: the diagnosis failed ({failed_diagnosis}); the report keeps the verdict and every "
+              "rank's state", file=sys.stderr)
     exit_code = 0
     if verdict == "crash":
         exit_code = crash_exit_code(job, evidence, findings)
@@ -65,6 +68,8 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
     if getattr(w, "earlier", None):
         report["attempt"] = w.attempt
         report["restarts"] = [earlier_attempt(e, marks) for e in w.earlier]
+    if failed_diagnosis:
+        report["diagnosis_error"] = failed_diagnosis
     if job.leftovers:
         report["leftover_pids"] = job.leftovers
     report["sources"] = job_sources(evidence, job.args.training_script)
@@ -212,8 +217,9 @@ def confirm_lint(runtime: list[dict[str, Any]], lint: list[dict[str, Any]]) -> N
 def earlier_attempt(earlier, lint: tuple[LintMark, ...]) -> dict[str, Any]:
     """The diagnosis of an attempt torch's agent restarted after a failure (``--max-restarts``)."""
     evidence = earlier.evidence.with_(lint=lint)
-    verdict, findings = diagnose(evidence, earlier.decision, {})
-    return {"attempt": earlier.attempt, "verdict": verdict,
+    verdict, findings, failed_diagnosis = diagnose_guarded(evidence, earlier.decision, {})
+    return {"attempt": earlier.attempt, "verdict": verdict, **({"diagnosis_error": failed_diagnosis}
+                                                               if failed_diagnosis else {}),
             "findings": [f.to_report_dict() | {"source": "runtime"} for f in findings],
             "ranks": [rank_entry(r, st, {}) for r, st in sorted(evidence.ranks.items())]}
 
