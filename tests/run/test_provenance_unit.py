@@ -562,7 +562,8 @@ def test_a_thread_that_makes_one_call_more_is_the_culprit_at_its_loop(tmp_path):
                    threads=(ThreadStack("MainThread", True, (Site(path, jn, "main"),)),
                             ThreadStack("metrics", False, (Site(path, th, "report"),)))),
     }
-    code, fault, site, calls, group, seq = blame_positions({r: st.in_collective for r, st in ranks.items()}, ranks)
-    assert (code, fault, site.line, group) == ("DDP201", [1], th, "pg:0,1~1")
+    b = blame_positions({r: st.in_collective for r, st in ranks.items()}, ranks)
+    code, fault, site, group = b.code, b.ranks, b.site, b.group
+    assert (code, fault, site.line, group, b.why) == ("DDP201", [1], th, "pg:0,1~1", "thread")
     d = provenance.thread_loop(site, [1], ranks)
     assert d is not None and d.site.line == dec and d.kind == "for" and dict(d.ways) == {0: "left the loop", 1: "stayed in the loop"}

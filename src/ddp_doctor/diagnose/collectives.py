@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from ddp_doctor.apis import api_fix
 from ddp_doctor.evidence import GROUP_CREATION, Collective, JobEvidence, RankState, Site, Verdict
@@ -19,6 +20,8 @@ FIX_203_GROUP = runtime_fix("DDP203.group")
 FIX_203_NOT_MEMBER = runtime_fix("DDP203.not_member")
 # the evidence key of a DDP203 on ranks that passed a group they are not in (provenance reads it: one spelling)
 NOT_MEMBER = "not_member"
+# why ranks are blamed, when it is not that their calls differ (``PositionBlame.why``, decided once)
+THREAD_EXTRA = "thread"  # their own thread made one call more than the others' (whose thread has ended)
 
 
 def ddp_forward_sites(st: RankState) -> dict[tuple, tuple[Site, int]]:
@@ -133,8 +136,34 @@ def on_group(group: str | None, ranks: dict[int, RankState] | None = None) -> st
     return f"{group} (ranks {', '.join(map(str, members))}{dim})"
 
 
-def blame_positions(in_coll: dict[int, Collective], ranks: dict[int, RankState]) -> tuple | None:
-    """Ranks stuck in collectives of several groups or positions: (code, fault, site, calls, group, seq).
+@dataclass(frozen=True)
+class PositionBlame:
+    """Whom to blame at one collective position of one group: the code, the ranks at fault and their line,
+    every member's call there, and ``why`` when it is not that the calls differ (``THREAD_EXTRA``,
+    ``NOT_MEMBER``): decided once here, worded by :func:`finding_for_calls`."""
+    code: str
+    ranks: list[int]
+    site: Site | None
+    calls: dict[int, Collective | None]
+    group: str | None
+    seq: int | str | None
+    why: str | None = None
+
+    def finding(self, ranks: dict[int, RankState], detected_how: str) -> Finding:
+        return finding_for_calls(self.code, self.ranks, self.site, self.calls, ranks, self.group, self.seq,
+                                 detected_how, why=self.why)
+
+
+def not_member_blame(calls: dict[int, Collective | None], ranks: dict[int, RankState]) -> PositionBlame | None:
+    """DDP203 on members that passed a group they are not in (torch skipped their call) where the others wait."""
+    passed, skipped = not_members_passed(calls, ranks)
+    if not passed:
+        return None
+    return PositionBlame("DDP203", passed, skipped.site, dict(calls), skipped.group, skipped.seq, NOT_MEMBER)
+
+
+def blame_positions(in_coll: dict[int, Collective], ranks: dict[int, RankState]) -> PositionBlame | None:
+    """Ranks stuck in collectives of several groups or positions: whom to blame, at which position.
 
     Sequence numbers count per group, so each (group, seq) some rank waits at is judged only against the
     members of that group: the waiters' calls and wherever the group's other members are now (in another
@@ -161,28 +190,27 @@ def blame_positions(in_coll: dict[int, Collective], ranks: dict[int, RankState])
         if passed:  # members that passed a group they are not in at this very line: merged across groups
             site = skipped.site
             key = ("DDP203", site.key())
-            found.setdefault(key, ["DDP203", [], site, {}, g, s])
+            found.setdefault(key, ["DDP203", [], site, {}, g, s, NOT_MEMBER])
             found[key][1] = sorted(set(found[key][1]) | set(passed))
             found[key][3].update(calls)
             continue
         ran_on = [r for r in thread_ran_on(calls, ranks) if r in waiters]
         if ran_on and extra is None:  # a thread that made one call more: what the others' calls wait for
-            extra = ("DDP201", ran_on, calls[ran_on[0]].site, calls, g, s)
+            extra = PositionBlame("DDP201", ran_on, calls[ran_on[0]].site, calls, g, s, THREAD_EXTRA)
             continue
         code, fault, site = classify_calls(calls, ranks)
         if code in ("DDP201", "DDP202") and set(fault) <= set(waiters):
             key = (code, site.key() if site else None)
             if key not in found:
-                found[key] = [code, [], site, {}, g, s]
+                found[key] = [code, [], site, {}, g, s, None]
             found[key][1] = sorted(set(found[key][1]) | set(fault))
             found[key][3].update(calls)
         elif not absent and mismatch is None:
-            mismatch = (code, fault, site, calls, g, s)
+            mismatch = PositionBlame(code, fault, site, calls, g, s)
     if extra is not None:
         return extra
     if found:
-        code, fault, site, calls, g, s = max(found.values(), key=lambda f: len(f[1]))
-        return code, fault, site, calls, g, s
+        return PositionBlame(*max(found.values(), key=lambda f: len(f[1])))
     return mismatch
 
 
@@ -192,7 +220,8 @@ def _call_text(c: Collective, group, seq, tensors: bool = True) -> str:
     return f"{op_text(c, args)}{pos} at {where(c.site)}"
 
 
-def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group, seq, detected_how: str) -> Finding:
+def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group, seq, detected_how: str,
+                      why: str | None = None) -> Finding:
     fault = set(at_fault)
     calls_txt = "; ".join(f"rank {r}: {_call_text(c, group, seq)}" for r, c in sorted(calls.items()) if c)
     rs = ", ".join(map(str, sorted(fault)))
@@ -202,7 +231,7 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
         never = f"a line the other ranks of {'that group' if len(own) == 1 else 'those groups'} never reach"
     else:
         on, never = "", "a line the other ranks never reach"
-    if code == "DDP201" and set(at_fault) <= set(thread_ran_on(calls, ranks)):
+    if code == "DDP201" and why == THREAD_EXTRA:
         c = calls[at_fault[0]]
         msg = (f"Rank {rs}'s own thread {called(c, site)}{on} once more than the other ranks' did: their thread "
                f"that makes this call ({c.site.function}) has ended, so it has no partner; "
@@ -219,7 +248,7 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
                f"pairs with the others' unrelated collectives; {others_text(ranks, fault)}. {detected_how} "
                f"(collective #{seq} on {group}: {calls_txt}).")
         fix = FIX_202
-    elif code == "DDP203" and set(at_fault) <= set(not_members_passed(calls, ranks)[0]):
+    elif code == "DDP203" and why == NOT_MEMBER:
         waiting = "; ".join(f"rank {r} waits in {c.op} on {on_group(c.group, ranks)}"
                             for r, c in sorted(calls.items()) if c and r not in fault and not c.op.startswith("ddp."))
         op = next(c.op for c in calls.values() if c and not c.op.startswith("ddp."))
@@ -334,10 +363,8 @@ def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Finding]:
         blocked = {r: st.in_collective for r, st in ranks.items() if st.in_collective and not st.failed}
         b = blame_positions({**blocked, **calls}, ranks)
         if b:
-            code, fault, site, calls, group, seq = b
-            return [finding_for_calls(code, fault, site, calls, ranks, group, seq,
-                                      "Detected as it happened, before any timeout: the ranks wait for each other "
-                                      "in collectives of different groups")]
+            return [b.finding(ranks, "Detected as it happened, before any timeout: the ranks wait for each other "
+                                     "in collectives of different groups")]
     shown = "; ".join(f"rank {r}: {_call_text(c, d.group, d.seq)}" for r, c in sorted(calls.items()))
     api = _api_parted(ranks, f"it showed as a mismatch at collective #{d.seq} on {on_group(d.group, ranks)} ({shown})")
     if api is not None:
