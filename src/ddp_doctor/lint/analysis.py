@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ddp_doctor.lint.balance import balanced, never_runs, single_process_only  # noqa: F401 (re-exported)
 from ddp_doctor.lint.buffers import wrapped_module_has_no_buffers
 from ddp_doctor.lint.model import ModuleModel
-from ddp_doctor.lint.names import NOTCONST, arg_or_kw, const_value, dotted, final_name, kwarg
+from ddp_doctor.lint.names import NOTCONST, SHARDING_WRAPPERS, arg_or_kw, const_value, dotted, final_name, kwarg
 from ddp_doctor.lint.scopes import Scope, GuardedCall
 
 _UNWRAP = {"enumerate", "tqdm", "iter", "zip", "islice", "trange", "track", "progress_bar", "Bar", "chain",
@@ -359,9 +359,17 @@ def ddp_constructions(model: ModuleModel, expr: ast.expr, scope: Scope, depth: i
     return out
 
 
+def sharded(model: ModuleModel, expr: ast.expr, scope: Scope) -> bool:
+    """``expr`` is an FSDP / FSDP2 model: sharded in place by ``fully_shard``, or built by a sharding wrapper."""
+    return model.sharded_in_place(expr, scope) or any(model.qual(c.func) in SHARDING_WRAPPERS
+                                                      for c in ddp_constructions(model, expr, scope))
+
+
 def no_buffer_broadcast(model: ModuleModel, expr: ast.expr, scope: Scope) -> bool:
     """A forward of the DDP model ``expr`` broadcasts no buffers: every DDP construction behind it says
     ``broadcast_buffers=False``, or the module it wraps is shown to have no buffers (see lint.buffers)."""
+    if sharded(model, expr, scope):
+        return False  # FSDP / FSDP2 forwards all-gather parameters whatever the grad mode or buffers
     calls = ddp_constructions(model, expr, scope)
     if bool(calls) and all(kwarg(c, "broadcast_buffers") is not None and
                            literal(kwarg(c, "broadcast_buffers").value) is False for c in calls):

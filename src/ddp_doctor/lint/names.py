@@ -19,6 +19,21 @@ DDP_CLASSES = {
     "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
     "apex.parallel.DistributedDataParallel",
 }
+# FSDP2: ``fully_shard(module)`` shards the module in place (and returns it); under any of its module paths
+FULLY_SHARD = {
+    "torch.distributed.fsdp.fully_shard",
+    "torch.distributed.fsdp._fully_shard.fully_shard",
+    "torch.distributed.fsdp._fully_shard._fully_shard.fully_shard",
+    "torch.distributed._composable.fsdp.fully_shard",
+    "torch.distributed._composable.fsdp.fully_shard.fully_shard",
+}
+DDP_CLASSES |= FULLY_SHARD
+# wrappers whose every forward all-gathers parameter shards from every rank, under no_grad too and whatever
+# the module's buffers: no forward of theirs is harmless on a subset of ranks
+SHARDING_WRAPPERS = FULLY_SHARD | {
+    "torch.distributed.fsdp.FullyShardedDataParallel",
+    "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
+}
 DIST_SAMPLERS = {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
 DATALOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 ITERABLE_DATASETS = {"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"}

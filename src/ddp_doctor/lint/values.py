@@ -6,7 +6,8 @@ import ast
 
 from ddp_doctor.lint.names import (
     ACCEL_CLASSES, ACCEL_COLLECTIVES, ACCEL_FUNCS, DATALOADERS, DCP_COLLECTIVES, DDP_CLASSES, DIST_SAMPLERS,
-    FABRIC_CLASSES, FABRIC_COLLECTIVES, FIXES_COLLECTIVES, STRATEGY_COLLECTIVES, TORCH_COLLECTIVES, _GROUP_POS,
+    FABRIC_CLASSES, FABRIC_COLLECTIVES, FIXES_COLLECTIVES, FULLY_SHARD, STRATEGY_COLLECTIVES, TORCH_COLLECTIVES,
+    _GROUP_POS,
     arg_or_kw, dotted, final_name, kwarg,
 )
 from ddp_doctor.lint.scopes import Cond, Scope
@@ -141,6 +142,16 @@ class ValueFlow:
         if q in DDP_CLASSES:
             return True
         return q is None and final_name(call.func) in ("DistributedDataParallel",)
+
+    def sharded_in_place(self, expr: ast.expr, scope: Scope) -> bool:
+        """``fully_shard(model)`` as a statement of this scope or the module's: ``model`` is sharded in place
+        from then on (FSDP2), its forward all-gathers from every rank."""
+        name = dotted(expr)
+        if name is None:
+            return False
+        return any(isinstance(g.stmt, ast.Expr) and g.stmt.value is g.call and g.call.args
+                   and dotted(g.call.args[0]) == name and self.qual(g.call.func) in FULLY_SHARD
+                   for sc in {id(scope): scope, id(self.scope): self.scope}.values() for g in sc.sites)
 
     def is_sampler_call(self, call: ast.AST) -> bool:
         if not isinstance(call, ast.Call):
@@ -313,6 +324,8 @@ class ValueFlow:
         if isinstance(expr, (ast.Name, ast.Attribute)):
             if isinstance(expr, ast.Attribute) and expr.attr == "module":
                 return False
+            if self.sharded_in_place(expr, scope):
+                return True
             return any(self.is_ddp_value(v, scope, depth + 1) for v in self.values_of(expr, scope)
                        if v is not expr)
         return False

@@ -68,6 +68,7 @@ class Desc:
 
     text: str
     related: tuple[Related, ...] = ()
+    sharded: bool = False  # the model is FSDP / FSDP2: its forward all-gathers parameters (DDP202's words)
 
 
 def _other_file(ctx: Context, site: GuardedCall, scope: Scope, what: str):
@@ -159,13 +160,16 @@ class DDPForwardOnSubset(Rule):
                         return None  # no_grad forward with broadcast_buffers=False runs no collective
                     made = tuple(r for v in m.values_of(target, scope)
                                  if (r := m.call_result_facts(v, scope).get("ddp")) is not None)[:1]
-                    return "forward", Desc(f"the DDP model `{ctx.text(target)}`", made)
+                    sharded = A.sharded(m, target, scope)
+                    return "forward", Desc(f"the {_kind(sharded)} model `{ctx.text(target)}`", made, sharded)
                 fn = m.resolve_function(site.call.func, scope)
                 if fn is not None and fn is not scope.node:
                     inner = A.ddp_forward_in_fn(m, fn, site.call, scope)
                     if inner is not None:
-                        return "forward", (f"`{ctx.text(site.call.func)}()`, which calls the DDP model "
-                                           f"(`{ctx.text(inner.func)}(...)` at line {inner.lineno}),")
+                        sharded = any(A.sharded(m, a, scope) for a in site.call.args)
+                        return "forward", Desc(f"`{ctx.text(site.call.func)}()`, which calls the {_kind(sharded)} "
+                                               f"model (`{ctx.text(inner.func)}(...)` at line {inner.lineno}),",
+                                               sharded=sharded)
                     return None
                 summ = _other_file(ctx, site, scope, "forward")
                 if summ is not None and summ.forwards:
@@ -179,20 +183,35 @@ class DDPForwardOnSubset(Rule):
                         if (quiet or A.in_no_grad(m, scope, site.call.lineno)) and \
                                 A.no_buffer_broadcast(m, arg, scope):
                             continue
-                        return "forward", Desc(f"`{ctx.text(site.call.func)}()`, which calls the DDP model "
-                                               f"`{ctx.text(arg)}` ({r.message} at {r.where}),", (r,))
+                        sharded = A.sharded(m, arg, scope)
+                        return "forward", Desc(f"`{ctx.text(site.call.func)}()`, which calls the {_kind(sharded)} "
+                                               f"model `{ctx.text(arg)}` ({r.message} at {r.where}),", (r,), sharded)
                 return None
 
             for _key, group in _groups(ctx, scope, classify).items():
                 for site, conds, desc in _unbalanced(ctx, scope, group):
                     why = _guard_text(ctx, site, conds)
                     ctx.report(
-                        self.code, site.call,
-                        f"{desc.text} is called on only some ranks: {why}. A DDP forward takes part in collectives "
-                        f"(buffer broadcast, and the gradient all-reduce of the backward), so the ranks fall out "
-                        f"of step: the job hangs, often only at the next epoch's training.",
-                        "Evaluate the unwrapped model on the single rank (`model.module(x)`), or run the "
-                        "evaluation on every rank with a DistributedSampler and combine the metric with "
-                        "`dist.all_reduce` (or `ddp_doctor.fixes.gather_variable`).",
+                        self.code, site.call, f"{desc.text} is called on only some ranks: {why}. "
+                        + (_SHARDED_WHY if desc.sharded else _DDP_WHY),
+                        _SHARDED_FIX if desc.sharded else _DDP_FIX,
                         related=desc.related + _rank_source(ctx, site, conds),
                     )
+
+
+_DDP_WHY = ("A DDP forward takes part in collectives (buffer broadcast, and the gradient all-reduce of the "
+            "backward), so the ranks fall out of step: the job hangs, often only at the next epoch's training.")
+_DDP_FIX = ("Evaluate the unwrapped model on the single rank (`model.module(x)`), or run the evaluation on every "
+            "rank with a DistributedSampler and combine the metric with `dist.all_reduce` (or "
+            "`ddp_doctor.fixes.gather_variable`).")
+_SHARDED_WHY = ("Every forward of a sharded model all-gathers its parameter shards from every rank (under "
+                "`no_grad` too), so the ranks fall out of step: the all-gathers pair with the others' training "
+                "collectives and the job hangs or crashes.")
+_SHARDED_FIX = ("Run the evaluation on every rank, each on its share of the data, and combine the metric with "
+                "`dist.all_reduce`; for a rank-0-only pass, first gather a full state dict on every rank "
+                "(`get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))`) and evaluate an "
+                "unsharded copy on rank 0.")
+
+
+def _kind(sharded: bool) -> str:
+    return "FSDP-sharded" if sharded else "DDP"
