@@ -244,6 +244,9 @@ class Project:
         if entry is None or depth > _MAX_DEPTH:
             return None
         key = ("project_local", name)
+        got = model._cache.get(key)
+        if got is not None and got[0].released:  # the model it named was dropped and released since
+            del model._cache[key]
         if key not in model._cache:
             model._cache[key] = None  # an import cycle resolves to nothing
             model._cache[key] = self._resolve_local(model, name, entry, depth)
