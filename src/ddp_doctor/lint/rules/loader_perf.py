@@ -18,8 +18,8 @@ class DataBound(Rule):
 
     def check(self, ctx: Context) -> None:
         m = ctx.model
-        if not m.uses_ddp:
-            return
+        if not m.uses_ddp and not (m.project is not None and m.project.importer_shows(m, "dist_script")):
+            return  # a module of the training engine counts when the DDP script imports it
         for call, uses in training_loader_uses(m).items():
             if has_star_kwargs(call):
                 continue
@@ -90,8 +90,8 @@ class LoaderWithoutPinMemory(Rule):
 
     def check(self, ctx: Context) -> None:
         m = ctx.model
-        if not m.uses_ddp:
-            return
+        if not m.uses_ddp and not (m.project is not None and m.project.importer_shows(m, "dist_script")):
+            return  # a module of the training engine counts when the DDP script imports it
         for call, uses in training_loader_uses(m).items():
             if has_star_kwargs(call):
                 continue
