@@ -232,6 +232,9 @@ def _shuffling_sampler_of(m: "ModuleModel", loader: ast.Call, scope: Scope) -> a
             shuffle = arg_or_kw(c, 3, "shuffle")
             if shuffle is None or (isinstance(shuffle, ast.Constant) and shuffle.value is True):
                 return c
+            if isinstance(shuffle, ast.Name) and not m.values_of(shuffle, scope) and any(
+                    isinstance(a, ast.Constant) and a.value is True for a, _s in m.param_args(shuffle, scope)):
+                return c  # `shuffle=train`, with `_loader(train_set, True)` for the training loader here
     return None
 
 

@@ -120,11 +120,13 @@ def _epoch_helper(m: ModuleModel) -> bool:
 
 
 def _true(m: ModuleModel, expr: ast.expr, scope: Scope) -> bool:
-    """``True``, or a parameter every caller here passes ``True`` (``data_sampler(ds, shuffle=True)``)."""
+    """``True``, or a parameter some caller here passes ``True`` (``data_sampler(ds, shuffle=True)``; a helper
+    making the training and the evaluation loaders, ``_loader(train_set, True)``: it shuffles for training,
+    and only a training loader is reported)."""
     if A.literal(expr) is True:
         return True
     args = m.param_args(expr, scope) if isinstance(expr, ast.Name) and not m.values_of(expr, scope) else []
-    return bool(args) and all(A.literal(a) is True for a, _s in args)
+    return any(A.literal(a) is True for a, _s in args)
 
 
 def _element(origin: ast.expr) -> str:
