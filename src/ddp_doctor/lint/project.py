@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 _DIST_TEXT = re.compile(r"torch\.distributed|import distributed|DistributedDataParallel|DistributedSampler|"
                         r"\blightning|accelerate|deepspeed|horovod|torch\.multiprocessing")
-_SUMMARY_TEXT = re.compile(r"distributed|Distributed|backward|DataLoader|Sampler|rank|barrier|all_reduce|"
+_SUMMARY_TEXT = re.compile(r"distributed|Distributed|backward|torch\.save|DataLoader|Sampler|rank|barrier|all_reduce|"
                            r"all_gather|broadcast|lightning|accelerat|fabric|deepspeed|horovod|register_buffer|"
                            r"BatchNorm|Dataset|^from \.|^\s+from \.", re.M)
 # libraries whose APIs the catalogue knows by qualified name (torch.distributed.barrier, DDP, Fabric,
