@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 from pathlib import Path
 
@@ -57,7 +58,10 @@ def _importing_root(path: Path, top: Path) -> Path:
     the project starts at the nearest folder above ``top`` that holds a module or package the script
     imports and ``top`` does not."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")[:65536]
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return top  # a FIFO or a device: never opened here (the engine reports it)
+        with open(path, "rb") as f:
+            text = f.read(65536).decode("utf-8", errors="replace")
     except OSError:
         return top
     names = {a or b for a, b in _IMPORT_RE.findall(text)}
