@@ -44,7 +44,7 @@ _MAX_ANCESTORS = 6  # directories above a file searched for an absolute import's
 _MAX_MODELS = 128
 # summaries by content hash, shared by every Project of this process (pre-commit and flake8 lint many
 # files); they hold locations and names only, never a model
-_SUMMARIES: dict[tuple[str, str, int], "FunctionSummary"] = {}
+_SUMMARIES: dict[tuple[str, str, str, int], "FunctionSummary"] = {}
 
 
 def _digest(text: str) -> str:
@@ -391,7 +391,8 @@ class Project:
         digest = owner._cache.get("digest")
         if digest is None:
             digest = owner._cache["digest"] = _digest(owner.source)
-        key = (digest, getattr(fn, "name", ""), fn.lineno)
+        # the path too: a summary names its file (Related), and two copies of one file are two places
+        key = (digest, owner.path, getattr(fn, "name", ""), fn.lineno)
         got = _SUMMARIES.get(key)
         if got is not None:
             return got
