@@ -230,12 +230,12 @@ def _early_return(m: "ModuleModel", fn: ast.AST, scope: Scope, params: list[str]
 
 def _shuffling_sampler_of(m: "ModuleModel", loader: ast.Call, scope: Scope) -> ast.Call | None:
     """The DistributedSampler (shuffle not False) given to ``loader``, when the function sets no epoch."""
-    from ddp_doctor.lint.names import alternatives, arg_or_kw, kwarg
+    from ddp_doctor.lint.names import alternatives, arg_or_kw
 
-    s = kwarg(loader, "sampler")
+    s = m.call_arg(loader, None, "sampler", scope)
     if s is None:
         return None
-    vals = [s.value] if isinstance(s.value, (ast.Call, ast.IfExp)) else m.values_of(s.value, scope)
+    vals = [s] if isinstance(s, (ast.Call, ast.IfExp)) else m.values_of(s, scope)
     cands = [a for v in vals for a in alternatives(v)]
     for c in cands:
         if isinstance(c, ast.Call) and m.is_sampler_call(c):
