@@ -114,7 +114,7 @@ def _is_setup_helper(m: ModuleModel, call: ast.Call, scope: Scope) -> bool:
 # what a preprocessed-data cache is called: its pickles hold Python objects / CPU tensors, not a
 # checkpoint saved from cuda:0 (`dataset, _ = torch.load(cache_path)`, `features = torch.load(cached_file)`)
 _CACHE_WORD_RE = re.compile(r"(?i)cache")
-_DATA_NAME_RE = re.compile(r"(?i)(?:^|_)(?:datasets?|features|examples|cache|cached)(?:_|$)")
+_DATA_NAME_RE = re.compile(r"(?i)(?:^|_)(?:datasets?|features|feats|embeddings|labels|targets|examples|cache|cached)(?:_|$)")
 
 
 def _bound_names(target: ast.expr) -> list[str]:
