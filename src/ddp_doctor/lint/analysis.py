@@ -345,9 +345,13 @@ def ddp_forward_in_fn(model: ModuleModel, fn: ast.AST, call: ast.Call, caller: S
 def _closures(model: ModuleModel, fn: ast.AST, scope: Scope) -> list[Scope]:
     """The functions defined inside ``fn`` and called there (pytorch/examples' ``validate`` runs its loop in
     a nested ``run_validate(loader)``): what they do, ``fn`` does."""
-    called = {final_name(s.call.func) for s in scope.sites}
-    return [model.scopes[n] for n in ast.walk(fn) if n is not fn and n in model.scopes and
-            isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name in called]
+    def compute() -> list:
+        nested = [n for n in ast.walk(fn) if n is not fn and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        if not nested:
+            return []
+        called = {final_name(s.call.func) for s in scope.sites}
+        return [model.scopes[n] for n in nested if n in model.scopes and n.name in called]
+    return _cached(model, ("closures", id(fn)), compute)
 
 
 def forward_target(call: ast.Call) -> ast.expr | None:
