@@ -39,3 +39,24 @@ def test_a_package_that_loads_the_module_makes_it_part_of_the_distributed_progra
     assert _ddp301(_project(tmp_path / "b", "from .plots import read_stats\n")) == {"plots.py"}
     assert _ddp301(_project(tmp_path / "c", "import importlib\n\n\ndef load(name):\n"
                                            "    return importlib.import_module('util.' + name)\n")) == {"plots.py"}
+
+
+
+
+def test_a_model_dropped_from_the_cache_is_not_used_through_an_importers_cached_resolution(tmp_path):
+    # detectron2's tools/: a kept module had resolved a name into a module the cache later dropped and
+    # released; the next file that needed it reused that resolution (KeyError, an "internal error")
+    import os
+
+    from ddp_doctor.lint.project import Project
+
+    (tmp_path / "core.py").write_text("import torch.distributed as dist\n\n\ndef g(model, x):\n    return model(x)\n")
+    (tmp_path / "lib.py").write_text("import torch.distributed as dist\nfrom core import g\n\n\ndef h(model, x):\n    return g(model, x)\n")
+    project = Project([tmp_path])
+    lib = project.model_at(tmp_path / "lib.py")
+    core, _g = project.resolve_local(lib, "g")
+    project._by_path.pop(os.path.realpath(tmp_path / "core.py"))  # what the LRU cache does
+    project._dropped.append(core)
+    project.release_dropped()
+    owner, g = project.resolve_local(lib, "g")
+    assert owner is not core and g in owner.scopes

@@ -48,3 +48,17 @@ def test_an_installed_package_is_not_climbed_out_of(tmp_path):
     (pkg.parent / "__init__.py").write_text("")
     (pkg / "mod.py").write_text("")
     assert project_root(pkg / "mod.py") == pkg.parent.resolve()
+
+
+def test_a_script_in_tools_without_a_repository_marker_takes_the_folder_of_the_package_it_imports(tmp_path):
+    # an unpacked archive (no .git, no setup.py): `python tools/train_net.py` imports `core.parallel`
+    repo = tmp_path / "unpacked"
+    shutil.copytree(FIXTURES / "projects" / "helper_returns" / "broken", repo)
+    (repo / "tools").mkdir()
+    script = repo / "tools" / "train.py"
+    shutil.move(repo / "train.py", script)
+    assert project_root(script) == repo.resolve()
+    assert _findings(lint_paths([script]), script) == _findings(lint_paths([repo]), script) != set()
+    (tmp_path / "alone").mkdir()
+    (tmp_path / "alone" / "s.py").write_text("import os\nimport json\n")
+    assert project_root(tmp_path / "alone" / "s.py") == (tmp_path / "alone").resolve()

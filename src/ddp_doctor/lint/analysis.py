@@ -317,12 +317,17 @@ def ddp_forward_in_fn(model: ModuleModel, fn: ast.AST, call: ast.Call, caller: S
     if scope is None:
         return None
     offset = 1 if scope.cls is not None and fn.args.args and fn.args.args[0].arg in ("self", "cls") else 0
-    for site in scope.sites:
+    pairs = [(scope, s) for s in scope.sites] + [(c, s) for c in _closures(model, fn, scope) for s in c.sites]
+    for inner, site in pairs:
         target = forward_target(site.call)
-        if target is None or model.rank_conds(site.conds, scope):
+        if target is None or model.rank_conds(site.conds, inner):
             continue
-        def quiet() -> bool:
-            return in_no_grad(model, scope, site.call.lineno) or in_no_grad(model, caller, call.lineno)
+        if inner is not scope and not (isinstance(target, ast.Name) and target.id not in inner.params and
+                                       target.id not in inner.assigns):
+            continue  # in a closure, only the helper's own parameter (a free variable there) is followed
+        def quiet(inner=inner, site=site) -> bool:
+            return in_no_grad(model, inner, site.call.lineno) or in_no_grad(model, scope, site.call.lineno) or \
+                in_no_grad(model, caller, call.lineno)
         if isinstance(target, ast.Name) and target.id in scope.params:
             idx = scope.params.index(target.id) - offset
             a = arg_or_kw(call, idx, target.id) if idx >= 0 else None
@@ -335,6 +340,18 @@ def ddp_forward_in_fn(model: ModuleModel, fn: ast.AST, call: ast.Call, caller: S
                 continue
             return site.call
     return None
+
+
+def _closures(model: ModuleModel, fn: ast.AST, scope: Scope) -> list[Scope]:
+    """The functions defined inside ``fn`` and called there (pytorch/examples' ``validate`` runs its loop in
+    a nested ``run_validate(loader)``): what they do, ``fn`` does."""
+    def compute() -> list:
+        nested = [n for n in ast.walk(fn) if n is not fn and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        if not nested:
+            return []
+        called = {final_name(s.call.func) for s in scope.sites}
+        return [model.scopes[n] for n in nested if n in model.scopes and n.name in called]
+    return _cached(model, ("closures", id(fn)), compute)
 
 
 def forward_target(call: ast.Call) -> ast.expr | None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ddp_doctor.lint.evaluate import RANKS, _Eval
-from ddp_doctor.lint.names import dotted, final_name
+from ddp_doctor.lint.names import arg_or_kw, dotted, final_name
 from ddp_doctor.lint.scopes import Scope
 
 if TYPE_CHECKING:
@@ -64,6 +64,8 @@ class FunctionSummary:
     early_return_on: tuple[str, ...] = ()  # the parameters its condition depends on
     iterated_over_epochs: frozenset[str] = frozenset()  # parameters iterated again and again inside
     sets_epoch: bool = False  # calls some `set_epoch()` (for a constructor: in a method of its class)
+    inits_group: Related | None = None  # sets up the process group (`init_process_group`), here or below
+    saves: Related | None = None  # a `torch.save` it reaches on every rank that runs it (one shared path)
 
 
 def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummary:
@@ -89,6 +91,11 @@ def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummar
 
         if m.is_backward_call(call) and s.backward is None:
             s.backward = Related(m.path, call.lineno, f"the backward in `{fn.name}`")
+        if s.inits_group is None and (m.qual(call.func) or "").endswith("init_process_group"):
+            s.inits_group = Related(m.path, call.lineno, f"`{fn.name}` sets up the process group")
+        if s.saves is None and m.qual(call.func) == "torch.save" and not is_guarded() and \
+                not ((path := arg_or_kw(call, 1, "f")) is not None and m.mentions_rank(path, scope)):
+            s.saves = Related(m.path, call.lineno, f"the `torch.save` in `{fn.name}`")
         target = A.forward_target(call)
         if isinstance(target, ast.Name) and target.id in params and target.id not in s.forwards and \
                 not (guarded := is_guarded()):
@@ -107,6 +114,9 @@ def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummar
             colls.extend(inner.collectives)
         if s.backward is None and inner.backward is not None:
             s.backward = inner.backward
+        s.inits_group = s.inits_group or inner.inits_group
+        if s.saves is None and inner.saves is not None and not (guarded if guarded is not None else is_guarded()):
+            s.saves = inner.saves
         s.sets_epoch = s.sets_epoch or inner.sets_epoch  # hooks.start_epoch(loader, epoch) in a third file
     s.collectives = tuple(dict.fromkeys(colls))
     loops = A.training_loops(m, scope)
@@ -220,18 +230,21 @@ def _early_return(m: "ModuleModel", fn: ast.AST, scope: Scope, params: list[str]
 
 def _shuffling_sampler_of(m: "ModuleModel", loader: ast.Call, scope: Scope) -> ast.Call | None:
     """The DistributedSampler (shuffle not False) given to ``loader``, when the function sets no epoch."""
-    from ddp_doctor.lint.names import alternatives, arg_or_kw, kwarg
+    from ddp_doctor.lint.names import alternatives, arg_or_kw
 
-    s = kwarg(loader, "sampler")
+    s = m.call_arg(loader, None, "sampler", scope)
     if s is None:
         return None
-    vals = [s.value] if isinstance(s.value, (ast.Call, ast.IfExp)) else m.values_of(s.value, scope)
+    vals = [s] if isinstance(s, (ast.Call, ast.IfExp)) else m.values_of(s, scope)
     cands = [a for v in vals for a in alternatives(v)]
     for c in cands:
         if isinstance(c, ast.Call) and m.is_sampler_call(c):
             shuffle = arg_or_kw(c, 3, "shuffle")
             if shuffle is None or (isinstance(shuffle, ast.Constant) and shuffle.value is True):
                 return c
+            if isinstance(shuffle, ast.Name) and not m.values_of(shuffle, scope) and any(
+                    isinstance(a, ast.Constant) and a.value is True for a, _s in m.param_args(shuffle, scope)):
+                return c  # `shuffle=train`, with `_loader(train_set, True)` for the training loader here
     return None
 
 

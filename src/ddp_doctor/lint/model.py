@@ -52,6 +52,7 @@ class ModuleModel(ScopeIndex, ControlFlow, ValueFlow, RankDependence, ModuleSumm
         self.has_main_guard = False
         self._cache: dict[Any, Any] = {}
         self.project = None  # the Project this module was linted in (cross-file summaries), if any
+        self.released = False  # set by release(): its scopes are gone, a cached reference must not use it
         self._collect()
         self.scope = self.scopes[tree]
 
@@ -64,6 +65,7 @@ class ModuleModel(ScopeIndex, ControlFlow, ValueFlow, RankDependence, ModuleSumm
         self.scopes = {}
         self._cache.clear()
         self.project = None
+        self.released = True
 
     def project_collectives(self, func: ast.expr, scope: Scope) -> list:
         """Collectives run by a function of another project file that ``func`` names (empty alone)."""

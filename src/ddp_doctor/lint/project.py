@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 _DIST_TEXT = re.compile(r"torch\.distributed|import distributed|DistributedDataParallel|DistributedSampler|"
                         r"\blightning|accelerate|deepspeed|horovod|torch\.multiprocessing")
-_SUMMARY_TEXT = re.compile(r"distributed|Distributed|backward|DataLoader|Sampler|rank|barrier|all_reduce|"
+_SUMMARY_TEXT = re.compile(r"distributed|Distributed|backward|torch\.save|DataLoader|Sampler|rank|barrier|all_reduce|"
                            r"all_gather|broadcast|lightning|accelerat|fabric|deepspeed|horovod|register_buffer|"
                            r"BatchNorm|Dataset|^from \.|^\s+from \.", re.M)
 # libraries whose APIs the catalogue knows by qualified name (torch.distributed.barrier, DDP, Fabric,
@@ -44,7 +44,7 @@ _MAX_ANCESTORS = 6  # directories above a file searched for an absolute import's
 _MAX_MODELS = 128
 # summaries by content hash, shared by every Project of this process (pre-commit and flake8 lint many
 # files); they hold locations and names only, never a model
-_SUMMARIES: dict[tuple[str, str, int], "FunctionSummary"] = {}
+_SUMMARIES: dict[tuple[str, str, str, int], "FunctionSummary"] = {}
 
 
 def _digest(text: str) -> str:
@@ -244,6 +244,9 @@ class Project:
         if entry is None or depth > _MAX_DEPTH:
             return None
         key = ("project_local", name)
+        got = model._cache.get(key)
+        if got is not None and got[0].released:  # the model it named was dropped and released since
+            del model._cache[key]
         if key not in model._cache:
             model._cache[key] = None  # an import cycle resolves to nothing
             model._cache[key] = self._resolve_local(model, name, entry, depth)
@@ -388,7 +391,8 @@ class Project:
         digest = owner._cache.get("digest")
         if digest is None:
             digest = owner._cache["digest"] = _digest(owner.source)
-        key = (digest, getattr(fn, "name", ""), fn.lineno)
+        # the path too: a summary names its file (Related), and two copies of one file are two places
+        key = (digest, owner.path, getattr(fn, "name", ""), fn.lineno)
         got = _SUMMARIES.get(key)
         if got is not None:
             return got

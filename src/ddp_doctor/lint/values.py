@@ -7,8 +7,7 @@ import ast
 from ddp_doctor.lint.names import (
     ACCEL_CLASSES, ACCEL_COLLECTIVES, ACCEL_FUNCS, DATALOADERS, DCP_COLLECTIVES, DDP_CLASSES, DIST_SAMPLERS,
     FABRIC_CLASSES, FABRIC_COLLECTIVES, FIXES_COLLECTIVES, FULLY_SHARD, STRATEGY_COLLECTIVES, TORCH_COLLECTIVES,
-    _GROUP_POS,
-    arg_or_kw, dotted, final_name, kwarg,
+    _GROUP_POS, alternatives, arg_or_kw, dotted, final_name, kwarg,
 )
 from ddp_doctor.lint.scopes import Cond, Scope
 
@@ -187,8 +186,71 @@ class ValueFlow:
         if not isinstance(call, ast.Call):
             return False
         q = self.qual(call.func)
-        return q in DATALOADERS or (q is None and final_name(call.func) == "DataLoader" and
-                                    "DataLoader" not in self.classes)
+        if q in DATALOADERS or (q is None and final_name(call.func) == "DataLoader" and "DataLoader" not in self.classes):
+            return True
+        return isinstance(call.func, ast.Name) and q is None and call.func.id in self._loader_aliases()
+
+    def _is_loader_class(self, node: ast.AST) -> bool:
+        q = self.qual(node)
+        return q in DATALOADERS or (q is None and final_name(node) == "DataLoader" and "DataLoader" not in self.classes)
+
+    def _loader_aliases(self) -> set[str]:
+        """Names of this file that stand for the DataLoader class: its subclasses defined here
+        (``class MultiEpochsDataLoader(DataLoader)``) and variables bound to one of them, every binding
+        (timm's ``loader_class = torch.utils.data.DataLoader`` ... ``loader_class(dataset, **loader_args)``)."""
+        got = self._cache.get("loader_aliases")
+        if got is None:
+            got = {name for name, cls in self.classes.items() if any(self._is_loader_class(b) for b in cls.bases)}
+            for scope in self.scopes.values():
+                for name, vals in scope.assigns.items():
+                    if "." not in name and all(
+                            self._is_loader_class(b) or (isinstance(b, ast.Name) and b.id in got)
+                            for v, _c in vals for b in alternatives(v)):
+                        got.add(name)
+            self._cache["loader_aliases"] = got
+        return got
+
+    def call_arg(self, call: ast.Call, pos: int | None, name: str, scope: Scope) -> ast.expr | None:
+        """Argument ``name`` of ``call``, also from a ``**kwargs`` dict built here
+        (``loader_args = dict(sampler=sampler, ...)`` ... ``DataLoader(dataset, **loader_args)``)."""
+        got = arg_or_kw(call, pos, name) if pos is not None else next(
+            (k.value for k in call.keywords if k.arg == name), None)
+        if got is not None:
+            return got
+        for k in call.keywords:
+            if k.arg is not None:
+                continue
+            for d in [k.value, *self.values_of(k.value, scope)]:
+                if isinstance(d, ast.Dict):
+                    got = next((v for kk, v in zip(d.keys, d.values)
+                                if isinstance(kk, ast.Constant) and kk.value == name), None)
+                elif isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == "dict":
+                    got = next((kw.value for kw in d.keywords if kw.arg == name), None)
+                if got is not None:
+                    return got
+            got = self._dict_update(k.value, name, scope)
+            if got is not None:
+                return got
+        return None
+
+    def _dict_update(self, d: ast.expr, name: str, scope: Scope) -> ast.expr | None:
+        """``d.update(name=v)`` or ``d["name"] = v`` in ``scope``: the ``v`` put into the dict later."""
+        key = dotted(d)
+        if key is None:
+            return None
+        for site in scope.sites:
+            f = site.call.func
+            if isinstance(f, ast.Attribute) and f.attr == "update" and dotted(f.value) == key:
+                got = next((kw.value for kw in site.call.keywords if kw.arg == name), None)
+                if got is not None:
+                    return got
+        for stmt, _c, _l in scope.stmts:
+            if isinstance(stmt, ast.Assign):
+                for t in stmt.targets:
+                    if isinstance(t, ast.Subscript) and dotted(t.value) == key and \
+                            isinstance(t.slice, ast.Constant) and t.slice.value == name:
+                        return stmt.value
+        return None
 
     def _receiver_kind(self, recv: ast.expr, scope: Scope) -> str | None:
         """'fabric' / 'accelerator' / 'strategy' for the objects whose methods are collectives."""

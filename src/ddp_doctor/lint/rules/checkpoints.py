@@ -10,6 +10,7 @@ from ddp_doctor.lint.names import arg_or_kw
 from ddp_doctor.lint.scopes import GuardedCall, Scope
 from ddp_doctor.lint.rules.base import Context, Rule
 from ddp_doctor.lint.balance import once_per_node
+from ddp_doctor.lint.function_summary import Related
 from ddp_doctor.lint.rules.devices import is_dist_script
 
 
@@ -64,6 +65,8 @@ class SaveOnEveryRank(Rule):
         m = ctx.model
         if not is_dist_script(m):
             return
+        if multi_node(m):
+            self._helper_saves_once_per_node(ctx)
         for scope in m.scopes.values():
             for site in scope.sites:
                 if m.qual(site.call.func) != "torch.save":
@@ -89,6 +92,44 @@ class SaveOnEveryRank(Rule):
                     "Save on one rank: `if dist.get_rank() == 0: torch.save(...)` (then `dist.barrier()` on "
                     "every rank if others read it next), or use `ddp_doctor.fixes.rank_zero_first`.",
                 )
+
+    def _helper_saves_once_per_node(self, ctx: Context) -> None:
+        """``if local_rank == 0: save_checkpoint(state, path)`` in a multi-node script, where the helper (this
+        file or another project file) saves on every rank that calls it: once per node, as a direct save."""
+        m = ctx.model
+        for scope in m.scopes.values():
+            for site in scope.sites:
+                if not site.conds or m.qual(site.call.func) == "torch.save":
+                    continue
+                related = self._saving_helper(m, site)
+                if related is None or not once_per_node(m, site.conds, scope):
+                    continue
+                ctx.report(
+                    self.code, site.call,
+                    f"`{ast.unparse(site.call.func)}(...)` saves a checkpoint ({related.message}, line "
+                    f"{related.line}) and runs once per node here (its condition is a local-rank test), in a "
+                    "multi-node script: with a file system the nodes share, every node writes the same file at "
+                    "once (a torn or half-written checkpoint when they race).",
+                    "Save on one rank of the job: test the global rank (`if dist.get_rank() == 0:`), or put "
+                    "the node's index in the path if every node must keep its own copy.",
+                    related=[related] if related.path != m.path else [],
+                )
+
+    @staticmethod
+    def _saving_helper(m: ModuleModel, site: GuardedCall) -> Related | None:
+        fn = m.resolve_function(site.call.func, site.scope)
+        if fn is not None:
+            inner = m.scopes.get(fn)
+            for s in inner.sites if inner is not None and fn is not site.scope.node else ():
+                path = arg_or_kw(s.call, 1, "f")
+                if m.qual(s.call.func) == "torch.save" and not s.conds and \
+                        not (path is not None and m.mentions_rank(path, inner)):
+                    return Related(m.path, s.call.lineno, f"the `torch.save` in `{getattr(fn, 'name', '?')}`")
+            return None
+        if m.project is None:
+            return None
+        summ = m.project.summary_of_call(m, site.call.func, site.scope)
+        return summ.saves if summ is not None else None
 
     @staticmethod
     def _guarded(m: ModuleModel, site: GuardedCall) -> bool:

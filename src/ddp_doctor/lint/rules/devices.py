@@ -26,8 +26,24 @@ def is_dist_script(m: ModuleModel) -> bool:
                     break
             if res:
                 break
-    m._cache["dist_script"] = res
+    m._cache["dist_script"] = res = res or _calls_project_setup(m)
     return res
+
+
+def _calls_project_setup(m: ModuleModel) -> bool:
+    """A call into a function of another project file that sets up the process group
+    (``init_dist()`` from ``dist_env.py``): this module is the distributed script."""
+    if m.project is None or not m.import_from:
+        return False
+    for scope in m.scopes.values():
+        for site in scope.sites:
+            got = m.project.resolve_call(m, site.call.func, scope)
+            if got is None or got[1] is None or "init_process_group" not in got[0].source:
+                continue
+            summ = m.project.summary_of_call(m, site.call.func, scope)
+            if summ is not None and summ.inits_group is not None:
+                return True
+    return False
 
 
 class LoadWithoutMapLocation(Rule):
@@ -98,7 +114,7 @@ def _is_setup_helper(m: ModuleModel, call: ast.Call, scope: Scope) -> bool:
 # what a preprocessed-data cache is called: its pickles hold Python objects / CPU tensors, not a
 # checkpoint saved from cuda:0 (`dataset, _ = torch.load(cache_path)`, `features = torch.load(cached_file)`)
 _CACHE_WORD_RE = re.compile(r"(?i)cache")
-_DATA_NAME_RE = re.compile(r"(?i)(?:^|_)(?:datasets?|features|examples|cache|cached)(?:_|$)")
+_DATA_NAME_RE = re.compile(r"(?i)(?:^|_)(?:datasets?|features|feats|embeddings|labels|targets|examples|cache|cached)(?:_|$)")
 
 
 def _bound_names(target: ast.expr) -> list[str]:
@@ -146,8 +162,32 @@ def _is_set_device(m: ModuleModel, call: ast.Call, scope: Scope, depth: int = 0)
     return False
 
 
-def _current_device_alloc(m: ModuleModel, call: ast.Call) -> str | None:
-    """A CUDA allocation on the *current* device: ``.cuda()``, ``.to("cuda")``, ``device="cuda"``."""
+def _current_cuda(m: ModuleModel, expr: ast.expr | None, scope: Scope, depth: int = 0) -> bool:
+    """Does ``expr`` name the *current* CUDA device (no index)?  ``"cuda"``, ``torch.device("cuda")``,
+    ``"cuda" if torch.cuda.is_available() else "cpu"`` (the CPU branch is the machine without a GPU), or
+    a variable every assignment of which is one (``device = torch.device("cuda")`` ... ``.to(device)``)."""
+    if expr is None or depth > 3:
+        return False
+    if A.literal(expr) == "cuda":
+        return True
+    if isinstance(expr, ast.IfExp):
+        sides = (expr.body, expr.orelse)
+        return any(_current_cuda(m, x, scope, depth + 1) for x in sides) and \
+            all(A.literal(x) == "cpu" or _current_cuda(m, x, scope, depth + 1) for x in sides)
+    if isinstance(expr, ast.Call) and m.qual(expr.func) == "torch.device" and len(expr.args) == 1 and \
+            not expr.keywords:
+        return _current_cuda(m, expr.args[0], scope, depth + 1)
+    if isinstance(expr, (ast.Name, ast.Attribute)):
+        vals = [(v, m.scope_of_value(v, scope)) for v in m.values_of(expr, scope)]
+        if not vals and isinstance(expr, ast.Name):
+            vals = m.param_args(expr, scope)  # `train(hyp, opt, device)`: what this file's callers pass
+        return bool(vals) and all(_current_cuda(m, v, s, depth + 1) for v, s in vals)
+    return False
+
+
+def _current_device_alloc(m: ModuleModel, call: ast.Call, scope: Scope) -> str | None:
+    """A CUDA allocation on the *current* device: ``.cuda()``, ``.to("cuda")``, ``device="cuda"``, also
+    through a variable holding such a device."""
     f = call.func
     if isinstance(f, ast.Attribute) and f.attr == "cuda" and not call.args and kwarg(call, "device") is None:
         if (m.qual(f.value) or "").startswith("torch"):
@@ -155,10 +195,10 @@ def _current_device_alloc(m: ModuleModel, call: ast.Call) -> str | None:
         return f"`{ast.unparse(f)}()`"
     if isinstance(f, ast.Attribute) and f.attr == "to":
         target = call.args[0] if call.args else (kwarg(call, "device").value if kwarg(call, "device") else None)
-        if A.literal(target) == "cuda":
-            return f"`{ast.unparse(f)}(\"cuda\")`"
+        if _current_cuda(m, target, scope):
+            return f"`{ast.unparse(call)}`" if A.literal(target) != "cuda" else f"`{ast.unparse(f)}(\"cuda\")`"
     dk = kwarg(call, "device")
-    if dk is not None and A.literal(dk.value) == "cuda" and (m.qual(f) or "").startswith("torch."):
+    if dk is not None and (m.qual(f) or "").startswith("torch.") and _current_cuda(m, dk.value, scope):
         return f"`{ast.unparse(f)}(..., device=\"cuda\")`"
     return None
 
@@ -180,7 +220,7 @@ class CudaBeforeSetDevice(Rule):
             for site in scope.sites:
                 if site.call.lineno >= first:
                     continue
-                what = _current_device_alloc(m, site.call)
+                what = _current_device_alloc(m, site.call, scope)
                 if what and not A.single_process_only(m, site.conds, scope):
                     ctx.report(
                         self.code, site.call,
@@ -201,7 +241,7 @@ class CudaBeforeSetDevice(Rule):
         nowhere = " (nor does any other file of the project)" if _project_sets_device(m) is False else ""
         for scope in m.scopes.values():
             for site in scope.sites:
-                what = _current_device_alloc(m, site.call)
+                what = _current_device_alloc(m, site.call, scope)
                 if what:
                     ctx.report(
                         self.code, site.call,

@@ -18,14 +18,14 @@ class DataBound(Rule):
 
     def check(self, ctx: Context) -> None:
         m = ctx.model
-        if not m.uses_ddp:
-            return
         for call, uses in training_loader_uses(m).items():
             if has_star_kwargs(call):
                 continue
             nw, val = num_workers_arg(call)
             if val != 0:
                 continue
+            if not _in_ddp_program(m):
+                return
             ds = dl_arg(call, "dataset")
             cost = expensive_dataset(m, ds, uses[0].loader_scope)
             if cost is None:
@@ -48,6 +48,15 @@ class DataBound(Rule):
                 "with `pin_memory=True` and `persistent_workers=True`; `ddp-doctor run` measures the data wait.",
                 related=[cost.related] if cost.related is not None else [],
             )
+
+
+def _in_ddp_program(m: ModuleModel) -> bool:
+    """Wraps DDP itself, or is a module of the training engine that a DDP script of the project imports
+    (asked only once a loader would be reported: the importers are costly to find)."""
+    if m.uses_ddp:
+        return True
+    return A._cached(m, "in_ddp_program", lambda: m.project is not None and
+                     m.project.importer_shows(m, "dist_script") is not None)
 
 
 def _moves_batches_to_cuda(m: ModuleModel, use: A.LoaderUse) -> bool:
@@ -90,11 +99,11 @@ class LoaderWithoutPinMemory(Rule):
 
     def check(self, ctx: Context) -> None:
         m = ctx.model
-        if not m.uses_ddp:
-            return
         for call, uses in training_loader_uses(m).items():
             if has_star_kwargs(call):
                 continue
+            if not _in_ddp_program(m):
+                return
             pm = dl_arg(call, "pin_memory")
             if pm is not None and A.literal(pm) is not False:
                 continue

@@ -20,7 +20,9 @@ class SamplerEpochNotSet(Rule):
     def check(self, ctx: Context) -> None:
         m = ctx.model
         uses = A.loader_uses(m)
-        set_epoch_sites = [s for sc in m.scopes.values() for s in sc.sites if final_name(s.call.func) == "set_epoch"]
+        # `loader.dataset.set_epoch(epoch)` (timm: datasets that reshuffle their own shards) is the dataset's
+        set_epoch_sites = [s for sc in m.scopes.values() for s in sc.sites if final_name(s.call.func) == "set_epoch"
+                           and not _on_dataset(s.call.func)]
         for call, scope in list(all_calls(m, m.is_sampler_call)):
             shuffle = arg_or_kw(call, 3, "shuffle")
             if shuffle is not None and not _true(m, shuffle, scope):
@@ -103,6 +105,12 @@ class SamplerEpochNotSet(Rule):
         return sampler in known
 
 
+def _on_dataset(func: ast.expr) -> bool:
+    """``loader.dataset.set_epoch``: the loader's dataset's own epoch (DataLoader.dataset), not its sampler's."""
+    recv = func.value if isinstance(func, ast.Attribute) else None
+    return isinstance(recv, ast.Attribute) and recv.attr == "dataset"
+
+
 def _epoch_helper(m: ModuleModel) -> bool:
     """A call into another project file's function that sets an epoch (``utils.start_epoch(loader,
     epoch)``): its target is not followed, so every sampler here counts as set."""
@@ -120,11 +128,13 @@ def _epoch_helper(m: ModuleModel) -> bool:
 
 
 def _true(m: ModuleModel, expr: ast.expr, scope: Scope) -> bool:
-    """``True``, or a parameter every caller here passes ``True`` (``data_sampler(ds, shuffle=True)``)."""
+    """``True``, or a parameter some caller here passes ``True`` (``data_sampler(ds, shuffle=True)``; a helper
+    making the training and the evaluation loaders, ``_loader(train_set, True)``: it shuffles for training,
+    and only a training loader is reported)."""
     if A.literal(expr) is True:
         return True
     args = m.param_args(expr, scope) if isinstance(expr, ast.Name) and not m.values_of(expr, scope) else []
-    return bool(args) and all(A.literal(a) is True for a, _s in args)
+    return any(A.literal(a) is True for a, _s in args)
 
 
 def _element(origin: ast.expr) -> str:
@@ -157,9 +167,9 @@ def _origin_calls(m: ModuleModel, expr: ast.expr, scope: Scope, depth: int = 0) 
 
 
 def _loader_sampler_is(m: ModuleModel, loader: ast.Call, scope: Scope, sampler: ast.Call) -> bool:
-    s = dl_arg(loader, "sampler")
+    s = m.call_arg(loader, 3, "sampler", scope)
     if s is None:
-        bs = dl_arg(loader, "batch_sampler")
+        bs = m.call_arg(loader, 4, "batch_sampler", scope)
         s = bs.args[0] if isinstance(bs, ast.Call) and bs.args else bs
     if s is None:
         return False
