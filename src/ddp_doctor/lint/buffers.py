@@ -56,7 +56,7 @@ def _no_buffers(m: "ModuleModel", expr: ast.expr, scope: "Scope", depth: int, se
                 items = [e for a in parts for e in (a.elts if isinstance(a, (ast.List, ast.Tuple)) else [a])]
                 return all(_no_buffers(m, e, scope, depth + 1, seen) for e in items)
             return True  # torch layers other than the norm layers above hold parameters only
-        cls = _class_of(m, expr.func, scope)
+        cls = m.class_def(expr.func, scope)
         if cls is None:
             return False
         owner, node = cls
@@ -69,19 +69,6 @@ def _no_buffers(m: "ModuleModel", expr: ast.expr, scope: "Scope", depth: int, se
     return bool(vals) and all(_no_buffers(m, v, m.scope_of_value(v, scope), depth + 1, seen) for v in vals)
 
 
-def _class_of(m: "ModuleModel", func: ast.expr, scope: "Scope"):
-    """(model, ClassDef) for ``Cls(...)`` / ``Cls.from_pretrained(...)``, here or in a project file."""
-    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.attr[:1].islower():
-        func = func.value  # a classmethod constructor: GPT.from_pretrained(...)
-    if isinstance(func, ast.Name) and func.id in m.classes:
-        return m, m.classes[func.id]
-    if m.project is not None:
-        got = m.project.resolve_call(m, func, scope)
-        if got is not None and isinstance(got[1], ast.ClassDef):
-            return got
-    return None
-
-
 def _class_has_no_buffers(m: "ModuleModel", cls: ast.ClassDef, depth: int, seen: set) -> bool:
     if id(cls) in seen:
         return True
@@ -89,7 +76,7 @@ def _class_has_no_buffers(m: "ModuleModel", cls: ast.ClassDef, depth: int, seen:
     if depth > 6:
         return False
     for base in cls.bases:  # a project base class contributes its own layers
-        got = _class_of(m, base, m.scope)
+        got = m.class_def(base, m.scope)
         if got is not None and not _class_has_no_buffers(got[0], got[1], depth + 1, seen):
             return False
     methods = m.methods.get(cls, {})
@@ -119,7 +106,7 @@ def _class_has_no_buffers(m: "ModuleModel", cls: ast.ClassDef, depth: int, seen:
             q = m.qual(call.func) or ""
             if q.startswith("torch."):
                 continue  # torch layers other than the norm layers above hold parameters only
-            got = _class_of(m, call.func, mscope)
+            got = m.class_def(call.func, mscope)
             if got is None:
                 if name in m.classes or name in ("ModuleList", "ModuleDict", "Sequential", "Parameter"):
                     continue

@@ -152,6 +152,18 @@ class ValueFlow:
                    and dotted(g.call.args[0]) == name and self.qual(g.call.func) in FULLY_SHARD
                    for sc in {id(scope): scope, id(self.scope): self.scope}.values() for g in sc.sites)
 
+    def class_def(self, func: ast.expr, scope: Scope):
+        """(model, ClassDef) for ``Cls(...)`` / ``Cls.from_pretrained(...)``, in this file or a project file."""
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.attr[:1].islower():
+            func = func.value  # a classmethod constructor: GPT.from_pretrained(...)
+        if isinstance(func, ast.Name) and func.id in self.classes:
+            return self, self.classes[func.id]
+        if self.project is not None:
+            got = self.project.resolve_call(self, func, scope)
+            if got is not None and isinstance(got[1], ast.ClassDef):
+                return got
+        return None
+
     def is_sampler_call(self, call: ast.AST) -> bool:
         if not isinstance(call, ast.Call):
             return False

@@ -114,9 +114,31 @@ def _per_rank_batch_sampler(m: ModuleModel, try_stmt: ast.Try, scope: Scope) -> 
                 vals = [v for x in vals for v in ([x] if isinstance(x, ast.Call) else m.values_of(x, lscope))]
                 for v in vals:
                     if isinstance(v, ast.Call) and final_name(v.func) != "BatchSampler" and any(
-                            m.mentions_rank(a, lscope) for a in (*v.args, *(k.value for k in v.keywords))):
+                            m.mentions_rank(a, lscope) for a in (*v.args, *(k.value for k in v.keywords))) \
+                            and not _evens_ranks(m, v, lscope):
                         return v
     return None
+
+
+_WORLD_WORDS = ("replica", "world", "num_ranks", "nranks")
+
+
+def _evens_ranks(m: ModuleModel, call: ast.Call, scope: Scope) -> bool:
+    """The sampler's class (read here or in a project file) gives every rank the same number of batches, the
+    way DistributedSampler does: it divides a count by the world size (``len(batches) // num_replicas``,
+    ``math.ceil(n / world)``) to trim or pad each rank's share, or keeps a ``total_size`` / ``num_samples``."""
+    got = m.class_def(call.func, scope)
+    if got is None:
+        return False
+    for node in ast.walk(got[1]):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.FloorDiv, ast.Div)) and any(
+                w in (n.id if isinstance(n, ast.Name) else n.attr).lower() for n in ast.walk(node.right)
+                if isinstance(n, (ast.Name, ast.Attribute)) for w in _WORLD_WORDS):
+            return True
+        if isinstance(node, (ast.Name, ast.Attribute)) and (node.id if isinstance(node, ast.Name) else node.attr) \
+                in ("total_size", "num_samples") and isinstance(node.ctx, ast.Store):
+            return True
+    return False
 
 
 def varying_reason(m: ModuleModel, scope: Scope, conds, rv: RankVariance) -> tuple[str, str] | None:
