@@ -128,20 +128,30 @@ class CallerIndex:
         self._ensure()
         return None if self._facts is None else bool(self._facts[fact])
 
-    def importer_shows(self, owner: "ModuleModel", fact: str) -> Related | None:
+    def importer_shows(self, owner: "ModuleModel", fact: str, confirm=None) -> Related | None:
         """A file that imports ``owner``'s module, or its package, and shows ``fact`` (the launcher that
         sets the device before it builds the model class of ``models/pix_model.py``; the DDP trainer
         that calls the checkpoint utility): where it imports it, or None.  One file in between counts
         too (``train.py`` -> ``engine.py`` -> ``utils/checkpoint.py``): the import named is then the
-        first hop's."""
+        first hop's.  The fact is read from the file's words; ``confirm(model)`` checks it on the parsed
+        file (a DDP class named in an ``isinstance`` test is no distributed script)."""
         self._ensure()
         if not self._facts:
             return None
-        here, shows = os.path.realpath(owner.path), self._facts[fact]
-        for p, line in self._importers(here, lambda q: q in shows)[:1]:
+        here, words = os.path.realpath(owner.path), self._facts[fact]
+
+        def shows(q: str) -> bool:
+            if q not in words:
+                return False
+            if confirm is None:
+                return True
+            m = self.project.model_at(Path(q), any_text=True)
+            return m is not None and bool(confirm(m))
+
+        for p, line in self._importers(here, shows)[:1]:
             return Related(p, line, f"`{Path(p).name}` imports it")
-        for p, line in self._importers(here, lambda q: q not in shows)[:_MAX_HOPS]:
-            for q, _line in self._importers(p, lambda q: q in shows)[:1]:
+        for p, line in self._importers(here, lambda q: not shows(q))[:_MAX_HOPS]:
+            for q, _line in self._importers(p, shows)[:1]:
                 return Related(p, line, f"`{Path(p).name}` imports it, and `{Path(q).name}` imports "
                                         f"`{Path(p).name}`")
         return None

@@ -322,9 +322,10 @@ class Project:
         """A whole-program fact: does any file under the roots show it (``"sets_device"``)?"""
         return self._callers.shows(fact)
 
-    def importer_shows(self, owner: "ModuleModel", fact: str) -> Related | None:
-        """A project file that imports ``owner`` (or its package) and shows ``fact``: where it imports it."""
-        return self._callers.importer_shows(owner, fact)
+    def importer_shows(self, owner: "ModuleModel", fact: str, confirm=None) -> Related | None:
+        """A project file that imports ``owner`` (or its package) and shows ``fact`` (``confirm(model)``: on its
+        parsed text too): where it imports it."""
+        return self._callers.importer_shows(owner, fact, confirm)
 
     def caller_args(self, owner: "ModuleModel", fn: ast.AST, idx: int, name: str) -> list[tuple[ast.expr, Scope]]:
         """(argument, its scope) passed for parameter ``name`` (position ``idx``) of ``fn`` by the

@@ -59,7 +59,7 @@ class LoadWithoutMapLocation(Rule):
             return
         via = None  # the distributed script of the project that imports this module
         if not is_dist_script(m):
-            via = m.project.importer_shows(m, "dist_script") if m.project is not None else None
+            via = m.project.importer_shows(m, "dist_script", is_dist_script) if m.project is not None else None
             if via is None:
                 return
         where = f" (this module runs in a distributed program: {via.message} at {via.where})" if via else ""

@@ -8,6 +8,7 @@ from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import ModuleModel
 from ddp_doctor.lint.names import arg_or_kw, dotted, final_name, has_star_kwargs
 from ddp_doctor.lint.rules.base import Context, Rule
+from ddp_doctor.lint.rules.devices import is_dist_script
 from ddp_doctor.lint.rules.loader_facts import (
     LoadCost, dataset_unknown, dl_arg, expensive_dataset, num_workers_arg, training_loader_uses,
 )
@@ -56,7 +57,7 @@ def _in_ddp_program(m: ModuleModel) -> bool:
     if m.uses_ddp:
         return True
     return A._cached(m, "in_ddp_program", lambda: m.project is not None and
-                     m.project.importer_shows(m, "dist_script") is not None)
+                     m.project.importer_shows(m, "dist_script", is_dist_script) is not None)
 
 
 def _moves_batches_to_cuda(m: ModuleModel, use: A.LoaderUse) -> bool:
