@@ -178,7 +178,8 @@ class ValueFlow:
 
     def _sampler_aliases(self) -> set[str]:
         """Names bound to the DistributedSampler class itself, possibly in one branch:
-        ``train_sampler = RandomSampler if args.local_rank == -1 else DistributedSampler``."""
+        ``train_sampler = RandomSampler if args.local_rank == -1 else DistributedSampler``, or picked from a
+        registry of sampler classes: ``SAMPLERS = {"dist": DistributedSampler, ...}``, ``SAMPLERS[name]``."""
         got = self._cache.get("sampler_aliases")
         if got is None:
             got = set()
@@ -188,11 +189,21 @@ class ValueFlow:
                         continue
                     for v, _c in vals:
                         branches = [v.body, v.orelse] if isinstance(v, ast.IfExp) else \
-                            v.values if isinstance(v, ast.BoolOp) else [v]
+                            v.values if isinstance(v, ast.BoolOp) else \
+                            self._registry_values(v.value, scope) if isinstance(v, ast.Subscript) else [v]
                         if any(self._is_sampler_class(b) for b in branches):
                             got.add(name)
             self._cache["sampler_aliases"] = got
         return got
+
+    def _registry_values(self, container: ast.expr, scope: Scope) -> list[ast.expr]:
+        """The values of a dict literal (or ``dict(k=v)``) that ``container`` is, or a name bound to one."""
+        for c in [container, *(self.values_of(container, scope) if isinstance(container, ast.Name) else ())]:
+            if isinstance(c, ast.Dict):
+                return [v for v in c.values if v is not None]
+            if isinstance(c, ast.Call) and final_name(c.func) == "dict":
+                return [k.value for k in c.keywords]
+        return []
 
     def is_dataloader_call(self, call: ast.AST) -> bool:
         if not isinstance(call, ast.Call):
