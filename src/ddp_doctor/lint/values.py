@@ -146,11 +146,17 @@ class ValueFlow:
         """``fully_shard(model)`` as a statement of this scope or the module's: ``model`` is sharded in place
         from then on (FSDP2), its forward all-gathers from every rank."""
         name = dotted(expr)
-        if name is None:
-            return False
-        return any(isinstance(g.stmt, ast.Expr) and g.stmt.value is g.call and g.call.args
-                   and dotted(g.call.args[0]) == name and self.qual(g.call.func) in FULLY_SHARD
-                   for sc in {id(scope): scope, id(self.scope): self.scope}.values() for g in sc.sites)
+        return name is not None and (name in self._sharded_names(scope) or name in self._sharded_names(self.scope))
+
+    def _sharded_names(self, scope: Scope) -> set[str]:
+        key = ("sharded", id(scope.node))
+        got = self._cache.get(key)
+        if got is None:
+            got = self._cache[key] = {
+                d for g in scope.sites if isinstance(g.stmt, ast.Expr) and g.stmt.value is g.call and g.call.args
+                and final_name(g.call.func) == "fully_shard" and self.qual(g.call.func) in FULLY_SHARD
+                and (d := dotted(g.call.args[0])) is not None}
+        return got
 
     def class_def(self, func: ast.expr, scope: Scope):
         """(model, ClassDef) for ``Cls(...)`` / ``Cls.from_pretrained(...)``, in this file or a project file."""
