@@ -18,8 +18,9 @@ from ddp_doctor.findings import Finding, Location, runtime_fix
 from ddp_doctor.diagnose.decision import Decision, user_stack, values_at, why_it_varies
 from ddp_doctor.diagnose.collectives import NOT_MEMBER
 from ddp_doctor.diagnose.grad_sync import sync_choice
-from ddp_doctor.diagnose.source import (LOOPS, RANK_WORDS, arm, exits_in, function_at, keyword, loop_targets,
-                                         names_read, own_nodes, parse_file, reads_rank, source_of, within)
+from ddp_doctor.diagnose.source import (LOOPS, RANK_WORDS, arm, call_sites, exits_in, function_at, keyword,
+                                         loop_targets, names_read, own_nodes, parse_file, reads_rank, source_of,
+                                         within)
 
 
 # -- locating ----------------------------------------------------------------------------------------
@@ -347,6 +348,16 @@ def group_choice(site: Site, fault: list[int], ranks: dict[int, RankState]) -> D
                     "new_group() had returned a placeholder and torch skips the collective.")
 
 
+def caller_branch(site: Site, fault: list[int], ranks: dict[int, RankState], depth: int = 0) -> Decision | None:
+    """The rank branch around the one place the file calls ``site``'s function, or around that caller's one
+    call, three deep: where the ranks parted when no stack showed the callers (``if rank == 0:
+    evaluate(model)``, the rank failing before its stack was taken)."""
+    calls = call_sites(site.path, site.function) if depth < 3 else []
+    if len(calls) != 1:
+        return None
+    return rank_branch(calls[0], fault, ranks) or caller_branch(calls[0], fault, ranks, depth + 1)
+
+
 def _as_rank_conditional(f: Finding, alone: list[int]) -> Finding:
     msg = f.message.replace("the ranks disagree", "the ranks call different collectives", 1)
     return Finding("DDP201", msg + f" Rank {', '.join(map(str, alone))}'s call is on a path the others do not take.",
@@ -382,6 +393,8 @@ def with_decisions(findings: list[Finding], ranks: dict[int, RankState]) -> list
                 # the outermost rank branch on the way to that line: the callers' frames first, then the line's
                 frames = [fr for fr in user_stack(ranks[inside[0]]) if (fr.path, fr.line) != (at.path, at.line)]
                 d = next((got for fr in frames + [at] if (got := rank_branch(fr, inside, ranks)) is not None), None)
+            if d is None and not finished:
+                d = caller_branch(at, list(f.ranks), ranks)
         if d is None:
             continue
         if f.code == "DDP203" and d.alone and not f.evidence.get(NOT_MEMBER):

@@ -7,6 +7,7 @@ import ast
 import functools
 import re
 
+from ddp_doctor.evidence import Site
 from ddp_doctor.lint.model import ModuleModel
 
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -150,4 +151,23 @@ def exits_in(loop: ast.AST):
             walk(child, child if isinstance(child, ast.If) else cond,
                  depth + (1 if isinstance(child, LOOPS) else 0))
     walk(loop, None, 0)
+    return out
+
+
+def call_sites(path: str, function: str | None) -> list[Site]:
+    """Where the file calls ``function`` (``f(...)``, ``self.f(...)``), each with the def it is in: the caller
+    frames a rank's stack would have shown, read from the source when no stack was taken."""
+    parsed = parse_file(path)
+    name = function.rsplit(".", 1)[-1] if function else None
+    if parsed is None or not name or name == "<module>":
+        return []
+    tree, _lines = parsed
+    out = []
+    for node in ast.walk(tree):
+        f = node.func if isinstance(node, ast.Call) else None
+        if (isinstance(f, ast.Name) and f.id == name) or (isinstance(f, ast.Attribute) and f.attr == name
+                                                          and isinstance(f.value, ast.Name) and f.value.id == "self"):
+            fn = function_at(tree, None, node.lineno)
+            out.append(Site(path, node.lineno, fn.name if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                            else "<module>"))
     return out
