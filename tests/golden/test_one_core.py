@@ -123,3 +123,21 @@ def test_same_line_is_the_file_name_unless_both_files_are_here_and_differ(tmp_pa
     assert same_line(str(a), 1, str(tmp_path / "a" / ".." / "a" / "train.py"), 1)  # the same file, spelled apart
     assert not same_line(str(a), 1, str(b), 1)  # two files of this machine that happen to share a name
     assert not same_line(str(a), 1, str(a), 2) and not same_line(str(a), 1, "/x/eval.py", 1)
+
+
+def test_a_diagnosis_that_raises_keeps_the_stacks_in_run_and_attach(monkeypatch):
+    """A bug in a diagnosis costs neither source its verdict: run keeps the live decision's, attach the
+    samples' (every live rank stuck: hang), both with no finding and the error in words."""
+    from ddp_doctor import diagnose as run_core
+    from ddp_doctor.attach import assess
+
+    def broken(*_a, **_k):
+        raise KeyError("site")
+
+    cap = _capture("rank0_barrier")
+    monkeypatch.setattr(run_core.provenance, "with_decisions", broken)
+    monkeypatch.setattr(assess, "_assess", broken)
+    verdict, findings, error = run_core.diagnose_guarded(cap.evidence, cap.decision, cap.failures)
+    assert (verdict, findings) == ("hang", []) and error.startswith("KeyError: 'site' at ")
+    verdict, findings, error = assess.diagnose_guarded(_attach_views(cap), len(cap.evidence.ranks), True)
+    assert (verdict, findings) == ("hang", []) and error.startswith("KeyError: 'site' at ")

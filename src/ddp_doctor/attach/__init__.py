@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ddp_doctor.attach.assess import activity_state, diagnose
+from ddp_doctor.attach.assess import activity_state, diagnose_guarded
 from ddp_doctor.attach.discover import DiscoveredJob, find_job
 from ddp_doctor.attach.sample import SampledRank, sample_job
 from ddp_doctor.attach.pyspy import AttachError
@@ -20,7 +20,8 @@ from ddp_doctor.report.snippets import stack_sources
 __all__ = ["AttachError", "attach", "build_report", "find_job", "stop_job"]
 
 
-def build_report(job: DiscoveredJob, views: list[SampledRank], verdict: str, findings: list) -> dict[str, Any]:
+def build_report(job: DiscoveredJob, views: list[SampledRank], verdict: str, findings: list,
+                 diagnosis_error: str | None = None) -> dict[str, Any]:
     """The report/v1 object; ``partial`` when this node holds only some of the job's ranks."""
     ranks = []
     for v in views:
@@ -49,6 +50,7 @@ def build_report(job: DiscoveredJob, views: list[SampledRank], verdict: str, fin
         source="attach", command=cmd, job=job.job, nodes=[job.node],
         partial=not job.whole_job_here, agent_pid=job.agent_pid,
         sampled_s=round(views[0].window_s, 1) if views else 0.0, attached_at=time.time(),
+        **({"diagnosis_error": diagnosis_error} if diagnosis_error else {}),
     )
 
 
@@ -56,8 +58,8 @@ def attach(pids: list[int] | None = None, samples: int = 3, interval_s: float = 
     """Find the job, sample it, diagnose it; returns the report (raises AttachError with what to do)."""
     job = find_job(pids)
     views = sample_job(job, samples, interval_s)
-    verdict, findings = diagnose(views, job.world_size, job.whole_job_here)
-    return build_report(job, views, verdict, findings)
+    verdict, findings, failed = diagnose_guarded(views, job.world_size, job.whole_job_here)
+    return build_report(job, views, verdict, findings, failed)
 
 
 def stop_job(report: dict[str, Any], grace_s: float = 3.0) -> dict[int, str]:

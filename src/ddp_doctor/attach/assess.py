@@ -19,7 +19,7 @@ from typing import Sequence
 from ddp_doctor.attach.classify import StackActivity, is_user, to_collective
 from ddp_doctor.attach.sample import SampledRank
 from ddp_doctor.diagnose.blame import agreement, blame_calls, lint_code_at, lint_rank_conditional
-from ddp_doctor.diagnose import provenance
+from ddp_doctor.diagnose import failure_text, provenance
 from ddp_doctor.diagnose.common import loc, user_frame, where
 from ddp_doctor.evidence import LintMark, RankState
 from ddp_doctor.findings import Finding, runtime_fix
@@ -76,6 +76,19 @@ def diagnose(views: list[SampledRank], world_size: int, whole_job_here: bool,
     ranks = {v.proc.rank: RankState(rank=v.proc.rank, stack=tuple(v.stack.frames) if v.stack else ())
              for v in views if not v.gone}
     return verdict, provenance.with_decisions(findings, ranks)
+
+
+def diagnose_guarded(views: list[SampledRank], world_size: int, whole_job_here: bool
+                     ) -> tuple[str, list[Finding], str | None]:
+    """:func:`diagnose`, and when it raises (a bug of ours), the verdict the samples alone give (a rank gone:
+    crash; every live rank stuck: hang) with no finding and the error in words: the stacks are kept."""
+    try:
+        verdict, findings = diagnose(views, world_size, whole_job_here)
+        return verdict, findings, None
+    except Exception as e:
+        live = [v for v in views if not v.gone]
+        verdict = "crash" if len(live) < len(views) else ("hang" if live and all(v.stuck for v in live) else "ok")
+        return verdict, [], failure_text(e)
 
 
 def _assess(views: list[SampledRank], world_size: int, whole_job_here: bool,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddp_doctor.attach.classify import StackActivity
-from ddp_doctor.attach.assess import diagnose
+from ddp_doctor.attach.assess import diagnose_guarded
 from ddp_doctor.attach.discover import RankProcess
 from ddp_doctor.attach.sample import SampledRank, SampledWorker
 from ddp_doctor.evidence import Site, ThreadStack
@@ -54,10 +54,13 @@ def merge(reports: list[dict[str, Any]], names: list[str] | None = None) -> dict
             by_rank.setdefault(int(r["rank"]), r)
     views = [_view(by_rank[k], world) for k in sorted(by_rank)]
     complete = set(by_rank) >= set(range(world))
-    verdict, findings = diagnose(views, world, complete)
+    verdict, findings, failed = diagnose_guarded(views, world, complete)
     nodes = [n for rep in reports for n in rep.get("nodes") or []]
     kept = {k: v for k, v in reports[0].items() if k not in REPORT_KEYS and k not in ("report_path", "html_path")}
     kept.update({"nodes": nodes, "nnodes": len(set(nodes)) or len(reports), "partial": not complete,
                  "merged_from": names})
+    kept.pop("diagnosis_error", None)
+    if failed:
+        kept["diagnosis_error"] = failed
     return report_v1(verdict, world, [f.to_report_dict() for f in findings], [by_rank[k] for k in sorted(by_rank)],
                      **kept)

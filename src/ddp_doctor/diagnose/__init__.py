@@ -80,11 +80,16 @@ def diagnose_guarded(evidence: JobEvidence, decision: Verdict | None,
         verdict, findings = diagnose(evidence, decision, failures)
         return verdict, findings, None
     except Exception as e:
-        import traceback
+        return _verdict_of(evidence, decision, failures), [], failure_text(e)
 
-        tb = traceback.extract_tb(e.__traceback__)
-        at = f" at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else ""
-        return _verdict_of(evidence, decision, failures), [], f"{type(e).__name__}: {e}{at}"
+
+def failure_text(e: BaseException) -> str:
+    """A diagnosis's own error in one line, with the line of ours that raised (the report's diagnosis_error)."""
+    import traceback
+
+    tb = traceback.extract_tb(e.__traceback__)
+    at = f" at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else ""
+    return f"{type(e).__name__}: {e}{at}"
 
 
 def _verdict_of(evidence: JobEvidence, decision: Verdict | None, failures: dict[int, ExitStatus] | None) -> str:
