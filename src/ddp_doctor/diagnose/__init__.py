@@ -42,6 +42,8 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
         ranks, failed = evidence.ranks, False
         reason, decision = "hang", Verdict("hang", limit_how=f"{e.collective.op} timed out on rank "
                                                               f"{', '.join(map(str, sorted(waited)))}: {e.type}")
+    # a rank ended while others waited for it (the ranks of a lost node and their consequences aside)
+    ended = exits.finished_case(exits.beyond_lost_nodes(evidence, ranks), decision)
     if reason == "desync":
         failed_then = decision.failed if decision.failed is not None else failed
         verdict = "crash" if failed_then else ("hang" if decision.blocked else "desync")
@@ -50,9 +52,9 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
         verdict = "hang"
         findings += exits.diagnose_lost_nodes(evidence)  # several nodes: an agent that went silent first
         findings += hang.diagnose_hang(evidence, decision)
-    elif reason == "exit" or failed or exits.finished_case(exits.beyond_lost_nodes(evidence, ranks), decision):
+    elif reason == "exit" or failed or ended:
         verdict = "crash"
-        if exits.finished_case(exits.beyond_lost_nodes(evidence, ranks), decision):
+        if ended:
             # a rank left early: sys.exit() is an exit (crash); a loop left early is uneven steps (desync)
             done_exit = [st for st in ranks.values() if st.done and st.exit_site]
             verdict = "crash" if done_exit else "desync"
