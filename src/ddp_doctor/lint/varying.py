@@ -244,16 +244,22 @@ class RankVariance:
     def _binding_varies(self, b: Binding) -> bool:
         if b.value is None:
             return True  # a loop over this rank's data
-        if self.expr_varies(b.value, b.stmt):
+        if self.expr_varies(b.value, b.stmt, before_loops=self._before_loops(b)):
             return True
         return any(self.test_varies(c) for c in b.conds if c.node is not b.stmt)
+
+    def _before_loops(self, b: Binding) -> bool:
+        """``b`` is set up before the loops of its function run (outside every loop, above one): what it reads
+        from the file system is read once at start, where every rank finds the same files (the newest
+        checkpoint directory to resume from); read inside the loop, files appear while others read."""
+        return not b.loops and any(_line(loop) > _line(b.stmt) for loop, _c, _l in self.scope.loops)
 
     def test_varies(self, c: Cond) -> bool:
         return self.m.is_rank_condition(c.test, self.scope) or self.expr_varies(c.test, c.node)
 
-    def expr_varies(self, expr: ast.expr, stmt: ast.stmt) -> bool:
-        return bool(self.sources(expr) or self.varying_names(expr, stmt)) and \
-            not has_collective(self.m, expr, self.scope)
+    def expr_varies(self, expr: ast.expr, stmt: ast.stmt, before_loops: bool = False) -> bool:
+        found = [s for s in self.sources(expr) if not (before_loops and s == "file system")]
+        return bool(found or self.varying_names(expr, stmt)) and not has_collective(self.m, expr, self.scope)
 
     def varying_names(self, expr: ast.expr, stmt: ast.stmt) -> set[str]:
         return {n for n in data_names(expr) if self.varying_binding(n, stmt) is not None}
