@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ddp_doctor.lint.evaluate import RANKS, _Eval
-from ddp_doctor.lint.names import arg_or_kw, dotted, final_name
+from ddp_doctor.lint.names import SET_DEVICE, arg_or_kw, dotted, final_name
 from ddp_doctor.lint.scopes import Scope
 
 if TYPE_CHECKING:
@@ -65,6 +65,7 @@ class FunctionSummary:
     iterated_over_epochs: frozenset[str] = frozenset()  # parameters iterated again and again inside
     sets_epoch: bool = False  # calls some `set_epoch()` (for a constructor: in a method of its class)
     inits_group: Related | None = None  # sets up the process group (`init_process_group`), here or below
+    sets_device: Related | None = None  # calls `torch.cuda.set_device` (or enters `torch.cuda.device`), here or below
     saves: Related | None = None  # a `torch.save` it reaches on every rank that runs it (one shared path)
 
 
@@ -93,6 +94,8 @@ def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummar
             s.backward = Related(m.path, call.lineno, f"the backward in `{fn.name}`")
         if s.inits_group is None and (m.qual(call.func) or "").endswith("init_process_group"):
             s.inits_group = Related(m.path, call.lineno, f"`{fn.name}` sets up the process group")
+        if s.sets_device is None and m.qual(call.func) in SET_DEVICE:
+            s.sets_device = Related(m.path, call.lineno, f"`{fn.name}` sets the CUDA device")
         if s.saves is None and m.qual(call.func) == "torch.save" and not is_guarded() and \
                 not ((path := arg_or_kw(call, 1, "f")) is not None and m.mentions_rank(path, scope)):
             s.saves = Related(m.path, call.lineno, f"the `torch.save` in `{fn.name}`")
@@ -106,6 +109,8 @@ def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummar
             if callee is not fn and s.backward is None and any(
                     m.is_backward_call(x.call) for x in A.fn_direct_sites(m, callee)):
                 s.backward = Related(m.path, call.lineno, f"the backward in `{getattr(callee, 'name', '?')}`")
+            if callee is not fn and s.sets_device is None and callee in m.scopes and project.shows("sets_device"):
+                s.sets_device = project.summary(m, callee).sets_device  # setup(args) -> default_setup(args)
             continue
         inner = project.summary_of_call(m, call.func, scope)
         if inner is None:
@@ -115,6 +120,7 @@ def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummar
         if s.backward is None and inner.backward is not None:
             s.backward = inner.backward
         s.inits_group = s.inits_group or inner.inits_group
+        s.sets_device = s.sets_device or inner.sets_device
         if s.saves is None and inner.saves is not None and not (guarded if guarded is not None else is_guarded()):
             s.saves = inner.saves
         s.sets_epoch = s.sets_epoch or inner.sets_epoch  # hooks.start_epoch(loader, epoch) in a third file

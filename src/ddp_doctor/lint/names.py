@@ -34,6 +34,7 @@ SHARDING_WRAPPERS = FULLY_SHARD | {
     "torch.distributed.fsdp.FullyShardedDataParallel",
     "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
 }
+SET_DEVICE = {"torch.cuda.set_device", "torch.cuda.device"}  # pin this process's current CUDA device
 DIST_SAMPLERS = {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
 DATALOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 ITERABLE_DATASETS = {"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"}

@@ -6,7 +6,7 @@ import re
 
 from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import ModuleModel
-from ddp_doctor.lint.names import arg_or_kw, final_name, kwarg
+from ddp_doctor.lint.names import SET_DEVICE, arg_or_kw, final_name, kwarg
 from ddp_doctor.lint.scopes import Scope
 from ddp_doctor.lint.rules.base import Context, Rule
 
@@ -151,7 +151,7 @@ def _project_sets_device(m: ModuleModel) -> bool | None:
 
 def _is_set_device(m: ModuleModel, call: ast.Call, scope: Scope, depth: int = 0) -> bool:
     q = m.qual(call.func) or ""
-    if q in ("torch.cuda.set_device", "torch.cuda.device") or (q == "" and final_name(call.func) == "set_device"):
+    if q in SET_DEVICE or (q == "" and final_name(call.func) == "set_device"):
         return True
     if _is_setup_helper(m, call, scope):
         return True
@@ -159,6 +159,9 @@ def _is_set_device(m: ModuleModel, call: ast.Call, scope: Scope, depth: int = 0)
         fn = m.resolve_function(call.func, scope)
         if fn is not None and fn is not scope.node:
             return any(_is_set_device(m, s.call, s.scope, 1) for s in m.scopes[fn].sites)
+    if fn_summary := (m.project.summary_of_call(m, call.func, scope) if m.project is not None and
+                      _project_sets_device(m) else None):
+        return fn_summary.sets_device is not None  # a helper of another file that sets it, however deep
     return False
 
 
