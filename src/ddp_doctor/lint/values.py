@@ -69,6 +69,22 @@ class ValueFlow:
             vals = self.self_assigns.get(scope.cls, {}).get(d, [])
         return vals
 
+    def reaching_values(self, expr: ast.expr, scope: Scope) -> list[ast.expr]:
+        """:meth:`values_of` a name of this scope, less the assignments that come after ``expr`` on a straight
+        path (no loop of the scope holds both): ``model(x)`` on rank 0 before ``model = DDP(model)`` calls the
+        plain module (llm.c writes its reference tensors so)."""
+        vals = self.values_of(expr, scope)
+        use = getattr(expr, "lineno", None)
+        if not isinstance(expr, ast.Name) or use is None or expr.id not in scope.assigns:
+            return vals
+
+        def reaches(v: ast.expr) -> bool:
+            line = getattr(v, "lineno", None)
+            return line is None or line < use or any(
+                loop.lineno <= min(use, line) and max(use, line) <= (loop.end_lineno or loop.lineno)
+                for loop, _c, _l in scope.loops)
+        return [v for v in vals if reaches(v)]
+
     def param_args(self, expr: ast.expr, scope: Scope) -> list[tuple[ast.expr, Scope]]:
         """For a parameter ``expr`` of ``scope``'s function: what this file's callers pass for it
         (``prepare_dataloader(dataset, 32)`` -> ``dataset`` in the caller's scope)."""
@@ -417,7 +433,7 @@ class ValueFlow:
                 return False
             if self.sharded_in_place(expr, scope):
                 return True
-            return any(self.is_ddp_value(v, scope, depth + 1) for v in self.values_of(expr, scope)
+            return any(self.is_ddp_value(v, scope, depth + 1) for v in self.reaching_values(expr, scope)
                        if v is not expr)
         return False
 
