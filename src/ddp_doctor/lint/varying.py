@@ -258,7 +258,8 @@ class RankVariance:
         return self.m.is_rank_condition(c.test, self.scope) or self.expr_varies(c.test, c.node)
 
     def expr_varies(self, expr: ast.expr, stmt: ast.stmt, before_loops: bool = False) -> bool:
-        found = [s for s in self.sources(expr) if not (before_loops and s == "file system")]
+        # read once before the loops: the files every rank finds, a sample batch for shapes
+        found = [s for s in self.sources(expr) if not (before_loops and s in ("file system", "batch"))]
         return bool(found or self.varying_names(expr, stmt)) and not has_collective(self.m, expr, self.scope)
 
     def varying_names(self, expr: ast.expr, stmt: ast.stmt) -> set[str]:
@@ -275,7 +276,8 @@ class RankVariance:
             q = m.qual(c.func) or ""
             name = final_name(c.func)
             if name == "next":
-                out.append("batch")
+                if not _first_of_container(c):
+                    out.append("batch")
             elif q in _CLOCKS:
                 out.append("clock")  # each rank reads its own clock: a time budget is a rank-local decision
             elif q in _FS_PROBES or (isinstance(c.func, ast.Attribute) and name in _FS_METHODS and not q
@@ -291,6 +293,17 @@ class RankVariance:
         if not isinstance(expr, ast.Constant) and m.varies_by_rank(expr, scope):
             out.append("rank")
         return out
+
+
+def _first_of_container(call: ast.Call) -> bool:
+    """``next(iter(d.values()))`` / ``next(iter([...]))``: the first entry of a container (the HF idiom
+    ``next(iter(raw_datasets.values())).features``), not the rank's next batch."""
+    arg = call.args[0] if call.args else None
+    if isinstance(arg, ast.Call) and final_name(arg.func) == "iter" and arg.args:
+        arg = arg.args[0]
+    return isinstance(arg, (ast.List, ast.Tuple, ast.Dict, ast.Set)) or (
+        isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute) and arg.func.attr in ("values", "keys",
+                                                                                            "items"))
 
 
 def rank_variance(m: ModuleModel, scope: Scope) -> RankVariance:
