@@ -151,3 +151,20 @@ def exits_in(loop: ast.AST):
                  depth + (1 if isinstance(child, LOOPS) else 0))
     walk(loop, None, 0)
     return out
+
+
+def continues_in(loop: ast.AST):
+    """(`continue` statement, its innermost enclosing `if`) for the `continue`s of ``loop`` itself (not of a
+    nested loop): the ways one iteration can skip the rest of its step."""
+    out = []
+
+    def walk(node, cond):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, DEFS + LOOPS):
+                continue
+            if isinstance(child, ast.Continue) and cond is not None:
+                out.append((child, cond))
+            walk(child, child if isinstance(child, ast.If) else cond)
+    for stmt in getattr(loop, "body", []):
+        walk(ast.Module(body=[stmt], type_ignores=[]), None)
+    return out
