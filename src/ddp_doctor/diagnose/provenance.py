@@ -18,6 +18,7 @@ from ddp_doctor.findings import Finding, Location, runtime_fix
 from ddp_doctor.diagnose.decision import Decision, user_stack, values_at, why_it_varies
 from ddp_doctor.diagnose.collectives import NOT_MEMBER
 from ddp_doctor.diagnose.grad_sync import sync_choice
+from ddp_doctor.diagnose.joined import JOIN_SHADOW
 from ddp_doctor.diagnose.source import (LOOPS, RANK_WORDS, arm, continues_in, exits_in, function_at, keyword, loop_targets,
                                          names_read, own_nodes, parse_file, reads_rank, source_of, within)
 
@@ -421,8 +422,8 @@ def with_decisions(findings: list[Finding], ranks: dict[int, RankState]) -> list
     while another waits (DDP204, exit 0) counts too: the decision is the waiting rank's branch."""
     for i, f in enumerate(findings):
         finished = f.code == "DDP204" and f.ranks and all(r in ranks and ranks[r].finished for r in f.ranks)
-        if not f.ranks or not (f.code in STEP_FAMILY or finished):
-            continue
+        if not f.ranks or not (f.code in STEP_FAMILY or finished) or f.evidence.get(JOIN_SHADOW):
+            continue  # (a collective of one's own inside a Join: its place is the decision, diagnose/joined.py)
         at = Site(f.location.path, f.location.line, f.location.function) if f.location else None
         if f.evidence.get(NOT_MEMBER) and at is not None:
             d = group_choice(at, f.ranks, ranks)
@@ -430,10 +431,10 @@ def with_decisions(findings: list[Finding], ranks: dict[int, RankState]) -> list
             pass  # the ranks left DDP's no_sync() after different micro-batches
         else:
             d = locate(f.ranks, ranks) if not finished else None
-        if d is None and f.evidence.get("cause") == "sync":
-            d = sync_skip_exit(list(f.ranks), ranks)  # the probe saw the forward its backward never followed
         if d is None and at is not None and not finished:
             d = explain_at(at, f.ranks, ranks)
+        if d is None and f.evidence.get("cause") == "sync":
+            d = sync_skip_exit(list(f.ranks), ranks)  # the probe saw the forward its backward never followed
         if d is None and at is not None and not finished:
             d = thread_loop(at, list(f.ranks), ranks)
         if d is None and at is not None and f.code != "DDP203":
