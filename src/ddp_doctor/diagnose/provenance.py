@@ -422,10 +422,15 @@ def with_decisions(findings: list[Finding], ranks: dict[int, RankState]) -> list
     while another waits (DDP204, exit 0) counts too: the decision is the waiting rank's branch."""
     for i, f in enumerate(findings):
         finished = f.code == "DDP204" and f.ranks and all(r in ranks and ranks[r].finished for r in f.ranks)
-        if not f.ranks or not (f.code in STEP_FAMILY or finished) or f.evidence.get(JOIN_SHADOW):
+        aborted = f.code == "DDP204" and f.ranks and all(r in ranks and ranks[r].signal == "SIGABRT" for r in f.ranks)
+        if aborted and (d := sync_choice(ranks)) is not None:
+            pass  # gloo aborted on a gradient sync the ranks' own no_sync() choices put out of step
+        elif not f.ranks or not (f.code in STEP_FAMILY or finished) or f.evidence.get(JOIN_SHADOW):
             continue  # (a collective of one's own inside a Join: its place is the decision, diagnose/joined.py)
         at = Site(f.location.path, f.location.line, f.location.function) if f.location else None
-        if f.evidence.get(NOT_MEMBER) and at is not None:
+        if aborted:
+            pass
+        elif f.evidence.get(NOT_MEMBER) and at is not None:
             d = group_choice(at, f.ranks, ranks)
         elif (d := sync_choice(ranks)) is not None:
             pass  # the ranks left DDP's no_sync() after different micro-batches
