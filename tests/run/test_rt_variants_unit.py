@@ -131,3 +131,23 @@ def test_rooted_collectives_agree_on_their_root():
     g0 = describe("gather", (t, [t, t], 0), {})
     g1 = describe("gather", (t,), {"dst": 0})
     assert must_agree("gather", "world", *g0) == must_agree("gather", "world", *g1)
+
+
+def test_a_flag_set_only_on_rank_zero_says_so(tmp_path):
+    from ddp_doctor.diagnose.source import function_at, parse_file, set_on_some_ranks
+    import ast
+
+    path = _script(tmp_path, """
+        def main(rank, epochs):
+            should_stop = False
+            for epoch in range(epochs):
+                if rank == 0:
+                    should_stop = epoch > 3
+                if should_stop:
+                    break
+    """)
+    tree, _ = parse_file(path)
+    fn = function_at(tree, "main", 3)
+    test = next(n.test for n in ast.walk(fn) if isinstance(n, ast.If) and "should_stop" in ast.unparse(n.test))
+    why = set_on_some_ranks(path, fn, test)
+    assert why and "`should_stop` is set only under `if rank == 0:`" in why

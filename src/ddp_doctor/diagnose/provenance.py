@@ -20,7 +20,8 @@ from ddp_doctor.diagnose.collectives import NOT_MEMBER
 from ddp_doctor.diagnose.grad_sync import sync_choice
 from ddp_doctor.diagnose.joined import JOIN_SHADOW
 from ddp_doctor.diagnose.source import (LOOPS, RANK_WORDS, arm, continues_in, exits_in, function_at, keyword, loop_targets,
-                                         names_read, own_nodes, parse_file, reads_rank, source_of, within)
+                                         names_read, own_nodes, parse_file, reads_rank, set_on_some_ranks, source_of,
+                                         within)
 
 
 # -- locating ----------------------------------------------------------------------------------------
@@ -197,8 +198,10 @@ def _loop_exit(fn, lines, line, a, b, ranks, path, function, sure: bool = False)
             vals = values_at(ranks, order, Site(path, node.lineno, function), names)
             verb = "returned" if isinstance(stmt, ast.Return) else "left the loop"
             ways = ((left, f"{verb} at line {stmt.lineno}"), (stayed, "stayed in the loop"))
+            why = set_on_some_ranks(path, fn, node.test) or why_it_varies(source_of(node.test, lines), vals,
+                                                                         reads_rank(path, fn, node.test))
             return Decision(Site(path, stmt.lineno, function), keyword(stmt), source_of(node.test, lines), ways, vals,
-                            why_it_varies(source_of(node.test, lines), vals, reads_rank(path, fn, node.test)))
+                            why)
         if loops and (skip := _skipped_step(max(loops, key=lambda n: n.lineno), lines, left, stayed, ranks, path,
                                             fn, function)) is not None:
             return skip  # it left first because it skipped steps in the loop, not because it ran it fewer times
@@ -355,8 +358,10 @@ def explain_at(site: Site, fault: list[int], ranks: dict[int, RankState]) -> Dec
             verb = {ast.Continue: "skipped the rest of a step", ast.Break: "left the loop",
                     ast.Return: "returned early", ast.Raise: "raised"}[type(stmt)]
             ways = tuple((r, f"{verb} at line {site.line}") for r in fault)
+            why = set_on_some_ranks(site.path, fn, node.test) or why_it_varies(
+                source_of(node.test, lines), vals, reads_rank(site.path, fn, node.test))
             return Decision(Site(site.path, site.line, function), keyword(stmt), source_of(node.test, lines), ways, vals,
-                            why_it_varies(source_of(node.test, lines), vals, reads_rank(site.path, fn, node.test)))
+                            why)
     return None
 
 
