@@ -151,3 +151,15 @@ def test_a_flag_set_only_on_rank_zero_says_so(tmp_path):
     test = next(n.test for n in ast.walk(fn) if isinstance(n, ast.If) and "should_stop" in ast.unparse(n.test))
     why = set_on_some_ranks(path, fn, test)
     assert why and "`should_stop` is set only under `if rank == 0:`" in why
+
+
+def test_a_group_root_is_read_as_its_global_rank(monkeypatch):
+    import torch
+    import torch.distributed as dist
+    from ddp_doctor.probe.describe import describe
+
+    monkeypatch.setattr(dist, "get_global_rank", lambda g, r: {"g23": 2}[g] + r)
+    t = torch.zeros(1)
+    by_group = describe("reduce", (t, None, dist.ReduceOp.SUM, "g23"), {"group_dst": 1})
+    assert "root=3" in by_group[0]
+    assert by_group == describe("reduce", (t,), {"dst": 3, "group": "g23"})
