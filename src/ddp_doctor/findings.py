@@ -97,6 +97,10 @@ RUNTIME_FIXES: dict[str, str] = {
         "(`n = torch.tensor([len(batches)]); dist.all_reduce(n, op=dist.ReduceOp.MAX)` and let the ranks with "
         "fewer batches run on a dummy or empty batch for the rest, or `ReduceOp.MIN` and drop the extra "
         "batches), or pad each rank's data to one length (`DistributedSampler` pads; `drop_last=False`)."),
+    "DDP201.join": (
+        "Inside `with Join([model])` call only what the Join's joinables shadow (the DDP model's forward and "
+        "backward, a ZeroRedundancyOptimizer's step): move your own collectives (a logged loss's all_reduce, "
+        "a barrier) after the Join block, or make every rank's inputs even so that no rank joins early."),
     "DDP202": (
         "Do not call the DDP-wrapped model on a subset of ranks: evaluate `model.module` (the unwrapped "
         "model) on rank 0, or run the evaluation on every rank and reduce the metric; or construct DDP "

@@ -10,7 +10,7 @@ errors in the user's words), ``hang`` (DDP205 and the hang dispatch), ``groups``
 """
 from __future__ import annotations
 
-from ddp_doctor.diagnose import collectives, exits, groups, hang, provenance, steps
+from ddp_doctor.diagnose import collectives, exits, groups, hang, joined, provenance, steps
 from ddp_doctor.evidence import ExitStatus, JobEvidence, Verdict, missing_rank
 from ddp_doctor.findings import Finding
 
@@ -58,8 +58,9 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
             # a rank left early: sys.exit() is an exit (crash); a loop left early is uneven steps (desync)
             done_exit = [st for st in ranks.values() if st.done and st.exit_site]
             verdict = "crash" if done_exit else "desync"
-        else:
-            findings += collectives.diagnose_fatal_collective(evidence)
+        else:  # a collective of the user's inside a Join another rank joined, else a mismatch gloo aborted on
+            findings += (joined.diagnose_join_own_collective(evidence)
+                         or collectives.diagnose_fatal_collective(evidence))
         findings += exits.diagnose_exit(evidence, decision or Verdict("exit"))
     # (step counts that differ in a job that ended well are no finding: they are inferred from loader passes
     # and optimizer steps, and a correct job has them -- DDP's Join, a rank-local optimizer; docs/verdicts.md)

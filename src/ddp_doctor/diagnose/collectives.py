@@ -6,14 +6,14 @@ import os
 from dataclasses import dataclass
 
 from ddp_doctor.apis import api_fix
-from ddp_doctor.evidence import GROUP_CREATION, Collective, JobEvidence, RankState, Site, Verdict
+from ddp_doctor.evidence import GROUP_CREATION, ROOT, Collective, JobEvidence, RankState, Site, Verdict
 from ddp_doctor.findings import Finding, runtime_fix
 
 from ddp_doctor.diagnose.apiwords import api_of, api_parting, called, lint_subset, more_often, op_text, why_all
 from ddp_doctor.diagnose.blame import agreement, group_members, not_members_passed, odd_ones_out, thread_ran_on
 from ddp_doctor.diagnose.common import (FIX_101, FIX_201, FIX_202, FIX_203, lint_flagged, lint_line, loc, others_text, ranks_of,
                                         step_evidence, user_frame, where)
-from ddp_doctor.diagnose.sizes import explain as explain_sizes
+from ddp_doctor.diagnose.sizes import explain as explain_sizes, tensor_shapes
 from ddp_doctor.diagnose.steps import uneven_steps
 
 FIX_203_GROUP = runtime_fix("DDP203.group")
@@ -309,8 +309,10 @@ def _differs(calls: dict[int, Collective | None]) -> str:
     what = []
     if len({d for d in (dt for _sh, dt in sigs.values())}) > 1:
         what.append("dtypes")
-    if len({sh for sh, _dt in sigs.values()}) > 1:
+    if len({tensor_shapes(known[r]) for r in sigs}) > 1:
         what.append("shapes")
+    if len({tuple(x for x in sh if x.startswith(ROOT)) for sh, _dt in sigs.values()}) > 1:
+        what.append("roots (src/dst: every rank must name the same one)")
     texts = {r: tensors_text(c) if r in sigs else "not recorded (the process died before its probe could post it)"
              for r, c in known.items()}
     sep = "; " if any("," in t for t in texts.values()) else ", "

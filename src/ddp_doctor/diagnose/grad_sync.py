@@ -96,8 +96,9 @@ def sync_choice(ranks: dict[int, RankState]) -> Decision | None:
         site = Site(frame.path, stmt.lineno, frame.function)
         order = waiting + [r for r in sorted(ranks) if r not in waiting]
         vals = values_at(ranks, order, site, _one_hop(fn, names, stmt.lineno))
-        ways = tuple((r, f"synced gradients after {with_ddp[r].sync_forwards} of {with_ddp[r].forwards} forwards")
-                     for r in order if r in with_ddp)
+        ways = tuple((r, f"synced gradients after {with_ddp[r].sync_forwards} of {with_ddp[r].forwards} forwards"
+                      + (f" by its last report before {ranks[r].signal} killed it" if ranks[r].signal else ""))
+                     for r in order if r in with_ddp)  # (a killed rank's counts are as old as its last post)
         cond = source_of(test, lines)
         why = (why_it_varies(cond, vals, reads_rank(frame.path, fn, test)) + " Each rank chooses on its own when to "
                "leave no_sync(), so its gradient all-reduces pair with other micro-batches on the other ranks and the "

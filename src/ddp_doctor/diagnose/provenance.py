@@ -18,9 +18,10 @@ from ddp_doctor.findings import Finding, Location, runtime_fix
 from ddp_doctor.diagnose.decision import Decision, user_stack, values_at, why_it_varies
 from ddp_doctor.diagnose.collectives import NOT_MEMBER
 from ddp_doctor.diagnose.grad_sync import sync_choice
-from ddp_doctor.diagnose.source import (LOOPS, RANK_WORDS, arm, call_sites, exits_in, function_at, keyword,
-                                         loop_targets, names_read, own_nodes, parse_file, reads_rank, source_of,
-                                         within)
+from ddp_doctor.diagnose.joined import JOIN_SHADOW
+from ddp_doctor.diagnose.source import (LOOPS, RANK_WORDS, arm, call_sites, continues_in, exits_in, function_at,
+                                         keyword, loop_targets, names_read, own_nodes, parse_file, reads_rank,
+                                         set_on_some_ranks, source_of, within)
 
 
 # -- locating ----------------------------------------------------------------------------------------
@@ -197,14 +198,47 @@ def _loop_exit(fn, lines, line, a, b, ranks, path, function, sure: bool = False)
             vals = values_at(ranks, order, Site(path, node.lineno, function), names)
             verb = "returned" if isinstance(stmt, ast.Return) else "left the loop"
             ways = ((left, f"{verb} at line {stmt.lineno}"), (stayed, "stayed in the loop"))
+            why = set_on_some_ranks(path, fn, node.test) or why_it_varies(source_of(node.test, lines), vals,
+                                                                         reads_rank(path, fn, node.test))
             return Decision(Site(path, stmt.lineno, function), keyword(stmt), source_of(node.test, lines), ways, vals,
-                            why_it_varies(source_of(node.test, lines), vals, reads_rank(path, fn, node.test)))
+                            why)
+        if loops and (skip := _skipped_step(max(loops, key=lambda n: n.lineno), lines, left, stayed, ranks, path,
+                                            fn, function)) is not None:
+            return skip  # it left first because it skipped steps in the loop, not because it ran it fewer times
         if loops:  # no rank-varying exit: the loop itself ran a different number of times
             header, evident = _loop_header(max(loops, key=lambda n: n.lineno), lines, left, stayed, ranks, path, fn,
                                            function)
             if evident or not sure:
                 return header
     return None
+
+
+def _skips(st: RankState) -> int:
+    """Batches this rank drew from its training loader and ran no optimizer step for (the probe counts them)."""
+    tl = st.train_loader_state()
+    return sum(tl.skips_by_epoch) if tl is not None else 0
+
+
+def _skipped_step(loop, lines, left, stayed, ranks, path, fn, function) -> Decision | None:
+    """The rank that left the loop first had skipped more batches than the one still in it (a fact the probe
+    counted): it ran out of collectives early because of a `continue` in the loop, not a shorter loop.  The
+    `continue` whose test reads the rank or holds different values, else the loop's only one."""
+    if _skips(ranks[left]) <= _skips(ranks[stayed]):
+        return None
+    cands = continues_in(loop)
+    order = [left, stayed]
+    node = _ranked([c for _s, c in cands], path, fn,
+                   lambda n: values_at(ranks, order, Site(path, n.lineno, function), names_read(n.test)))
+    if node is None:
+        return None
+    stmt = next(s for s, c in cands if c is node)
+    vals = values_at(ranks, order, Site(path, node.lineno, function), names_read(node.test))
+    n_left, n_stayed = _skips(ranks[left]), _skips(ranks[stayed])
+    ways = ((left, f"skipped the rest of a step at line {stmt.lineno} ({n_left} batch{'es' * (n_left != 1)} "
+                   "drawn with no optimizer step)"),
+            (stayed, f"trained on its batches ({n_stayed} skipped)"))
+    return Decision(Site(path, stmt.lineno, function), keyword(stmt), source_of(node.test, lines), ways, vals,
+                    why_it_varies(source_of(node.test, lines), vals, reads_rank(path, fn, node.test)))
 
 
 def _loop_header(loop, lines, left, stayed, ranks, path, fn, function) -> tuple[Decision, bool]:
@@ -273,6 +307,37 @@ def _early_exit(frame: Site, inside: int, other: int, ranks) -> Decision | None:
                     (inside,))
 
 
+def sync_skip_exit(fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
+    """A rank ran a DDP forward and no backward after it (a fact the probe counted, with the forward's line):
+    the exit after that forward in its function -- a `return`/`continue`/`break`/`raise` under an `if` -- is
+    where it left the step, whatever line the mismatch showed at later."""
+    for r in fault:
+        x = next((x for x in ranks[r].skipped_syncs if x.site), None) if r in ranks else None
+        parsed = parse_file(x.site.path) if x is not None else None
+        if parsed is None:
+            continue
+        tree, lines = parsed
+        fn = function_at(tree, x.site.function, x.site.line)
+        exit_types = (ast.Return, ast.Continue, ast.Break, ast.Raise)
+        cands = [n for n in own_nodes(fn) if isinstance(n, ast.If) and n.lineno > x.site.line
+                 and any(isinstance(s, exit_types) for s in n.body + n.orelse)]
+        function = x.site.function or "<module>"
+        order = list(fault) + [o for o in sorted(ranks) if o not in fault]
+        node = _ranked(cands, x.site.path, fn,
+                       lambda n: values_at(ranks, order, Site(x.site.path, n.lineno, function), names_read(n.test)))
+        node = node or (min(cands, key=lambda n: n.lineno) if cands else None)  # the first after the forward
+        if node is None:
+            continue
+        stmt = next(s for s in node.body + node.orelse if isinstance(s, exit_types))
+        vals = values_at(ranks, order, Site(x.site.path, node.lineno, function), names_read(node.test))
+        ways = tuple((f, f"left the step at line {stmt.lineno} after the DDP forward at line {x.site.line}, before "
+                         "any backward") for f in fault) + tuple(
+            (o, "went on to backward") for o in sorted(ranks) if o not in fault)
+        return Decision(Site(x.site.path, stmt.lineno, function), keyword(stmt), source_of(node.test, lines), ways,
+                        vals, why_it_varies(source_of(node.test, lines), vals, reads_rank(x.site.path, fn, node.test)))
+    return None
+
+
 def explain_at(site: Site, fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
     """The decision at a line found statically (lint's `continue`/`break`/`return`): its condition, and the
     values its names hold in the ranks still inside that function."""
@@ -293,8 +358,10 @@ def explain_at(site: Site, fault: list[int], ranks: dict[int, RankState]) -> Dec
             verb = {ast.Continue: "skipped the rest of a step", ast.Break: "left the loop",
                     ast.Return: "returned early", ast.Raise: "raised"}[type(stmt)]
             ways = tuple((r, f"{verb} at line {site.line}") for r in fault)
+            why = set_on_some_ranks(site.path, fn, node.test) or why_it_varies(
+                source_of(node.test, lines), vals, reads_rank(site.path, fn, node.test))
             return Decision(Site(site.path, site.line, function), keyword(stmt), source_of(node.test, lines), ways, vals,
-                            why_it_varies(source_of(node.test, lines), vals, reads_rank(site.path, fn, node.test)))
+                            why)
     return None
 
 
@@ -370,10 +437,15 @@ def with_decisions(findings: list[Finding], ranks: dict[int, RankState]) -> list
     while another waits (DDP204, exit 0) counts too: the decision is the waiting rank's branch."""
     for i, f in enumerate(findings):
         finished = f.code == "DDP204" and f.ranks and all(r in ranks and ranks[r].finished for r in f.ranks)
-        if not f.ranks or not (f.code in STEP_FAMILY or finished):
-            continue
+        aborted = f.code == "DDP204" and f.ranks and all(r in ranks and ranks[r].signal == "SIGABRT" for r in f.ranks)
+        if aborted and (d := sync_choice(ranks)) is not None:
+            pass  # gloo aborted on a gradient sync the ranks' own no_sync() choices put out of step
+        elif not f.ranks or not (f.code in STEP_FAMILY or finished) or f.evidence.get(JOIN_SHADOW):
+            continue  # (a collective of one's own inside a Join: its place is the decision, diagnose/joined.py)
         at = Site(f.location.path, f.location.line, f.location.function) if f.location else None
-        if f.evidence.get(NOT_MEMBER) and at is not None:
+        if aborted:
+            pass
+        elif f.evidence.get(NOT_MEMBER) and at is not None:
             d = group_choice(at, f.ranks, ranks)
         elif (d := sync_choice(ranks)) is not None:
             pass  # the ranks left DDP's no_sync() after different micro-batches
@@ -381,6 +453,8 @@ def with_decisions(findings: list[Finding], ranks: dict[int, RankState]) -> list
             d = locate(f.ranks, ranks) if not finished else None
         if d is None and at is not None and not finished:
             d = explain_at(at, f.ranks, ranks)
+        if d is None and f.evidence.get("cause") == "sync":
+            d = sync_skip_exit(list(f.ranks), ranks)  # the probe saw the forward its backward never followed
         if d is None and at is not None and not finished:
             d = thread_loop(at, list(f.ranks), ranks)
         if d is None and at is not None and f.code != "DDP203":

@@ -67,6 +67,29 @@ def _assigned_from_rank(path: str, fn: ast.AST, expr: ast.expr, depth: int) -> b
                and reads_rank(path, fn, node.value, depth + 1) for node in own_nodes(fn))
 
 
+def set_on_some_ranks(path: str, fn: ast.AST, test: ast.expr) -> str | None:
+    """Why a test's name differs between ranks when it is assigned only inside a branch on the rank
+    (``if rank == 0: ... should_stop = bad >= 2``): the other ranks keep the value it had before."""
+    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+    for node in own_nodes(fn):
+        if not (isinstance(node, ast.If) and reads_rank(path, fn, node.test)):
+            continue
+        inside = {t.id for arm in (node.body, node.orelse) for st in arm for n in ast.walk(st)
+                  if isinstance(n, (ast.Assign, ast.AugAssign)) for t in (n.targets if isinstance(n, ast.Assign)
+                                                                            else [n.target]) if isinstance(t, ast.Name)}
+        # computed on every rank somewhere else (not a constant start value like `should_stop = False`)
+        outside = {t.id for n in own_nodes(fn) if isinstance(n, (ast.Assign, ast.AugAssign))
+                   and not (node.lineno <= n.lineno <= (node.end_lineno or node.lineno))
+                   and not (isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant))
+                   for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+        hit = sorted((names & inside) - outside)
+        if hit:
+            return (f"`{hit[0]}` is set only under `if {ast.unparse(node.test)}:` (line {node.lineno}): the other "
+                    "ranks keep the value it had before, so they decide differently. Broadcast it "
+                    "(`dist.broadcast_object_list([value], src=0)`) or all_reduce it before testing it.")
+    return None
+
+
 def function_at(tree: ast.Module, name: str | None, line: int) -> ast.AST:
     """The innermost def named ``name`` whose lines hold ``line`` (the module for "<module>"); py-spy names a
     method by its qualified name ("Model.on_train_batch_end")."""
@@ -170,4 +193,21 @@ def call_sites(path: str, function: str | None) -> list[Site]:
             fn = function_at(tree, None, node.lineno)
             out.append(Site(path, node.lineno, fn.name if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
                             else "<module>"))
+    return out
+
+
+def continues_in(loop: ast.AST):
+    """(`continue` statement, its innermost enclosing `if`) for the `continue`s of ``loop`` itself (not of a
+    nested loop): the ways one iteration can skip the rest of its step."""
+    out = []
+
+    def walk(node, cond):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, DEFS + LOOPS):
+                continue
+            if isinstance(child, ast.Continue) and cond is not None:
+                out.append((child, cond))
+            walk(child, child if isinstance(child, ast.If) else cond)
+    for stmt in getattr(loop, "body", []):
+        walk(ast.Module(body=[stmt], type_ignores=[]), None)
     return out

@@ -19,7 +19,7 @@ the nodes it suspects, through a :class:`Control` message.
 ``RankState.perf`` holds the performance family's records (``loads``, ``cuda``, ``gpu``, ``h2d``,
 ``loadavg``, ``cpu_count``): written by ``probe/perf.py``, read by ``diagnose/perf.py`` only.
 """
-from ddp_doctor.evidence.agreement import GROUP_CREATION
+from ddp_doctor.evidence.agreement import GROUP_CREATION, ROOT
 from ddp_doctor.evidence.job import (EVIDENCE_OUT_ENV, Capture, JobEvidence, LintMark, NodeLoss, Suspicion, Verdict,
                                      exit_from_wire, rank_state_from_wire, stacks_from_wire, to_wire)
 from ddp_doctor.evidence.rank import PERF_KEYS, RankState, missing_rank
@@ -30,7 +30,7 @@ from ddp_doctor.evidence.threads import FrameValues, ThreadStack, WorkerStack, s
 from ddp_doctor.evidence.summary import (Control, Deadline, Digests, Finished, NodeDetail, NodeSummary, Outside, Pull,
                                          Waiting, rank_runs)
 
-__all__ = ["GROUP_CREATION", "SCHEMA", "PERF_KEYS", "EVIDENCE_OUT_ENV", "Activity", "Site", "Collective", "ExitStatus",
+__all__ = ["GROUP_CREATION", "ROOT", "SCHEMA", "PERF_KEYS", "EVIDENCE_OUT_ENV", "Activity", "Site", "Collective", "ExitStatus",
            "RaisedError", "DataWait", "SamplerState", "LoaderState", "DdpModel", "DdpParam", "GroupInit", "Timing",
            "TimelineEvent", "ThreadStack", "FrameValues", "WorkerExit", "WorkerStack", "SkippedSync",
            "SiteCount", "Refused", "RankState", "missing_rank", "LintMark", "JobEvidence", "Suspicion", "Verdict", "Capture", "to_wire",

@@ -18,6 +18,7 @@ OP_ALIASES = {"_all_gather_base": "all_gather_into_tensor", "_reduce_scatter_bas
               "all_reduce_barrier": "barrier", "all_to_all_v_single": "all_to_all_single", "all_gather_v": "all_gather",
               "reduce_scatter_v": "reduce_scatter", "all_gather_single": "all_gather_into_tensor",
               "reduce_scatter_single": "reduce_scatter_tensor"}
+ROOT = "root="  # a rooted collective's root among its shapes ("root=0", probe/describe.py)
 OBJECT_COLLECTIVES = frozenset({"all_gather_object", "gather_object", "broadcast_object_list",
                                 "scatter_object_list"})
 
@@ -29,9 +30,10 @@ def must_agree(op: str, group: str | None, shapes: tuple[str, ...], dtypes: tupl
     never the line or the training position.  A group creation agrees on its arguments."""
     op = OP_ALIASES.get(op, op)
     if group == GROUP_CREATION or op in EQUAL_SHAPES or op.startswith("ddp."):
-        return (op, shapes, dtypes)
+        return (op, shapes, dtypes)  # (a broadcast's or reduce's root among its shapes: compared too)
+    roots = tuple(s for s in shapes if s.startswith(ROOT))  # the source/destination every rank must name
     if op in OBJECT_COLLECTIVES:
-        return (op,)
+        return (op, roots) if roots else (op,)
     if op == "all_gather":  # every rank's output list holds every rank's input: the lists agree
         return (op, tuple(s for s in shapes if s.startswith("[")), tuple(sorted(set(dtypes))))
-    return (op, (), tuple(sorted(set(dtypes))))
+    return (op, roots, tuple(sorted(set(dtypes))))

@@ -31,8 +31,38 @@ def _arg(args, kwargs, i: int, name: str):
     return kwargs[name] if name in kwargs else (args[i] if len(args) > i else None)
 
 
+# the root of a rooted collective: (position, keyword) of its global rank, the group-rank keyword, and the
+# position of its `group` (torch's signatures: reduce(tensor, dst, op, group, ...))
+_ROOTS = {"broadcast": (1, "src", "group_src", 2), "reduce": (1, "dst", "group_dst", 3),
+          "gather": (2, "dst", "group_dst", 3), "scatter": (2, "src", "group_src", 3),
+          "broadcast_object_list": (1, "src", "group_src", 2), "gather_object": (2, "dst", "group_dst", 3),
+          "scatter_object_list": (2, "src", "group_src", 3)}
+
+
+def root(op: str, args, kwargs) -> str | None:
+    """"root=N": the global rank a rooted collective names as its source or destination (every rank must name
+    the same one; a group rank is turned into its global rank), or None where it cannot be read for sure."""
+    pos, name, group_name, gpos = _ROOTS[op]
+    try:
+        import torch.distributed as dist
+
+        if kwargs.get(group_name) is not None:
+            g = kwargs.get("group") if "group" in kwargs else (args[gpos] if len(args) > gpos else None)
+            return f"root={int(dist.get_global_rank(g or dist.group.WORLD, int(kwargs[group_name])))}"
+        v = _arg(args, kwargs, pos, name)
+        return f"root={int(v)}" if v is not None else None
+    except Exception:  # noqa: BLE001 - a root we cannot read is never compared
+        return None
+
+
 def describe(op: str, args, kwargs) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """``tensors`` plus the per-rank sizes of ``op``'s call, where it has them."""
+    """``tensors`` plus the per-rank sizes of ``op``'s call, where it has them, and a rooted call's root."""
+    shapes, dtypes = _describe(op, args, kwargs)
+    r = root(op, args, kwargs) if op in _ROOTS else None
+    return (shapes + (r,), dtypes) if r else (shapes, dtypes)
+
+
+def _describe(op: str, args, kwargs) -> tuple[tuple[str, ...], tuple[str, ...]]:
     if op in _SPLITS:
         o, i = _SPLITS[op]
         shapes, dtypes = tensors(args[:min(o, i)], {k: v for k, v in kwargs.items() if k in ("output", "input")})
