@@ -194,6 +194,11 @@ def data_names(node: ast.AST) -> set[str]:
         if isinstance(n, ast.Name):
             out.add(n.id)
             continue
+        if isinstance(n, _LOCAL_SCOPES) and n is not node:
+            out |= data_names(n)  # its own names are local to it: ``[f.name for f in os.scandir(d)]``
+            continue
+        if n is node and isinstance(n, _LOCAL_SCOPES):
+            return _scope_reads(n)
         skip = {id(a) for a in non_data_args(n)} if isinstance(n, ast.Call) else ()
         for ch in ast.iter_child_nodes(n):
             if isinstance(ch, ast.keyword):
@@ -202,6 +207,22 @@ def data_names(node: ast.AST) -> set[str]:
             elif id(ch) not in skip:
                 stack.append(ch)
     return out
+
+
+_LOCAL_SCOPES = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp, ast.Lambda)
+
+
+def _scope_reads(n: ast.AST) -> set[str]:
+    """What a comprehension or lambda reads from around it: its targets and parameters are its own (a
+    comprehension's ``f`` is not the ``f`` of a ``with open(...) as f`` elsewhere in the function)."""
+    if isinstance(n, ast.Lambda):
+        own = {a.arg for a in ast.walk(n.args) if isinstance(a, ast.arg)}
+        return data_names(n.body) - own | {x for d in n.args.defaults + n.args.kw_defaults if d for x in data_names(d)}
+    own = {t.id for g in n.generators for t in ast.walk(g.target) if isinstance(t, ast.Name)}
+    outer = data_names(n.generators[0].iter)  # the first iterable is read in the enclosing scope
+    parts = [n.key, n.value] if isinstance(n, ast.DictComp) else [n.elt]
+    parts += [g.iter for g in n.generators[1:]] + [c for g in n.generators for c in g.ifs]
+    return outer | {x for p in parts for x in data_names(p)} - own
 
 
 def alternatives(expr: ast.expr) -> list[ast.expr]:
