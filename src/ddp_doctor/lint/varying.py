@@ -104,7 +104,17 @@ def iterates_data(loop: ast.stmt, values=None) -> bool:
             return False
     if isinstance(it, ast.Attribute) and it.attr in ("param_groups", "defaults"):
         return False
-    return True
+    return not _walks_keys(loop, it)
+
+
+def _walks_keys(loop: ast.stmt, it: ast.expr) -> bool:
+    """``for split in raw_datasets: raw_datasets[split] = ...``: the body indexes what it iterates with the
+    loop's target, so these are a mapping's keys (the split names), the same on every rank, as ``.keys()``."""
+    d = dotted(it)
+    if not d or not isinstance(loop.target, ast.Name):
+        return False
+    return any(isinstance(n, ast.Subscript) and dotted(n.value) == d and isinstance(n.slice, ast.Name)
+               and n.slice.id == loop.target.id for st in loop.body for n in ast.walk(st))
 
 
 def loop_data_names(loop: ast.stmt, values=None) -> set[str]:
