@@ -221,14 +221,33 @@ class RankVariance:
             return False
         kills = self.agreed.get(b.name, ())
         lb, lp = _line(b.stmt), _line(stmt)
-        # straight down: b, then stmt, with no agreement in between
-        if lb < lp and not any(lb < _line(c) < lp for c, _l in kills):
-            return True
+        # straight down: b, then stmt, with no agreement and no reassignment on every path in between
+        if lb < lp:
+            return not any(lb < _line(c) < lp for c, _l in kills) and not self._overwritten(b, stmt, loops)
         # around a loop holding both: b to the loop's end, then its start to stmt
         shared = set(b.loops) & set(loops)
         if not shared:
             return False
         return not any(set(c_loops) & shared and (_line(c) > lb or _line(c) < lp) for c, c_loops in kills)
+
+    def _overwritten(self, b: Binding, stmt: ast.stmt, loops: tuple[ast.stmt, ...]) -> bool:
+        """Is ``b``'s name assigned again on every path from ``b`` down to ``stmt``?  An assignment between them
+        that runs whenever ``stmt`` does (no condition that ``stmt`` is not under, no loop it is not in), or the
+        branches of an ``if``/``else`` that each assign it (``repo_id`` set on rank 0 for a hub upload, then set
+        in both branches before the labels are read)."""
+        lb, lp = _line(b.stmt), _line(stmt)
+        at = {(id(c.node), c.positive) for c in self.where.get(id(stmt), ((), ()))[0]}
+        paths: set[frozenset] = set()
+        for k in self.bindings.get(b.name, ()):
+            if lb < _line(k.stmt) < lp and set(k.loops) <= set(loops) and k.stmt is not stmt:
+                paths.add(frozenset((id(c.node), c.positive) for c in k.conds if c.node is not k.stmt) - at)
+        while paths and frozenset() not in paths:
+            merged = {p - {x} for p in paths for q in paths for x in p if (x[0], not x[1]) in q
+                      and p - {x} == q - {(x[0], not x[1])}}
+            if merged <= paths:
+                return False
+            paths |= merged
+        return bool(paths)
 
     def varying_binding(self, name: str, stmt: ast.stmt) -> Binding | None:
         """The assignment that makes ``name`` differ between ranks at ``stmt``, if any."""
