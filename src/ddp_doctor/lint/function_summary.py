@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ddp_doctor.lint.evaluate import RANKS, _Eval
-from ddp_doctor.lint.names import SET_DEVICE, arg_or_kw, dotted, final_name
+from ddp_doctor.lint.names import arg_or_kw, dotted, final_name, sets_current_device
 from ddp_doctor.lint.scopes import Scope
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummar
             s.backward = Related(m.path, call.lineno, f"the backward in `{fn.name}`")
         if s.inits_group is None and (m.qual(call.func) or "").endswith("init_process_group"):
             s.inits_group = Related(m.path, call.lineno, f"`{fn.name}` sets up the process group")
-        if s.sets_device is None and m.qual(call.func) in SET_DEVICE:
+        if s.sets_device is None and sets_current_device(m.qual(call.func), call):
             s.sets_device = Related(m.path, call.lineno, f"`{fn.name}` sets the CUDA device")
         if s.saves is None and m.qual(call.func) == "torch.save" and not is_guarded() and \
                 not ((path := arg_or_kw(call, 1, "f")) is not None and m.mentions_rank(path, scope)):

@@ -35,6 +35,23 @@ SHARDING_WRAPPERS = FULLY_SHARD | {
     "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
 }
 SET_DEVICE = {"torch.cuda.set_device", "torch.cuda.device"}  # pin this process's current CUDA device
+# a device mesh over "cuda" sets the current device from LOCAL_RANK (or global rank % GPUs per host) when
+# nothing has been put on a GPU yet (torch/distributed/device_mesh.py, _setup_world_group_and_device)
+DEVICE_MESH = {"torch.distributed.device_mesh.init_device_mesh", "torch.distributed.init_device_mesh",
+               "torch.distributed.device_mesh.DeviceMesh", "torch.distributed.DeviceMesh",
+               "torch.distributed._tensor.init_device_mesh", "torch.distributed._tensor.DeviceMesh",
+               "torch.distributed.tensor.init_device_mesh", "torch.distributed.tensor.DeviceMesh"}
+
+
+def sets_current_device(qual: str | None, call: ast.Call) -> bool:
+    """``torch.cuda.set_device(i)``, or a CUDA device mesh (``init_device_mesh("cuda", (world,))``), which
+    sets the current device itself; a mesh of another device type (``"cpu"``) does not."""
+    if qual in SET_DEVICE:
+        return True
+    if qual not in DEVICE_MESH:
+        return False
+    kind = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "device_type"), None)
+    return not (isinstance(kind, ast.Constant) and kind.value != "cuda")
 DIST_SAMPLERS = {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
 DATALOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 ITERABLE_DATASETS = {"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"}
