@@ -104,7 +104,23 @@ def iterates_data(loop: ast.stmt, values=None) -> bool:
             return False
     if isinstance(it, ast.Attribute) and it.attr in ("param_groups", "defaults"):
         return False
-    return not _walks_keys(loop, it)
+    return not _walks_keys(loop, it) and not _configuration(it, values)
+
+
+_PARSED_FILES = {"load", "loads", "safe_load", "full_load"}  # json / yaml / toml / tomllib
+
+
+def _configuration(it: ast.expr, values) -> bool:
+    """``for concept in args.concepts_list`` where the list is a literal or parsed from a JSON / YAML / TOML file:
+    a configuration every rank holds alike (each rank reads the same file), not a stream of this rank's data."""
+    if values is None or not isinstance(it, (ast.Name, ast.Attribute)):
+        return False
+    vals = [v for v in values(it) if not any(n is it for n in ast.walk(v))]
+    return bool(vals) and all(
+        isinstance(v, (ast.List, ast.Tuple, ast.Dict, ast.Set)) or (
+            isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in _PARSED_FILES and
+            isinstance(v.func.value, ast.Name) and v.func.value.id in ("json", "yaml", "toml", "tomllib"))
+        for v in vals)
 
 
 def _walks_keys(loop: ast.stmt, it: ast.expr) -> bool:
