@@ -50,6 +50,8 @@ class FunctionSummary:
     name: str
     params: tuple[str, ...]  # positional parameters, without self/cls
     collectives: tuple[Related, ...] = ()  # entered on every rank that runs the function
+    # entered only when a flag parameter, off by default, is passed on: (param, where)
+    flagged_collectives: tuple[tuple[str, Related], ...] = ()
     backward: Related | None = None  # runs a backward (itself or through what it calls)
     trains: Related | None = None  # a loop over data with a backward inside (a train-one-epoch function)
     forwards: dict[str, tuple[Related, bool]] = field(default_factory=dict)  # param -> (its call, under no_grad)
@@ -83,6 +85,8 @@ def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummar
     if not scope.rank_guarded_all:
         for name, call in A.fn_collectives(m, fn):
             colls.append(Related(m.path, call.lineno, f"`{name}()` in `{fn.name}`"))
+        s.flagged_collectives = tuple((flag, Related(m.path, call.lineno, f"`{name}()` in `{fn.name}`"))
+                                      for flag, name, call in A.fn_flagged_collectives(m, fn))
     for site in scope.sites:
         call = site.call
         guarded = None  # the rank conditions are costly: only worked out where they matter
