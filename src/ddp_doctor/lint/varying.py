@@ -138,11 +138,24 @@ def loop_data_names(loop: ast.stmt, values=None) -> set[str]:
     if not iterates_data(loop, values):
         return set()
     target = loop.target
-    it = loop.iter
-    if isinstance(it, ast.Call) and final_name(it.func) == "enumerate" and isinstance(target, (ast.Tuple, ast.List)) \
-            and target.elts:
+    if _enumerates(loop.iter, values) and isinstance(target, (ast.Tuple, ast.List)) and target.elts:
         target = ast.Tuple(elts=target.elts[1:])
     return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+
+def _enumerates(it: ast.expr, values, depth: int = 0) -> bool:
+    """``enumerate(loader)``, also behind a progress bar and a name bound to either on each branch (Lightning's
+    ``iterable = tqdm(enumerate(dl)) if fabric.is_global_zero else enumerate(dl)``): the first item is a counter."""
+    while isinstance(it, ast.Call) and final_name(it.func) in ("tqdm", "iter") and it.args:
+        it = it.args[0]
+    if isinstance(it, ast.Call):
+        return final_name(it.func) == "enumerate"
+    if isinstance(it, ast.IfExp):
+        return _enumerates(it.body, values, depth + 1) and _enumerates(it.orelse, values, depth + 1)
+    if not isinstance(it, ast.Name) or values is None or depth > 3:
+        return False
+    vals = [v for v in values(it) if not any(n is it for n in ast.walk(v))]
+    return bool(vals) and all(_enumerates(v, values, depth + 1) for v in vals)
 
 
 @dataclass(eq=False)
