@@ -135,6 +135,29 @@ _FILE_DATASETS = {"ImageFolder", "DatasetFolder", "ImageNet", "CocoDetection", "
                   "Flowers102", "Food101", "StanfordCars", "OxfordIIITPet", "WIDERFace", "SBDataset"}
 
 
+# torchvision datasets that read their whole file at construction: an item is an array turned into an image
+_IN_MEMORY_DATASETS = {"MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST", "CIFAR10", "CIFAR100", "SVHN", "USPS",
+                       "SEMEION", "FakeData"}
+_AUGMENT = re.compile(r"^(Random|ColorJitter|AutoAugment|RandAugment|TrivialAugment|AugMix|GaussianBlur|ElasticTransform)")
+
+
+def _augmentation(m: ModuleModel, transform, scope: Scope, depth: int = 0) -> str | None:
+    """The random augmentation a ``transform=`` runs per item (``RandomCrop`` in a ``Compose``), if any: it is what
+    makes an in-memory dataset (MNIST, CIFAR) cost real time per item; ``ToTensor`` + ``Normalize`` do not."""
+    expr = getattr(transform, "value", transform)
+    if expr is None or depth > 4:
+        return None
+    for v in [expr, *(m.values_of(expr, scope) if isinstance(expr, (ast.Name, ast.Attribute)) else ())]:
+        for c in ast.walk(v):
+            if isinstance(c, ast.Call) and _AUGMENT.match(final_name(c.func) or ""):
+                return final_name(c.func)
+            if isinstance(c, ast.Name) and c is not expr and depth < 4 and m.values_of(c, scope):
+                got = _augmentation(m, c, scope, depth + 1)
+                if got:
+                    return got
+    return None
+
+
 @dataclass(frozen=True)
 class LoadCost:
     """Why loading one item costs real time, and where that happens when it is in another file."""
@@ -162,6 +185,9 @@ def expensive_dataset(m: ModuleModel, ds: ast.expr | None, scope: Scope, depth: 
                 if why:
                     return why
             return None
+        if name in _IN_MEMORY_DATASETS and (q.startswith("torchvision.datasets.") or not q):
+            aug = _augmentation(m, kwarg(ds, "transform"), scope)
+            return LoadCost(f"`{name}` holds its images in memory but runs `{aug}` on every item") if aug else None
         if name in _FILE_DATASETS or (q.startswith("torchvision.datasets.") and name[:1].isupper()):
             return LoadCost(f"`{name}` reads and decodes a file for every item")
         owner, cls = m, m.classes.get(name) if isinstance(ds.func, ast.Name) else None
