@@ -305,10 +305,48 @@ def fn_collectives(model: ModuleModel, fn: ast.AST, depth: int = 0) -> list[tupl
                 got = fn_collectives(model, callee, depth + 1) if callee is not None and callee is not fn else []
             else:
                 got = []
-            if got and not model.rank_conds(site.conds, scope):
+            if got and flag_guard(fn, site.conds) is None and not model.rank_conds(site.conds, scope):
                 out += got
     model._cache[key] = out
     return out
+
+
+def fn_flagged_collectives(model: ModuleModel, fn: ast.AST) -> list[tuple[str, str, ast.Call]]:
+    """Collectives of ``fn`` entered only when a flag parameter that is off by default is passed on:
+    ``(param, name, call)`` for ``if use_distributed_barriers: dist.barrier()`` with ``=False``."""
+    scope = model.scopes.get(fn)
+    out = []
+    for site in scope.sites if scope is not None and not scope.rank_guarded_all else ():
+        name = model.collective_name(site.call, scope)
+        flag = flag_guard(fn, site.conds) if name and not model.uses_subgroup(site.call) else None
+        if flag is not None and not model.rank_conds(site.conds, scope):
+            out.append((flag, name, site.call))
+    return out
+
+
+def flag_guard(fn: ast.AST, conds) -> str | None:
+    """The parameter, off by default (``=False`` / ``None`` / ``0``), that a site runs under (``if flag:``)."""
+    a = getattr(fn, "args", None)
+    if a is None:
+        return None
+    pos = [*a.posonlyargs, *a.args]
+    off = {x.arg for x, d in [*zip(pos[len(pos) - len(a.defaults):], a.defaults), *zip(a.kwonlyargs, a.kw_defaults)]
+           if isinstance(d, ast.Constant) and not d.value}
+    return next((c.test.id for c in conds if c.positive and isinstance(c.test, ast.Name) and c.test.id in off), None)
+
+
+def passes_flag(call: ast.Call, params: tuple[str, ...], flag: str) -> bool:
+    """Does ``call`` switch ``flag`` on (pass it, other than as a false constant; ``**kw`` may)?
+    ``params``: the callee's positional parameters without self/cls."""
+    def on(v: ast.expr) -> bool:
+        return not (isinstance(v, ast.Constant) and not v.value)
+
+    for k in call.keywords:
+        if k.arg == flag or k.arg is None:
+            return on(k.value)
+    if any(isinstance(x, ast.Starred) for x in call.args):
+        return True
+    return flag in params and params.index(flag) < len(call.args) and on(call.args[params.index(flag)])
 
 
 def ddp_forward_in_fn(model: ModuleModel, fn: ast.AST, call: ast.Call, caller: Scope) -> ast.Call | None:

@@ -43,7 +43,8 @@ _MAX_SITES = 8
 _MAX_HOPS = 4  # importers whose own importers are looked at (one file in between)
 # whole-program facts read from every file's text in the same pass
 # (plain substrings: a regular expression over every file of the torch tree cost seconds)
-_FACTS = {"sets_device": ("set_device(", "CUDA_VISIBLE_DEVICES", "torch.cuda.device("),
+_FACTS = {"sets_device": ("set_device(", "CUDA_VISIBLE_DEVICES", "torch.cuda.device(", "DeviceMesh(",
+                         "init_device_mesh("),
           "dist_script": ("init_process_group(", "DistributedDataParallel", "DDP("),
           "multi_node": ("node_rank", "NODE_RANK", "nnodes", "num_nodes", "n_nodes", "SLURM_NODEID", "GROUP_RANK")}
 _INDEXES: dict[tuple[str, ...], tuple] = {}  # roots -> (words, facts, called names): one per process

@@ -336,7 +336,7 @@ class _Eval:
         if self.collect and not self.hit:
             sub = _Eval(m, self.scope, self.r, self.sigma, collect=True)
             sub.visiting = self.visiting
-            skip = {id(a) for a in non_data_args(node)}
+            skip = {id(a) for a in non_data_args(node)} | _share_args(m, node, q)
             for a in (*node.args, *(k.value for k in node.keywords)):
                 if id(a) in skip:
                     continue  # a device or a rank flag: not what the call returns
@@ -346,6 +346,17 @@ class _Eval:
                     pass
             self.hit = self.hit or sub.hit
         return self.atom(node)
+
+
+def _share_args(m: ModuleModel, call: ast.Call, q: str | None) -> set[int]:
+    """The ``num_replicas`` / ``rank`` of a library's distributed sampler (torch's ``DistributedSampler``,
+    torchdata's ``StatefulDistributedSampler``): they pick this rank's share of the indices, padded to the same
+    length on every rank, so ``len(loader)`` and the step counts made from it are the same everywhere (torchtune's
+    ``while inner_step_count < self._steps_per_epoch``).  A sampler class of the project is judged elsewhere."""
+    if not (m.is_sampler_call(call) or ((q or "").endswith("DistributedSampler") and
+                                        final_name(call.func) not in m.classes)):
+        return set()
+    return {id(a) for a in call.args[1:3]} | {id(k.value) for k in call.keywords if k.arg in ("num_replicas", "rank")}
 
 
 def _cmp(op: ast.cmpop, a: Any, b: Any) -> bool:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ddp_doctor.lint.evaluate import RANKS, _Eval
-from ddp_doctor.lint.names import SET_DEVICE, arg_or_kw, dotted, final_name
+from ddp_doctor.lint.names import arg_or_kw, dotted, final_name, sets_current_device
 from ddp_doctor.lint.scopes import Scope
 
 if TYPE_CHECKING:
@@ -50,6 +50,8 @@ class FunctionSummary:
     name: str
     params: tuple[str, ...]  # positional parameters, without self/cls
     collectives: tuple[Related, ...] = ()  # entered on every rank that runs the function
+    # entered only when a flag parameter, off by default, is passed on: (param, where)
+    flagged_collectives: tuple[tuple[str, Related], ...] = ()
     backward: Related | None = None  # runs a backward (itself or through what it calls)
     trains: Related | None = None  # a loop over data with a backward inside (a train-one-epoch function)
     forwards: dict[str, tuple[Related, bool]] = field(default_factory=dict)  # param -> (its call, under no_grad)
@@ -83,6 +85,8 @@ def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummar
     if not scope.rank_guarded_all:
         for name, call in A.fn_collectives(m, fn):
             colls.append(Related(m.path, call.lineno, f"`{name}()` in `{fn.name}`"))
+        s.flagged_collectives = tuple((flag, Related(m.path, call.lineno, f"`{name}()` in `{fn.name}`"))
+                                      for flag, name, call in A.fn_flagged_collectives(m, fn))
     for site in scope.sites:
         call = site.call
         guarded = None  # the rank conditions are costly: only worked out where they matter
@@ -94,7 +98,7 @@ def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummar
             s.backward = Related(m.path, call.lineno, f"the backward in `{fn.name}`")
         if s.inits_group is None and (m.qual(call.func) or "").endswith("init_process_group"):
             s.inits_group = Related(m.path, call.lineno, f"`{fn.name}` sets up the process group")
-        if s.sets_device is None and m.qual(call.func) in SET_DEVICE:
+        if s.sets_device is None and sets_current_device(m.qual(call.func), call):
             s.sets_device = Related(m.path, call.lineno, f"`{fn.name}` sets the CUDA device")
         if s.saves is None and m.qual(call.func) == "torch.save" and not is_guarded() and \
                 not ((path := arg_or_kw(call, 1, "f")) is not None and m.mentions_rank(path, scope)):

@@ -35,6 +35,23 @@ SHARDING_WRAPPERS = FULLY_SHARD | {
     "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
 }
 SET_DEVICE = {"torch.cuda.set_device", "torch.cuda.device"}  # pin this process's current CUDA device
+# a device mesh over "cuda" sets the current device from LOCAL_RANK (or global rank % GPUs per host) when
+# nothing has been put on a GPU yet (torch/distributed/device_mesh.py, _setup_world_group_and_device)
+DEVICE_MESH = {"torch.distributed.device_mesh.init_device_mesh", "torch.distributed.init_device_mesh",
+               "torch.distributed.device_mesh.DeviceMesh", "torch.distributed.DeviceMesh",
+               "torch.distributed._tensor.init_device_mesh", "torch.distributed._tensor.DeviceMesh",
+               "torch.distributed.tensor.init_device_mesh", "torch.distributed.tensor.DeviceMesh"}
+
+
+def sets_current_device(qual: str | None, call: ast.Call) -> bool:
+    """``torch.cuda.set_device(i)``, or a CUDA device mesh (``init_device_mesh("cuda", (world,))``), which
+    sets the current device itself; a mesh of another device type (``"cpu"``) does not."""
+    if qual in SET_DEVICE:
+        return True
+    if qual not in DEVICE_MESH:
+        return False
+    kind = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "device_type"), None)
+    return not (isinstance(kind, ast.Constant) and kind.value != "cuda")
 DIST_SAMPLERS = {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
 DATALOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 ITERABLE_DATASETS = {"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"}
@@ -194,6 +211,11 @@ def data_names(node: ast.AST) -> set[str]:
         if isinstance(n, ast.Name):
             out.add(n.id)
             continue
+        if isinstance(n, _LOCAL_SCOPES) and n is not node:
+            out |= data_names(n)  # its own names are local to it: ``[f.name for f in os.scandir(d)]``
+            continue
+        if n is node and isinstance(n, _LOCAL_SCOPES):
+            return _scope_reads(n)
         skip = {id(a) for a in non_data_args(n)} if isinstance(n, ast.Call) else ()
         for ch in ast.iter_child_nodes(n):
             if isinstance(ch, ast.keyword):
@@ -202,6 +224,22 @@ def data_names(node: ast.AST) -> set[str]:
             elif id(ch) not in skip:
                 stack.append(ch)
     return out
+
+
+_LOCAL_SCOPES = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp, ast.Lambda)
+
+
+def _scope_reads(n: ast.AST) -> set[str]:
+    """What a comprehension or lambda reads from around it: its targets and parameters are its own (a
+    comprehension's ``f`` is not the ``f`` of a ``with open(...) as f`` elsewhere in the function)."""
+    if isinstance(n, ast.Lambda):
+        own = {a.arg for a in ast.walk(n.args) if isinstance(a, ast.arg)}
+        return data_names(n.body) - own | {x for d in n.args.defaults + n.args.kw_defaults if d for x in data_names(d)}
+    own = {t.id for g in n.generators for t in ast.walk(g.target) if isinstance(t, ast.Name)}
+    outer = data_names(n.generators[0].iter)  # the first iterable is read in the enclosing scope
+    parts = [n.key, n.value] if isinstance(n, ast.DictComp) else [n.elt]
+    parts += [g.iter for g in n.generators[1:]] + [c for g in n.generators for c in g.ifs]
+    return outer | {x for p in parts for x in data_names(p)} - own
 
 
 def alternatives(expr: ast.expr) -> list[ast.expr]:

@@ -32,7 +32,7 @@ _DIST_TEXT = re.compile(r"torch\.distributed|import distributed|DistributedDataP
                         r"\blightning|accelerate|deepspeed|horovod|torch\.multiprocessing")
 _SUMMARY_TEXT = re.compile(r"distributed|Distributed|backward|torch\.save|DataLoader|Sampler|rank|barrier|all_reduce|"
                            r"all_gather|broadcast|lightning|accelerat|fabric|deepspeed|horovod|register_buffer|"
-                           r"BatchNorm|Dataset|set_device|setup\(|^from \.|^\s+from \.", re.M)
+                           r"BatchNorm|Dataset|set_device|device_mesh|DeviceMesh|setup\(|^from \.|^\s+from \.", re.M)
 # libraries whose APIs the catalogue knows by qualified name (torch.distributed.barrier, DDP, Fabric,
 # accelerate): even when the linted tree is their own source, calls into them are not followed
 _MODELLED = {"torch", "torchvision", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate",

@@ -139,6 +139,10 @@ class RankDependence:
                     break
             if not any_eval:
                 res = True  # mentions the rank and cannot be shown constant
+            if not res and isinstance(expr, ast.BoolOp) and isinstance(expr.op, ast.And):
+                # `... and cur_tick != 0 and dist.get_rank() == 0`: too many unknowns for the tries to meet the
+                # case where the others hold, but the conjunct alone already makes ranks decide differently
+                res = any(self.is_rank_condition(v, scope) for v in expr.values)
         self._cache[key] = res
         return res
 

@@ -104,7 +104,33 @@ def iterates_data(loop: ast.stmt, values=None) -> bool:
             return False
     if isinstance(it, ast.Attribute) and it.attr in ("param_groups", "defaults"):
         return False
-    return True
+    return not _walks_keys(loop, it) and not _configuration(it, values)
+
+
+_PARSED_FILES = {"load", "loads", "safe_load", "full_load"}  # json / yaml / toml / tomllib
+
+
+def _configuration(it: ast.expr, values) -> bool:
+    """``for concept in args.concepts_list`` where the list is a literal or parsed from a JSON / YAML / TOML file:
+    a configuration every rank holds alike (each rank reads the same file), not a stream of this rank's data."""
+    if values is None or not isinstance(it, (ast.Name, ast.Attribute)):
+        return False
+    vals = [v for v in values(it) if not any(n is it for n in ast.walk(v))]
+    return bool(vals) and all(
+        isinstance(v, (ast.List, ast.Tuple, ast.Dict, ast.Set)) or (
+            isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in _PARSED_FILES and
+            isinstance(v.func.value, ast.Name) and v.func.value.id in ("json", "yaml", "toml", "tomllib"))
+        for v in vals)
+
+
+def _walks_keys(loop: ast.stmt, it: ast.expr) -> bool:
+    """``for split in raw_datasets: raw_datasets[split] = ...``: the body indexes what it iterates with the
+    loop's target, so these are a mapping's keys (the split names), the same on every rank, as ``.keys()``."""
+    d = dotted(it)
+    if not d or not isinstance(loop.target, ast.Name):
+        return False
+    return any(isinstance(n, ast.Subscript) and dotted(n.value) == d and isinstance(n.slice, ast.Name)
+               and n.slice.id == loop.target.id for st in loop.body for n in ast.walk(st))
 
 
 def loop_data_names(loop: ast.stmt, values=None) -> set[str]:
@@ -112,11 +138,24 @@ def loop_data_names(loop: ast.stmt, values=None) -> set[str]:
     if not iterates_data(loop, values):
         return set()
     target = loop.target
-    it = loop.iter
-    if isinstance(it, ast.Call) and final_name(it.func) == "enumerate" and isinstance(target, (ast.Tuple, ast.List)) \
-            and target.elts:
+    if _enumerates(loop.iter, values) and isinstance(target, (ast.Tuple, ast.List)) and target.elts:
         target = ast.Tuple(elts=target.elts[1:])
     return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+
+def _enumerates(it: ast.expr, values, depth: int = 0) -> bool:
+    """``enumerate(loader)``, also behind a progress bar and a name bound to either on each branch (Lightning's
+    ``iterable = tqdm(enumerate(dl)) if fabric.is_global_zero else enumerate(dl)``): the first item is a counter."""
+    while isinstance(it, ast.Call) and final_name(it.func) in ("tqdm", "iter") and it.args:
+        it = it.args[0]
+    if isinstance(it, ast.Call):
+        return final_name(it.func) == "enumerate"
+    if isinstance(it, ast.IfExp):
+        return _enumerates(it.body, values, depth + 1) and _enumerates(it.orelse, values, depth + 1)
+    if not isinstance(it, ast.Name) or values is None or depth > 3:
+        return False
+    vals = [v for v in values(it) if not any(n is it for n in ast.walk(v))]
+    return bool(vals) and all(_enumerates(v, values, depth + 1) for v in vals)
 
 
 @dataclass(eq=False)
@@ -211,14 +250,33 @@ class RankVariance:
             return False
         kills = self.agreed.get(b.name, ())
         lb, lp = _line(b.stmt), _line(stmt)
-        # straight down: b, then stmt, with no agreement in between
-        if lb < lp and not any(lb < _line(c) < lp for c, _l in kills):
-            return True
+        # straight down: b, then stmt, with no agreement and no reassignment on every path in between
+        if lb < lp:
+            return not any(lb < _line(c) < lp for c, _l in kills) and not self._overwritten(b, stmt, loops)
         # around a loop holding both: b to the loop's end, then its start to stmt
         shared = set(b.loops) & set(loops)
         if not shared:
             return False
         return not any(set(c_loops) & shared and (_line(c) > lb or _line(c) < lp) for c, c_loops in kills)
+
+    def _overwritten(self, b: Binding, stmt: ast.stmt, loops: tuple[ast.stmt, ...]) -> bool:
+        """Is ``b``'s name assigned again on every path from ``b`` down to ``stmt``?  An assignment between them
+        that runs whenever ``stmt`` does (no condition that ``stmt`` is not under, no loop it is not in), or the
+        branches of an ``if``/``else`` that each assign it (``repo_id`` set on rank 0 for a hub upload, then set
+        in both branches before the labels are read)."""
+        lb, lp = _line(b.stmt), _line(stmt)
+        at = {(id(c.node), c.positive) for c in self.where.get(id(stmt), ((), ()))[0]}
+        paths: set[frozenset] = set()
+        for k in self.bindings.get(b.name, ()):
+            if lb < _line(k.stmt) < lp and set(k.loops) <= set(loops) and k.stmt is not stmt:
+                paths.add(frozenset((id(c.node), c.positive) for c in k.conds if c.node is not k.stmt) - at)
+        while paths and frozenset() not in paths:
+            merged = {p - {x} for p in paths for q in paths for x in p if (x[0], not x[1]) in q
+                      and p - {x} == q - {(x[0], not x[1])}}
+            if merged <= paths:
+                return False
+            paths |= merged
+        return bool(paths)
 
     def varying_binding(self, name: str, stmt: ast.stmt) -> Binding | None:
         """The assignment that makes ``name`` differ between ranks at ``stmt``, if any."""

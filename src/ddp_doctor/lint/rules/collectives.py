@@ -117,7 +117,10 @@ class RankConditionalCollective(Rule):
                     return name, f"`{ctx.text(site.call.func)}()`"
                 fn = m.resolve_function(site.call.func, scope)
                 if fn is not None and fn is not scope.node:
-                    inner = A.fn_collectives(m, fn)
+                    params = tuple(m.scopes[fn].params) if fn in m.scopes else ()
+                    params = params[1:] if params[:1] in (("self",), ("cls",)) else params
+                    inner = A.fn_collectives(m, fn) or [(n, c) for flag, n, c in A.fn_flagged_collectives(m, fn)
+                                                        if A.passes_flag(site.call, params, flag)]
                     if inner:
                         cname, ccall = inner[0]
                         return (f"call:{fn.name}",
@@ -125,8 +128,10 @@ class RankConditionalCollective(Rule):
                                 f"at line {ccall.lineno})")
                     return None
                 summ = _other_file(ctx, site, scope, "collective")
-                if summ is not None and summ.collectives:
-                    r = summ.collectives[0]
+                colls = () if summ is None else summ.collectives or tuple(
+                    r for flag, r in summ.flagged_collectives if A.passes_flag(site.call, summ.params, flag))
+                if colls:
+                    r = colls[0]
                     return (f"call:{summ.path}:{summ.name}",
                             Desc(f"`{ctx.text(site.call.func)}()` (it enters {r.message} at {r.where})", (r,)))
                 return None

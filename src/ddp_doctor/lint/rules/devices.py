@@ -6,7 +6,7 @@ import re
 
 from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import ModuleModel
-from ddp_doctor.lint.names import SET_DEVICE, arg_or_kw, final_name, kwarg
+from ddp_doctor.lint.names import arg_or_kw, final_name, kwarg, sets_current_device
 from ddp_doctor.lint.scopes import Scope
 from ddp_doctor.lint.rules.base import Context, Rule
 
@@ -151,7 +151,7 @@ def _project_sets_device(m: ModuleModel) -> bool | None:
 
 def _is_set_device(m: ModuleModel, call: ast.Call, scope: Scope, depth: int = 0) -> bool:
     q = m.qual(call.func) or ""
-    if q in SET_DEVICE or (q == "" and final_name(call.func) == "set_device"):
+    if sets_current_device(q, call) or (q == "" and final_name(call.func) == "set_device"):
         return True
     if _is_setup_helper(m, call, scope):
         return True

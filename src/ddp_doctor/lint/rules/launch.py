@@ -22,6 +22,8 @@ class LaunchNotAtEntry(Rule):
                     continue
                 where = None
                 if not scope.is_module and scope.name in self._CTORS and scope.cls is not None:
+                    if "launch" not in what and self._built_once_at_entry(m, scope.cls.name):
+                        continue  # fabric.launch() stays reported: it starts the processes itself
                     where = f"the constructor `{scope.cls.name}.{scope.name}`"
                 elif scope.is_module and m.has_main_guard and self._spawns(m) and not any(
                         m._is_main_guard(c.test) for c in site.conds):
@@ -37,6 +39,18 @@ class LaunchNotAtEntry(Rule):
                     f"Call {what} once, at the program entry (`if __name__ == \"__main__\":` / `main()`), before "
                     f"building trainers, models and datasets.",
                 )
+
+    def _built_once_at_entry(self, m: ModuleModel, cls: str) -> bool:
+        """A torchrun script's recipe or trainer class built once by its entry function (torchtune's
+        ``recipe = FullFinetuneRecipeDistributed(cfg=cfg)`` in ``recipe_main``): its constructor's
+        ``init_process_group`` runs once per process, at start-up, as set-up in ``main()`` does.  Not so in a script that spawns its workers, or for a
+        class built in a loop, twice, or nowhere in this file (an actor another program builds)."""
+        if not m.has_main_guard or self._spawns(m):
+            return False
+        sites = [s for sc in m.scopes.values() for s in sc.sites
+                 if isinstance(s.call.func, ast.Name) and s.call.func.id == cls]
+        return len(sites) == 1 and not sites[0].loops and not sites[0].scope.is_module or (
+            len(sites) == 1 and sites[0].scope.is_module and any(m._is_main_guard(c.test) for c in sites[0].conds))
 
     @staticmethod
     def _spawns(m: ModuleModel) -> bool:

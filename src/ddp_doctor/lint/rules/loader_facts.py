@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import ModuleModel
-from ddp_doctor.lint.names import ITERABLE_DATASETS, arg_or_kw, final_name
+from ddp_doctor.lint.names import ITERABLE_DATASETS, arg_or_kw, final_name, kwarg
 from ddp_doctor.lint.function_summary import Related
 from ddp_doctor.lint.scopes import Scope
 
@@ -135,6 +135,29 @@ _FILE_DATASETS = {"ImageFolder", "DatasetFolder", "ImageNet", "CocoDetection", "
                   "Flowers102", "Food101", "StanfordCars", "OxfordIIITPet", "WIDERFace", "SBDataset"}
 
 
+# torchvision datasets that read their whole file at construction: an item is an array turned into an image
+_IN_MEMORY_DATASETS = {"MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST", "CIFAR10", "CIFAR100", "SVHN", "USPS",
+                       "SEMEION", "FakeData"}
+_AUGMENT = re.compile(r"^(Random|ColorJitter|AutoAugment|RandAugment|TrivialAugment|AugMix|GaussianBlur|ElasticTransform)")
+
+
+def _augmentation(m: ModuleModel, transform, scope: Scope, depth: int = 0) -> str | None:
+    """The random augmentation a ``transform=`` runs per item (``RandomCrop`` in a ``Compose``), if any: it is what
+    makes an in-memory dataset (MNIST, CIFAR) cost real time per item; ``ToTensor`` + ``Normalize`` do not."""
+    expr = getattr(transform, "value", transform)
+    if expr is None or depth > 4:
+        return None
+    for v in [expr, *(m.values_of(expr, scope) if isinstance(expr, (ast.Name, ast.Attribute)) else ())]:
+        for c in ast.walk(v):
+            if isinstance(c, ast.Call) and _AUGMENT.match(final_name(c.func) or ""):
+                return final_name(c.func)
+            if isinstance(c, ast.Name) and c is not expr and depth < 4 and m.values_of(c, scope):
+                got = _augmentation(m, c, scope, depth + 1)
+                if got:
+                    return got
+    return None
+
+
 @dataclass(frozen=True)
 class LoadCost:
     """Why loading one item costs real time, and where that happens when it is in another file."""
@@ -162,6 +185,9 @@ def expensive_dataset(m: ModuleModel, ds: ast.expr | None, scope: Scope, depth: 
                 if why:
                     return why
             return None
+        if name in _IN_MEMORY_DATASETS and (q.startswith("torchvision.datasets.") or not q):
+            aug = _augmentation(m, kwarg(ds, "transform"), scope)
+            return LoadCost(f"`{name}` holds its images in memory but runs `{aug}` on every item") if aug else None
         if name in _FILE_DATASETS or (q.startswith("torchvision.datasets.") and name[:1].isupper()):
             return LoadCost(f"`{name}` reads and decodes a file for every item")
         owner, cls = m, m.classes.get(name) if isinstance(ds.func, ast.Name) else None
@@ -215,6 +241,8 @@ def dataset_unknown(m: ModuleModel, ds: ast.expr | None, scope: Scope, depth: in
         if name in ("TensorDataset", "Subset", "ConcatDataset", "random_split") or name in _FILE_DATASETS or \
                 (m.qual(ds.func) or "").startswith("torchvision.datasets."):
             return False
+        if _hf_preprocessed(m, ds, scope):
+            return False
         if isinstance(ds.func, ast.Name) and name in m.classes:
             return False
         fn = m.resolve_function(ds.func, scope)
@@ -232,6 +260,37 @@ def dataset_unknown(m: ModuleModel, ds: ast.expr | None, scope: Scope, depth: in
             m.param_args(ds, scope)  # prepare_dataloader(dataset, ...): what this file's callers pass
         return not vals or any(dataset_unknown(m, v, vs, depth + 1) for v, vs in vals)
     return True
+
+
+# Hugging Face ``datasets`` methods that return the same Arrow table re-indexed, renamed or re-typed
+_HF_SAME_ROWS = {"rename_column", "rename_columns", "remove_columns", "select", "shuffle", "filter", "sort",
+                 "train_test_split", "flatten", "cast_column", "select_columns", "shard"}
+
+
+def _hf_preprocessed(m: ModuleModel, ds: ast.expr, scope: Scope, mapped: bool = False, depth: int = 0) -> bool:
+    """``load_dataset(...).map(tokenize, ...)`` (then renamed, selected, shuffled, split): the preprocessing ran
+    once, up front, and an item is a row read from the Arrow table, which costs what an in-memory list does.
+    Not so for a streamed dataset (``streaming=True``: ``.map`` runs per item), a lazy ``with_transform`` /
+    ``set_transform`` (images decoded per item), or a ``load_dataset`` result that nothing mapped (its image or
+    audio columns decode on access)."""
+    if depth > 8:
+        return False
+    if isinstance(ds, ast.Subscript):  # tokenized["train"]
+        return _hf_preprocessed(m, ds.value, scope, mapped, depth + 1)
+    if isinstance(ds, (ast.Name, ast.Attribute)):
+        vals = [v for v in m.values_of(ds, scope) if not any(n is ds for n in ast.walk(v))]  # x = x.rename_column(...)
+        return bool(vals) and all(_hf_preprocessed(m, v, scope, mapped, depth + 1) for v in vals)
+    if not isinstance(ds, ast.Call):
+        return False
+    if (m.qual(ds.func) or "") in ("datasets.load_dataset", "datasets.load_from_disk"):
+        streaming = kwarg(ds, "streaming")
+        return mapped and (streaming is None or (isinstance(streaming.value, ast.Constant) and not streaming.value.value))
+    if isinstance(ds.func, ast.Attribute) and not m.qual(ds.func):
+        if ds.func.attr == "map":
+            return _hf_preprocessed(m, ds.func.value, scope, True, depth + 1)
+        if ds.func.attr in _HF_SAME_ROWS:
+            return _hf_preprocessed(m, ds.func.value, scope, mapped, depth + 1)
+    return False
 
 
 def training_loader_uses(m: ModuleModel) -> dict[ast.Call, list[A.LoaderUse]]:
