@@ -131,6 +131,12 @@ def test_rooted_collectives_agree_on_their_root():
     g0 = describe("gather", (t, [t, t], 0), {})
     g1 = describe("gather", (t,), {"dst": 0})
     assert must_agree("gather", "world", *g0) == must_agree("gather", "world", *g1)
+    # a root left to torch's default (global rank 0) is the same root as one named 0: no false mismatch
+    for op, args in (("gather", (t,)), ("scatter", (t,)), ("gather_object", (1,)),
+                     ("broadcast_object_list", ([1],)), ("scatter_object_list", ([None],))):
+        key = "dst" if "gather" in op else "src"
+        assert must_agree(op, "world", *describe(op, args, {})) == must_agree(op, "world", *describe(op, args,
+                                                                                                    {key: 0})), op
 
 
 def test_a_flag_set_only_on_rank_zero_says_so(tmp_path):

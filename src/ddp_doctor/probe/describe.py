@@ -39,6 +39,10 @@ _ROOTS = {"broadcast": (1, "src", "group_src", 2), "reduce": (1, "dst", "group_d
           "scatter_object_list": (2, "src", "group_src", 3)}
 
 
+# the rooted collectives whose root torch takes to be global rank 0 when neither it nor the group rank is given
+_ROOT_DEFAULTS_TO_0 = frozenset({"gather", "scatter", "gather_object", "broadcast_object_list", "scatter_object_list"})
+
+
 def root(op: str, args, kwargs) -> str | None:
     """"root=N": the global rank a rooted collective names as its source or destination (every rank must name
     the same one; a group rank is turned into its global rank), or None where it cannot be read for sure."""
@@ -50,6 +54,8 @@ def root(op: str, args, kwargs) -> str | None:
             g = kwargs.get("group") if "group" in kwargs else (args[gpos] if len(args) > gpos else None)
             return f"root={int(dist.get_global_rank(g or dist.group.WORLD, int(kwargs[group_name])))}"
         v = _arg(args, kwargs, pos, name)
+        if v is None and op in _ROOT_DEFAULTS_TO_0:
+            v = 0  # torch's own default: a rank omitting it and one passing 0 name the same root
         return f"root={int(v)}" if v is not None else None
     except Exception:  # noqa: BLE001 - a root we cannot read is never compared
         return None
