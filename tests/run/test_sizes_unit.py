@@ -18,7 +18,8 @@ def test_probe_records_split_sizes_and_list_lengths():
     shapes, dtypes = describe("all_to_all_single", (out, inp), splits)
     assert shapes == ("16x8", "16x8", "output_split_sizes=[8,8]", "input_split_sizes=[10,6]")
     assert dtypes == ("float32", "float32")
-    assert describe("broadcast_object_list", ([1, 2, 3],), {})[0] == ("objects=3",)
+    # (src left to torch's default: global rank 0, recorded as the root every rank must name)
+    assert describe("broadcast_object_list", ([1, 2, 3],), {})[0] == ("objects=3", "root=0")
     assert describe("all_reduce", (torch.empty(4),), {})[0] == ("4",)
 
 
