@@ -89,10 +89,14 @@ def _metric_allreduce(r: random.Random, w: int) -> dict:
 
 
 def _objects(r: random.Random, w: int) -> dict:
+    # the root spelled differently per rank (named, positional, torch's default of 0): one root for torch, and
+    # a tensor broadcast from the last rank; the root rule must see one root in each
     return {"epoch": ["got = [None] * world", "dist.all_gather_object(got, {'rank': rank, 'n': list(range(rank + 1))})",
                       "cfg = [{'lr': 0.05, 'epoch': epoch}] if rank == 0 else [None]",
-                      "dist.broadcast_object_list(cfg, src=0)",
-                      "dist.gather_object({'r': rank}, [None] * world if rank == 0 else None, dst=0)"]}
+                      "dist.broadcast_object_list(cfg, 0) if rank % 2 else dist.broadcast_object_list(cfg)",
+                      "dist.gather_object({'r': rank}, [None] * world if rank == 0 else None, "
+                      "**({'dst': 0} if rank % 2 else {}))",
+                      "last = torch.tensor([float(rank)])", "dist.broadcast(last, src=world - 1)"]}
 
 
 def _all_to_all(r: random.Random, w: int) -> dict:
