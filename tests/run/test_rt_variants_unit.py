@@ -50,13 +50,61 @@ def test_a_rank_that_skipped_steps_left_the_loop_at_its_continue(tmp_path):
     assert out.evidence["decision"]["kind"] == "continue"
 
 
-def test_equal_skips_keep_the_loop_header(tmp_path):
+def test_equal_skips_and_no_counts_claim_nothing_about_the_loop(tmp_path):
+    """No recorded fact says the loop ran a different number of times: the finding stays where it showed."""
     path = _script(tmp_path, LOOP)
     ranks = {0: _with_skips(RankState(rank=0, stack=(Site(path, _line(path, "dist.all_reduce"), "main"),)), 0),
              1: _with_skips(RankState(rank=1, stack=(Site(path, _line(path, "loss.backward"), "main"),)), 0)}
     f = Finding("DDP201", "m", "", location=Location(path, _line(path, "dist.all_reduce"), "main"), ranks=[0])
     out = provenance.with_decisions([f], ranks)[0]
+    assert out.location.line == _line(path, "dist.all_reduce")
+    assert "different number" not in out.message and "decision" not in out.evidence
+
+
+LOADER_LOOP = """
+    def main(model, data, opt, dist):
+        loader = DataLoader(data, batch_size=4)
+        for batch in loader:
+            model(batch).sum().backward()
+            opt.step()
+        dist.all_reduce(seen)
+"""
+
+
+def _loader(path: str, n: int, drawn: int) -> LoaderState:
+    return LoaderState(site=Site(path, _line(path, "DataLoader("), "main"), len=n, batches_by_epoch=(drawn,))
+
+
+def test_a_loop_over_loaders_of_different_lengths_says_the_lengths(tmp_path):
+    path = _script(tmp_path, LOADER_LOOP)
+    back = Collective("world", 9, "ddp.backward(allreduce_grads)", (), (), Site(path, _line(path, "backward"), "main"))
+    ranks = {0: RankState(rank=0, stack=(Site(path, _line(path, "dist.all_reduce"), "main"),),
+                          loaders=(_loader(path, 3, 3),), train_loader=0),
+             1: RankState(rank=1, stack=(Site(path, _line(path, "backward"), "main"),), in_collective=back,
+                          loaders=(_loader(path, 4, 4),), train_loader=0)}
+    f = Finding("DDP201", "m", "", location=Location(path, _line(path, "dist.all_reduce"), "main"), ranks=[0])
+    out = provenance.with_decisions([f], ranks)[0]
     assert out.location.line == _line(path, "for batch in loader")
+    assert "len() is 3 on rank 0 and 4 on rank 1" in out.message
+    # the rank that left a training loop early is the culprit of uneven steps: DDP101, not DDP201
+    assert out.code == "DDP101" and out.ranks == [0]
+
+
+def test_a_rank_above_the_loop_never_left_it(tmp_path):
+    """"rank 0 left the loop" only when rank 0's line is past the loop's end."""
+    path = _script(tmp_path, """
+        def main(model, loader, rank, dist):
+            if rank == 0:
+                dist.barrier()
+            for batch in loader:
+                model(batch).sum().backward()
+    """)
+    ranks = {0: RankState(rank=0, stack=(Site(path, _line(path, "dist.barrier"), "main"),)),
+             1: RankState(rank=1, stack=(Site(path, _line(path, "backward"), "main"),))}
+    f = Finding("DDP201", "m", "", location=Location(path, _line(path, "dist.barrier"), "main"), ranks=[0])
+    out = provenance.with_decisions([f], ranks)[0]
+    assert out.location.line == _line(path, "if rank == 0")
+    assert "left the loop" not in out.message
 
 
 def test_a_forward_with_no_backward_is_blamed_at_the_exit_after_it(tmp_path):

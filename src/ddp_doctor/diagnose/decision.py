@@ -30,12 +30,15 @@ class Decision:
     why: str = ""
     alone: tuple[int, ...] = ()  # ranks that went on into a collective the others' way skips (their call
     #                              is one only some ranks make: DDP201), when the decision shows it
+    parting: str = "branch"      # what the ranks did there: "skip" (some skipped a training step the others
+    #                              ran), "loop" (some left a training loop the others stayed in), "branch"
+    culprits: tuple[int, ...] = ()  # the ranks that took the odd way, when the recorded facts say so
 
     def text(self) -> str:
         """"The ranks parted at `if val_loss < best:` (train.py:57): rank 0 went into it, ...; values ..."."""
         what = {"if": f"`if {self.condition}:`", "decorator": f"`@{self.condition}`",
                 "value": f"`{self.condition}`", "while": f"`while {self.condition}:`",
-                "for": f"`for {self.condition}:`"}.get(
+                "for": f"`for {self.condition}:`", "except": f"`{self.condition}:`"}.get(
             self.kind, f"`{self.kind}` under `if {self.condition}:`")
         by_way: dict[str, list[int]] = {}
         for r, w in self.ways:
@@ -50,7 +53,7 @@ class Decision:
     def to_json(self) -> dict:
         return {"site": self.site.to_json(), "kind": self.kind, "condition": self.condition,
                 "ways": {str(r): w for r, w in self.ways},
-                "values": {str(r): dict(kv) for r, kv in self.values}, "why": self.why}
+                "values": {str(r): dict(kv) for r, kv in self.values}, "why": self.why, "parting": self.parting}
 
 
 # -- the ranks' frames --------------------------------------------------------------------------

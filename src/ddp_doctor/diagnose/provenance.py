@@ -12,9 +12,11 @@ from __future__ import annotations
 import ast
 import os
 import re
+from dataclasses import replace
 
 from ddp_doctor.evidence import RankState, Site
 from ddp_doctor.findings import Finding, Location, runtime_fix
+from ddp_doctor.diagnose.common import FIX_101
 from ddp_doctor.diagnose.decision import Decision, user_stack, values_at, why_it_varies
 from ddp_doctor.diagnose.collectives import NOT_MEMBER
 from ddp_doctor.diagnose.grad_sync import sync_choice
@@ -183,9 +185,11 @@ def _loop_exit(fn, lines, line, a, b, ranks, path, function, sure: bool = False)
     """One rank left a loop the other is still in: the loop's rank-varying `break` or `return`, else the loop
     itself.  ``sure``: only an exit or a loop header whose test reads the rank or whose values differ."""
     for left, stayed in ((a, b), (b, a)):
+        # a rank "left" a loop only when its line is past the loop's end: one above it never entered it
         loops = [n for n in own_nodes(fn) if isinstance(n, LOOPS) and within(n, line[stayed])
-                 and not within(n, line[left])]
+                 and line[left] > (n.end_lineno or n.lineno)]
         order = [left, stayed]
+        parting = "loop" if _trains(ranks[stayed]) else "branch"
         for loop in sorted(loops, key=lambda n: -n.lineno):  # the innermost loop first
             exits = exits_in(loop)
             node = _ranked([c for _e, c in exits], path, fn,
@@ -201,16 +205,22 @@ def _loop_exit(fn, lines, line, a, b, ranks, path, function, sure: bool = False)
             why = set_on_some_ranks(path, fn, node.test) or why_it_varies(source_of(node.test, lines), vals,
                                                                          reads_rank(path, fn, node.test))
             return Decision(Site(path, stmt.lineno, function), keyword(stmt), source_of(node.test, lines), ways, vals,
-                            why)
+                            why, parting=parting, culprits=(left,))
         if loops and (skip := _skipped_step(max(loops, key=lambda n: n.lineno), lines, left, stayed, ranks, path,
                                             fn, function)) is not None:
             return skip  # it left first because it skipped steps in the loop, not because it ran it fewer times
-        if loops:  # no rank-varying exit: the loop itself ran a different number of times
+        if loops:  # no rank-varying exit: the loop itself, when a recorded fact shows it ran unevenly
             header, evident = _loop_header(max(loops, key=lambda n: n.lineno), lines, left, stayed, ranks, path, fn,
                                            function)
-            if evident or not sure:
+            if evident:
                 return header
     return None
+
+
+def _trains(st: RankState) -> bool:
+    """The rank waits in (or last made) a collective DDP issues for training: the loop it is in trains."""
+    c = st.in_collective or st.last_collective
+    return c is not None and c.op.startswith("ddp.")
 
 
 def _skips(st: RankState) -> int:
@@ -238,7 +248,8 @@ def _skipped_step(loop, lines, left, stayed, ranks, path, fn, function) -> Decis
                    "drawn with no optimizer step)"),
             (stayed, f"trained on its batches ({n_stayed} skipped)"))
     return Decision(Site(path, stmt.lineno, function), keyword(stmt), source_of(node.test, lines), ways, vals,
-                    why_it_varies(source_of(node.test, lines), vals, reads_rank(path, fn, node.test)))
+                    why_it_varies(source_of(node.test, lines), vals, reads_rank(path, fn, node.test)),
+                    parting="skip", culprits=(left,))
 
 
 def _loop_header(loop, lines, left, stayed, ranks, path, fn, function) -> tuple[Decision, bool]:
@@ -250,22 +261,62 @@ def _loop_header(loop, lines, left, stayed, ranks, path, fn, function) -> tuple[
     vals = values_at(ranks, [left, stayed], at, names_read(expr))
     by_rank = reads_rank(path, fn, expr)
     evident = by_rank or len({kv for _r, kv in vals}) > 1
+    parting = "loop" if _trains(ranks[stayed]) else "branch"
     if isinstance(loop, ast.While):
         cond = source_of(loop.test, lines)
-        return Decision(at, "while", cond, ways, vals, why_it_varies(cond, vals, by_rank)), evident
+        return Decision(at, "while", cond, ways, vals, why_it_varies(cond, vals, by_rank), parting=parting,
+                        culprits=(left,)), evident
     cond = f"{ast.unparse(loop.target)} in {source_of(loop.iter, lines)}"
     count = _rank_assignment(fn, loop.iter, path)  # the rank-local value the loop counts with
     if count is not None:
         return Decision(Site(path, count.lineno, function), "value", source_of(count, lines), ways,
                         values_at(ranks, [left, stayed], Site(path, count.lineno, function), names_read(count.value)),
-                        f"`for {cond}:` runs a different number of times per rank: the count comes from the rank."), True
+                        f"`for {cond}:` runs a different number of times per rank: the count comes from the rank.",
+                        parting=parting, culprits=(left,)), True
     if by_rank:
         return Decision(at, "for", cond, ways, vals,
-                        f"`for {cond}:` runs a different number of times per rank: its count reads the rank."), True
-    return Decision(at, "for", cond, ways, vals,
-                    "The ranks ran this loop a different number of times: what it iterates yields a different "
-                    "number of items per rank (a per-rank count, uneven shards, a per-rank filter, an IterableDataset, "
-                    "a remainder batch without drop_last)."), evident
+                        f"`for {cond}:` runs a different number of times per rank: its count reads the rank.",
+                        parting=parting, culprits=(left,)), True
+    counts = _loader_counts(loop, path, left, stayed, ranks)
+    if counts is not None:
+        return Decision(at, "for", cond, ways, vals, f"The ranks ran this loop a different number of times: {counts}.",
+                        parting=parting, culprits=(left,)), True
+    # no recorded fact says the loop ran a different number of times on the ranks: claim nothing about it
+    return Decision(at, "for", cond, ways, vals, "", parting=parting, culprits=(left,)), evident
+
+
+def _loader_counts(loop, path: str, left: int, stayed: int, ranks: dict[int, RankState]) -> str | None:
+    """The recorded fact that a loop over the training DataLoader ran a different number of times on two ranks:
+    the loader's len() differs, or the rank still in the loop has drawn more batches in this pass than the one
+    that left drew in all.  Only for a loop whose iterable reads the name the DataLoader was bound to."""
+    states = {r: ranks[r].train_loader_state() for r in (left, stayed)}
+    if any(t is None or t.site is None for t in states.values()):
+        return None
+    bound = _bound_name(states[left].site)
+    if bound is None or bound not in {n.split(".")[-1] for n in names_read(loop.iter)}:
+        return None
+    lens = {r: t.len for r, t in states.items()}
+    if None not in lens.values() and lens[left] != lens[stayed]:
+        return (f"it iterates the DataLoader built at {os.path.basename(path)}:{states[left].site.line}, whose "
+                f"len() is {lens[left]} on rank {left} and {lens[stayed]} on rank {stayed}")
+    drawn = {r: t.batches_by_epoch[-1] if t.batches_by_epoch else None for r, t in states.items()}
+    if None not in drawn.values() and drawn[stayed] > drawn[left]:
+        return (f"rank {left} left it after {drawn[left]} batch{'es' * (drawn[left] != 1)} of this pass; rank "
+                f"{stayed} has drawn {drawn[stayed]} and is still in it")
+    return None
+
+
+def _bound_name(site: Site) -> str | None:
+    """The name the call at ``site`` was assigned to (``loader = DataLoader(...)``, ``self.loader = ...``)."""
+    parsed = parse_file(site.path)
+    if parsed is None:
+        return None
+    for node in ast.walk(parsed[0]):
+        if isinstance(node, ast.Assign) and node.lineno <= site.line <= (node.end_lineno or node.lineno) \
+                and len(node.targets) == 1:
+            t = node.targets[0]
+            return t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else None
+    return None
 
 
 def _rank_assignment(fn: ast.AST, expr: ast.expr, path: str) -> ast.Assign | None:
@@ -307,35 +358,95 @@ def _early_exit(frame: Site, inside: int, other: int, ranks) -> Decision | None:
                     (inside,))
 
 
+def skipped_syncs(ranks: dict[int, RankState]) -> list[int]:
+    """The ranks that skipped a gradient sync the others ran (a fact the probe counted: a DDP forward that
+    prepared one and no backward before the next forward), at a forward line every other rank also ran the
+    DDP model at (the training forward, not a forward only some ranks make: that is DDP202's)."""
+    live = {r: st for r, st in ranks.items() if not st.missing}
+    if len(live) < 2:
+        return []
+    low = min(st.syncs_skipped for st in live.values())
+    out = []
+    for r, st in sorted(live.items()):
+        x = next((x for x in st.skipped_syncs if x.site), None)
+        if st.syncs_skipped > low and x is not None and all(
+                any(sc.op == "ddp.forward" and sc.site and sc.site.key() == x.site.key() for sc in o.site_counts)
+                for q, o in live.items() if q != r):
+            out.append(r)
+    return out if len(out) < len(live) else []
+
+
+_EXITS = (ast.Return, ast.Continue, ast.Break, ast.Raise)
+
+
+def _exit_after(fn: ast.AST, line: int):
+    """(exit statement, its test node) for the ways out of a step after ``line`` in ``fn``: an `if` whose arm
+    holds a `return`/`continue`/`break`/`raise`, or an `except` whose handler holds one."""
+    out = []
+    for n in own_nodes(fn):
+        if isinstance(n, ast.If) and n.lineno > line:
+            stmt = next((s for s in n.body + n.orelse if isinstance(s, _EXITS)), None)
+            if stmt is not None:
+                out.append((stmt, n))
+        elif isinstance(n, ast.Try) and within(n, line):
+            for h in n.handlers:
+                stmt = next((s for s in h.body if isinstance(s, _EXITS)), None)
+                if stmt is not None:
+                    out.append((stmt, h))
+    return out
+
+
 def sync_skip_exit(fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
     """A rank ran a DDP forward and no backward after it (a fact the probe counted, with the forward's line):
-    the exit after that forward in its function -- a `return`/`continue`/`break`/`raise` under an `if` -- is
-    where it left the step, whatever line the mismatch showed at later."""
+    the exit after that forward -- a `return`/`continue`/`break`/`raise` under an `if`, or an `except` that
+    leaves -- in its function, else after the call in the function that called it (the same file, three deep),
+    is where it left the step, whatever line the mismatch showed at later."""
     for r in fault:
         x = next((x for x in ranks[r].skipped_syncs if x.site), None) if r in ranks else None
-        parsed = parse_file(x.site.path) if x is not None else None
-        if parsed is None:
+        if x is None:
             continue
-        tree, lines = parsed
-        fn = function_at(tree, x.site.function, x.site.line)
-        exit_types = (ast.Return, ast.Continue, ast.Break, ast.Raise)
-        cands = [n for n in own_nodes(fn) if isinstance(n, ast.If) and n.lineno > x.site.line
-                 and any(isinstance(s, exit_types) for s in n.body + n.orelse)]
-        function = x.site.function or "<module>"
         order = list(fault) + [o for o in sorted(ranks) if o not in fault]
-        node = _ranked(cands, x.site.path, fn,
-                       lambda n: values_at(ranks, order, Site(x.site.path, n.lineno, function), names_read(n.test)))
-        node = node or (min(cands, key=lambda n: n.lineno) if cands else None)  # the first after the forward
-        if node is None:
-            continue
-        stmt = next(s for s in node.body + node.orelse if isinstance(s, exit_types))
-        vals = values_at(ranks, order, Site(x.site.path, node.lineno, function), names_read(node.test))
-        ways = tuple((f, f"left the step at line {stmt.lineno} after the DDP forward at line {x.site.line}, before "
-                         "any backward") for f in fault) + tuple(
-            (o, "went on to backward") for o in sorted(ranks) if o not in fault)
-        return Decision(Site(x.site.path, stmt.lineno, function), keyword(stmt), source_of(node.test, lines), ways,
-                        vals, why_it_varies(source_of(node.test, lines), vals, reads_rank(x.site.path, fn, node.test)))
+        at, depth = x.site, 0
+        while at is not None and depth < 4:
+            got = _exit_decision(at, x.site, fault, order, ranks)
+            if got is not None:
+                return got
+            calls = call_sites(at.path, at.function)
+            at, depth = (calls[0] if len(calls) == 1 else None), depth + 1
     return None
+
+
+def _exit_decision(at: Site, forward: Site, fault: list[int], order: list[int], ranks) -> Decision | None:
+    parsed = parse_file(at.path)
+    if parsed is None:
+        return None
+    tree, lines = parsed
+    fn = function_at(tree, at.function, at.line)
+    cands = _exit_after(fn, at.line)
+    if not cands:
+        return None
+    function = at.function or "<module>"
+    tests = [t for _s, t in cands if isinstance(t, ast.If)]
+    node = _ranked(tests, at.path, fn,
+                   lambda n: values_at(ranks, order, Site(at.path, n.lineno, function), names_read(n.test)))
+    if node is None:  # the first way out after the forward (or its call)
+        node = min((t for _s, t in cands), key=lambda t: t.lineno)
+    stmt = next(s for s, t in cands if t is node)
+    if isinstance(node, ast.ExceptHandler):
+        caught = ast.unparse(node.type) if node.type is not None else "any exception"
+        cond, vals, why = (f"except {caught}", (),
+                           f"An exception raised on some ranks only (from their own data) is caught here, and the "
+                           f"handler leaves the step with `{keyword(stmt)}`.")
+    else:
+        cond = source_of(node.test, lines)
+        vals = values_at(ranks, order, Site(at.path, node.lineno, function), names_read(node.test))
+        why = why_it_varies(cond, vals, reads_rank(at.path, fn, node.test))
+    fwd = f"line {forward.line}" if forward.path == at.path else f"{os.path.basename(forward.path)}:{forward.line}"
+    ways = tuple((f, f"left the step at line {stmt.lineno} after the DDP forward at {fwd}, before any backward")
+                 for f in fault) + tuple((o, "went on to backward") for o in sorted(ranks) if o not in fault)
+    kind = "except" if isinstance(node, ast.ExceptHandler) else keyword(stmt)
+    return Decision(Site(at.path, stmt.lineno, function), kind, cond, ways, vals, why, parting="skip",
+                    culprits=tuple(fault))
 
 
 def explain_at(site: Site, fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
@@ -382,7 +493,7 @@ def thread_loop(site: Site, fault: list[int], ranks: dict[int, RankState]) -> De
         return None
     d, evident = _loop_header(max(loops, key=lambda n: n.lineno), lines, others[0], fault[0], ranks, site.path, fn,
                               site.function)
-    return d if evident else None
+    return replace(d, parting="branch", culprits=tuple(fault)) if evident else None
 
 
 STEP_FAMILY = ("DDP101", "DDP201", "DDP202", "DDP203")
@@ -425,56 +536,73 @@ def caller_branch(site: Site, fault: list[int], ranks: dict[int, RankState], dep
     return rank_branch(calls[0], fault, ranks) or caller_branch(calls[0], fault, ranks, depth + 1)
 
 
-def _as_rank_conditional(f: Finding, alone: list[int]) -> Finding:
-    msg = f.message.replace("the ranks disagree", "the ranks call different collectives", 1)
-    return Finding("DDP201", msg + f" Rank {', '.join(map(str, alone))}'s call is on a path the others do not take.",
-                   runtime_fix("DDP201"), location=f.location, ranks=alone, evidence=f.evidence)
+def _recoded(f: Finding, d: Decision, ranks: dict[int, RankState]) -> Finding:
+    """The finding with the code the decision's kind implies, decided once here from recorded facts: ranks
+    that skipped a training step the others ran, or left a training loop the others stayed in (``parting``),
+    are DDP101 on those ranks; a collective only the ranks that went one way make is DDP201 on them (two
+    calls that do not disagree as torch sees them: DDP203 is kept only for a real mismatch)."""
+    if d.parting in ("skip", "loop") and d.culprits and f.code in ("DDP201", "DDP203", "DDP101"):
+        if f.code == "DDP101" and sorted(d.culprits) == sorted(f.ranks):
+            return f
+        return Finding("DDP101", f.message, FIX_101, location=f.location, ranks=sorted(d.culprits),
+                       evidence={**f.evidence, "recoded_from": f.code})
+    if f.code == "DDP203" and d.alone and not f.evidence.get(NOT_MEMBER):
+        # not two calls that disagree: a collective only the ranks that went that way make
+        return Finding("DDP201", f.message + f" Rank {', '.join(map(str, d.alone))}'s call is on a path the others "
+                       "do not take.", runtime_fix("DDP201"), location=f.location, ranks=list(d.alone),
+                       evidence={**f.evidence, "recoded_from": f.code})
+    return f
+
+
+def _decision_for(f: Finding, ranks: dict[int, RankState]) -> Decision | None:
+    """Where the ranks of finding ``f`` parted, from the most certain facts first: the ranks' own no_sync()
+    choices and skipped gradient syncs (counted by the probe), then where each rank stands now, then the line
+    lint located, then the line the finding shows."""
+    finished = f.code == "DDP204" and f.ranks and all(r in ranks and ranks[r].finished for r in f.ranks)
+    aborted = f.code == "DDP204" and f.ranks and all(r in ranks and ranks[r].signal == "SIGABRT" for r in f.ranks)
+    if aborted:  # gloo aborted on a gradient sync the ranks' own no_sync() choices put out of step
+        return sync_choice(ranks)
+    if not f.ranks or not (f.code in STEP_FAMILY or finished) or f.evidence.get(JOIN_SHADOW):
+        return None  # (a collective of one's own inside a Join: its place is the decision, diagnose/joined.py)
+    at = Site(f.location.path, f.location.line, f.location.function) if f.location else None
+    if f.evidence.get(NOT_MEMBER) and at is not None:
+        return group_choice(at, f.ranks, ranks)
+    if (d := sync_choice(ranks)) is not None:
+        return d  # the ranks left DDP's no_sync() after different micro-batches
+    if not finished and (skipped := skipped_syncs(ranks)) and (d := sync_skip_exit(skipped, ranks)) is not None:
+        return d  # a rank ran the training forward and no backward after it: where it left that step
+    d = locate(f.ranks, ranks) if not finished else None
+    if d is None and at is not None and not finished:
+        d = explain_at(at, f.ranks, ranks)
+    if d is None and f.evidence.get("cause") == "sync":
+        d = sync_skip_exit(list(f.ranks), ranks)  # the probe saw the forward its backward never followed
+    if d is None and at is not None and not finished:
+        d = thread_loop(at, list(f.ranks), ranks)
+    if d is None and at is not None and f.code != "DDP203":
+        # the others are gone or elsewhere: the rank branch that holds the line the finding shows,
+        # taken by the ranks standing at that line
+        inside = [r for r, st in sorted(ranks.items())
+                  if any(fr.line == at.line and os.path.basename(fr.path) == os.path.basename(at.path)
+                         for fr in user_stack(st))] or ([] if finished else list(f.ranks))
+        if inside and len(inside) < len(ranks):
+            # the outermost rank branch on the way to that line: the callers' frames first, then the line's
+            frames = [fr for fr in user_stack(ranks[inside[0]]) if (fr.path, fr.line) != (at.path, at.line)]
+            d = next((got for fr in frames + [at] if (got := rank_branch(fr, inside, ranks)) is not None), None)
+        if d is None and not finished:
+            d = caller_branch(at, list(f.ranks), ranks)
+    return d
 
 
 def with_decisions(findings: list[Finding], ranks: dict[int, RankState]) -> list[Finding]:
-    """Each step-family finding located at the decision its ranks parted at, when one is found: the line
-    where the divergence showed stays in the message and in ``evidence["showed_at"]``.  A rank that finished
-    while another waits (DDP204, exit 0) counts too: the decision is the waiting rank's branch."""
+    """Each step-family finding located at the decision its ranks parted at, when one is found, with the code
+    that decision's kind implies: the line where the divergence showed stays in the message and in
+    ``evidence["showed_at"]``.  A rank that finished while another waits (DDP204, exit 0) counts too: the
+    decision is the waiting rank's branch."""
     for i, f in enumerate(findings):
-        finished = f.code == "DDP204" and f.ranks and all(r in ranks and ranks[r].finished for r in f.ranks)
-        aborted = f.code == "DDP204" and f.ranks and all(r in ranks and ranks[r].signal == "SIGABRT" for r in f.ranks)
-        if aborted and (d := sync_choice(ranks)) is not None:
-            pass  # gloo aborted on a gradient sync the ranks' own no_sync() choices put out of step
-        elif not f.ranks or not (f.code in STEP_FAMILY or finished) or f.evidence.get(JOIN_SHADOW):
-            continue  # (a collective of one's own inside a Join: its place is the decision, diagnose/joined.py)
-        at = Site(f.location.path, f.location.line, f.location.function) if f.location else None
-        if aborted:
-            pass
-        elif f.evidence.get(NOT_MEMBER) and at is not None:
-            d = group_choice(at, f.ranks, ranks)
-        elif (d := sync_choice(ranks)) is not None:
-            pass  # the ranks left DDP's no_sync() after different micro-batches
-        else:
-            d = locate(f.ranks, ranks) if not finished else None
-        if d is None and at is not None and not finished:
-            d = explain_at(at, f.ranks, ranks)
-        if d is None and f.evidence.get("cause") == "sync":
-            d = sync_skip_exit(list(f.ranks), ranks)  # the probe saw the forward its backward never followed
-        if d is None and at is not None and not finished:
-            d = thread_loop(at, list(f.ranks), ranks)
-        if d is None and at is not None and f.code != "DDP203":
-            # the others are gone or elsewhere: the rank branch that holds the line the finding shows,
-            # taken by the ranks standing at that line
-            inside = [r for r, st in sorted(ranks.items())
-                      if any(fr.line == at.line and os.path.basename(fr.path) == os.path.basename(at.path)
-                             for fr in user_stack(st))] or ([] if finished else list(f.ranks))
-            if inside and len(inside) < len(ranks):
-                # the outermost rank branch on the way to that line: the callers' frames first, then the line's
-                frames = [fr for fr in user_stack(ranks[inside[0]]) if (fr.path, fr.line) != (at.path, at.line)]
-                d = next((got for fr in frames + [at] if (got := rank_branch(fr, inside, ranks)) is not None), None)
-            if d is None and not finished:
-                d = caller_branch(at, list(f.ranks), ranks)
+        d = _decision_for(f, ranks)
         if d is None:
             continue
-        if f.code == "DDP203" and d.alone and not f.evidence.get(NOT_MEMBER):
-            # not two calls that disagree: a collective only the ranks that went that way make
-            f = _as_rank_conditional(f, list(d.alone))
-            findings[i] = f
+        f = findings[i] = _recoded(f, d, ranks)
         f.evidence["decision"] = d.to_json()
         moved = f.location is None or (f.location.path, f.location.line) != (d.site.path, d.site.line)
         if moved and f.location is not None:
