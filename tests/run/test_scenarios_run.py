@@ -48,6 +48,7 @@ def test_scenario(results, name):
     res, rep = results[name]["res"], results[name]["report"]
     assert rep is not None, (res.stdout + res.stderr)[-3000:]
     jsonschema.validate(rep, REPORT_JSON_SCHEMA)
+    assert rep.get("contradictions") == [], rep.get("contradictions")  # every sentence agrees with the facts
     problems = manifest.report_problems(name, rep)
     assert not problems, (problems, [(f["code"], f["ranks"], f["message"][:300]) for f in rep["findings"]])
     assert not res.leftovers, res.leftovers

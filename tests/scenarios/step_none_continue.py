@@ -3,7 +3,7 @@
 The unlabelled samples fall in rank 0's shard only, so rank 0 skips one backward per epoch and leaves the
 epoch one gradient all-reduce early: its epoch-end all_reduce pairs with rank 1's last gradient all-reduce.
 Both ranks draw the same number of batches -- the loop is not shorter on rank 0; the line to change is the
-`continue` (DDP201 is where it showed: the all_reduce only rank 0 reached then).
+`continue`, and a skipped step is DDP101 (the all_reduce only rank 0 reached then is where it showed).
 """
 import datetime
 import os
@@ -41,7 +41,7 @@ def main():
         for batch in loader:
             loss = training_step(model, batch)
             if loss is None:
-                continue  # expect: DDP201
+                continue  # expect: DDP101
             opt.zero_grad()
             loss.backward()
             opt.step()

@@ -21,7 +21,8 @@ def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Finding]:
     stall = {"stalled_s": d.stalled_s, "hang_limit_s": d.limit_s, "hang_limit_how": d.limit_how}
     in_coll = {r: st.in_collective for r, st in live.items() if st.in_collective}
     out_coll = {r: st for r, st in live.items() if r not in in_coll}
-    how = f"No rank progressed for {d.stalled_s}s (hang limit {d.limit_s}s)"
+    how = (f"No rank progressed for {d.stalled_s}s (hang limit {d.limit_s}s)" if d.stalled_s is not None
+           else f"The ranks stopped progressing ({d.limit_how})" if d.limit_how else "The ranks stopped progressing")
     calls = {**in_coll, **{r: None for r in out_coll}}
     skipped = not_member_blame(calls, ranks)
     if skipped:  # members that passed a group they are not in where the others wait: whatever else they do now

@@ -211,3 +211,23 @@ def continues_in(loop: ast.AST):
     for stmt in getattr(loop, "body", []):
         walk(ast.Module(body=[stmt], type_ignores=[]), None)
     return out
+
+
+def pick_test(cands, path, fn, values_of, sure: bool = False):
+    """The decision among candidate tests: one that reads the rank, else one whose values differ between
+    the ranks (loop variables aside), else the only candidate; the outermost of equals."""
+    loop_vars = loop_targets(fn)
+    # a test of loop variables alone is the same on every rank in one iteration: never where they parted
+    cands = [n for n in cands if any(x.split(".")[0] not in loop_vars for x in names_read(n.test))]
+
+    def varying(node):
+        vals = values_of(node)
+        own = [n for n in names_read(node.test) if n not in loop_vars]
+        per = [tuple(v for k, v in kv if k in own) for _r, kv in vals]
+        return len(per) > 1 and len(set(per)) > 1
+
+    for pick in (lambda n: reads_rank(path, fn, n.test), varying):
+        hits = [n for n in cands if pick(n)]
+        if hits:
+            return min(hits, key=lambda n: n.lineno)
+    return cands[0] if len(cands) == 1 and not sure else None

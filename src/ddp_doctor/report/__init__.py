@@ -61,6 +61,8 @@ _REPORT_EXTRAS = {
     "restarts": {"type": "array", "items": {"type": "object", "properties": {
         "findings": {"type": "array", "items": _FINDING}, "ranks": {"type": "array"}}}},
     "errors": {"type": "array", "items": {"type": "object"}},
+    # a finding's claims that the report's own evidence contradicts (report/facts.py): empty, or our bug
+    "contradictions": {"type": "array", "items": {"type": "object", "required": ["code", "claim", "fact"]}},
     "diagnosis_error": {"type": "string"},  # the diagnosis raised (our bug): verdict and ranks kept, no finding
 }
 

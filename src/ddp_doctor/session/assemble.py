@@ -18,6 +18,7 @@ from ddp_doctor.diagnose.common import same_hazard, same_line
 from ddp_doctor.evidence import EVIDENCE_OUT_ENV, Capture, ExitStatus, JobEvidence, LintMark, RankState, Verdict
 from ddp_doctor.findings import plain
 from ddp_doctor.report import report_v1
+from ddp_doctor.report.facts import contradictions
 
 
 def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
@@ -73,6 +74,8 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
     if job.leftovers:
         report["leftover_pids"] = job.leftovers
     report["sources"] = job_sources(evidence, job.args.training_script)
+    # each sentence checked against the facts this report records (zero is the release bar: report/facts.py)
+    report["contradictions"] = [c.to_json() for c in contradictions(report)]
     side_channel = side_channel_section(job, evidence)
     if side_channel is not None:
         report["side_channel"] = side_channel
