@@ -56,11 +56,41 @@ def locate(fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
             return _parted_in(sa[i].path, sa[i].function, {a: sa[i].line, b: sb[i].line}, a, b, ranks, sa, sb, i)
         i += 1
     # the others are not in the functions rank ``a`` is in now (a framework called a hook on one rank only):
-    # a branch on the rank there, the outermost first
-    for frame in sa[i:]:
-        got = rank_branch(frame, [a], ranks)
+    # a branch on the rank there, the outermost first -- the function's own decorator that runs it on some
+    # ranks only (``@main_process_only``) before the branch inside that decorator's wrapper
+    return branch_in(sa[i:], [a], ranks)
+
+
+def branch_in(frames: list[Site], inside: list[int], ranks: dict[int, RankState]) -> Decision | None:
+    """The outermost rank branch among a rank's ``frames`` (outermost first) taken by ranks ``inside`` only --
+    or, when that branch is in a decorator's wrapper, the decoration of the function it wraps."""
+    for k, frame in enumerate(frames):
+        got = rank_branch(frame, inside, ranks)
+        if got is not None and k + 1 < len(frames):
+            got = _decorated(frame, frames[k + 1], inside, ranks) or got
         if got is not None:
             return got
+    return None
+
+
+def _decorated(wrapper: Site, inner: Site, inside: list[int], ranks: dict[int, RankState]) -> Decision | None:
+    """``wrapper`` is the closure of a decorator (a def inside a def) and ``inner``'s function is decorated with
+    that decorator: the decoration is where the user chose to run it on some ranks only, whatever its name."""
+    outer_parsed, inner_parsed = parse_file(wrapper.path), parse_file(inner.path)
+    if outer_parsed is None or inner_parsed is None:
+        return None
+    fn = function_at(outer_parsed[0], wrapper.function, wrapper.line)
+    outer = next((d.name for d in ast.walk(outer_parsed[0]) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and fn in d.body), None)
+    target = function_at(inner_parsed[0], inner.function, inner.line)
+    for dec in getattr(target, "decorator_list", ()):
+        name = ast.unparse(dec.func if isinstance(dec, ast.Call) else dec)
+        if outer is not None and name.split(".")[-1] == outer:
+            ways = tuple((r, f"ran {inner.function}()") for r in inside) + tuple(
+                (r, "skipped it") for r in sorted(ranks) if r not in inside)
+            return Decision(Site(inner.path, dec.lineno, inner.function), "decorator", name, ways, (),
+                            f"`@{name}` runs {inner.function}() on some ranks only (its wrapper tests the rank), so "
+                            "everything inside it must be rank-local: no collective, no barrier, no DDP forward.")
     return None
 
 
@@ -111,10 +141,9 @@ def _parted_in(path, function, line, a, b, ranks, sa, sb, depth) -> Decision | N
             if got is not None:
                 return got
     for inner, outer in ((sa, a), (sb, b)):
-        for frame in inner[depth + 1:]:
-            got = rank_branch(frame, [outer], ranks)
-            if got is not None:
-                return got
+        got = branch_in(inner[depth + 1:], [outer], ranks)
+        if got is not None:
+            return got
     return None
 
 
@@ -380,7 +409,8 @@ def caller_branch(site: Site, fault: list[int], ranks: dict[int, RankState], dep
     """The rank branch around the one place the file calls ``site``'s function, or around that caller's one
     call, three deep: where the ranks parted when no stack showed the callers (``if rank == 0:
     evaluate(model)``, the rank failing before its stack was taken)."""
-    calls = call_sites(site.path, site.function) if depth < 3 else []
+    files = tuple(sorted({fr.path for st in ranks.values() for fr in user_stack(st)}))  # the job's own files
+    calls = call_sites(site.path, site.function, files) if depth < 3 else []
     if len(calls) != 1:
         return None
     return rank_branch(calls[0], fault, ranks) or caller_branch(calls[0], fault, ranks, depth + 1)
@@ -437,7 +467,7 @@ def _decision_for(f: Finding, ranks: dict[int, RankState]) -> Decision | None:
         if inside and len(inside) < len(ranks):
             # the outermost rank branch on the way to that line: the callers' frames first, then the line's
             frames = [fr for fr in user_stack(ranks[inside[0]]) if (fr.path, fr.line) != (at.path, at.line)]
-            d = next((got for fr in frames + [at] if (got := rank_branch(fr, inside, ranks)) is not None), None)
+            d = branch_in(frames + [at], inside, ranks)
         if d is None and not finished:
             d = caller_branch(at, list(f.ranks), ranks)
     return d

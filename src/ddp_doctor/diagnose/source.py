@@ -177,9 +177,18 @@ def exits_in(loop: ast.AST):
     return out
 
 
-def call_sites(path: str, function: str | None) -> list[Site]:
-    """Where the file calls ``function`` (``f(...)``, ``self.f(...)``), each with the def it is in: the caller
-    frames a rank's stack would have shown, read from the source when no stack was taken."""
+def call_sites(path: str, function: str | None, others: tuple[str, ...] = ()) -> list[Site]:
+    """Where the file calls ``function`` (``f(...)``, ``self.f(...)``), and where the files ``others`` call it
+    (``f(...)`` imported, ``obj.f(...)`` on an instance), each with the def it is in: the caller frames a rank's
+    stack would have shown, read from the source when no stack was taken."""
+    out = _calls_in(path, function, own=True)
+    for other in others:
+        if other != path:
+            out += _calls_in(other, function, own=False)
+    return out
+
+
+def _calls_in(path: str, function: str | None, own: bool) -> list[Site]:
     parsed = parse_file(path)
     name = function.rsplit(".", 1)[-1] if function else None
     if parsed is None or not name or name == "<module>":
@@ -188,8 +197,8 @@ def call_sites(path: str, function: str | None) -> list[Site]:
     out = []
     for node in ast.walk(tree):
         f = node.func if isinstance(node, ast.Call) else None
-        if (isinstance(f, ast.Name) and f.id == name) or (isinstance(f, ast.Attribute) and f.attr == name
-                                                          and isinstance(f.value, ast.Name) and f.value.id == "self"):
+        if (isinstance(f, ast.Name) and f.id == name) or (isinstance(f, ast.Attribute) and f.attr == name and (
+                not own or isinstance(f.value, ast.Name) and f.value.id == "self")):
             fn = function_at(tree, None, node.lineno)
             out.append(Site(path, node.lineno, fn.name if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
                             else "<module>"))

@@ -9,7 +9,7 @@ import os
 from ddp_doctor.evidence import RankState, Site
 from ddp_doctor.diagnose.decision import Decision, values_at, why_it_varies
 from ddp_doctor.diagnose.source import (call_sites, function_at, keyword, names_read, own_nodes, parse_file,
-                                         pick_test, reads_rank, source_of, within)
+                                         pick_test, reads_rank, source_of)
 
 
 def trains(st: RankState) -> bool:
@@ -48,7 +48,7 @@ def _exit_after(fn: ast.AST, line: int):
             stmt = next((s for s in n.body + n.orelse if isinstance(s, _EXITS)), None)
             if stmt is not None:
                 out.append((stmt, n))
-        elif isinstance(n, ast.Try) and within(n, line):
+        elif isinstance(n, ast.Try) and (n.end_lineno or n.lineno) > line:  # a try around or after it
             for h in n.handlers:
                 stmt = next((s for s in h.body if isinstance(s, _EXITS)), None)
                 if stmt is not None:

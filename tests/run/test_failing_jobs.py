@@ -1,0 +1,38 @@
+"""A fixed sample of the failing-job generator (benchmarks/failing_jobs.py): jobs that diverge in a known way
+must be diagnosed with the right code, culprit ranks and decision line, and no sentence their own report's
+evidence contradicts.  The full run (>= 300 jobs) is recorded in benchmarks/RESULTS.md; a miss here is a bug
+in the mechanism, never in the template."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import failing_jobs  # noqa: E402
+
+pytestmark = [pytest.mark.scenario, pytest.mark.timeout(1500)]
+SEEDS = list(range(9))  # one job of every divergence kind (checked below)
+PARALLEL = int(os.environ.get("DDP_DOCTOR_TEST_PARALLEL", "2"))
+
+
+def test_the_sample_covers_every_kind():
+    assert {failing_jobs.generate(s).kind for s in SEEDS} == set(failing_jobs.KINDS)
+
+
+def test_every_generated_job_marks_one_decision_line():
+    for seed in range(60):
+        job = failing_jobs.generate(seed)
+        marks = sum(text.count(failing_jobs.MARK) for text in job.files.values())
+        assert marks == 1 and job.truth_line > 0, (seed, job.kind, job.placement)
+
+
+def test_generated_failing_jobs_are_diagnosed_at_their_decision(tmp_path):
+    outcomes = failing_jobs.run_many(SEEDS, tmp_path, parallel=min(PARALLEL, 2),
+                                     echo=lambda line: print(line, flush=True))
+    wrong = [(o.job.seed, o.job.kind, o.job.placement, o.job.code, o.job.culprits, o.job.truth_line, o.got,
+              o.contradictions, o.note) for o in outcomes if not o.right]
+    assert not wrong, wrong
