@@ -217,3 +217,28 @@ def test_a_group_root_is_read_as_its_global_rank(monkeypatch):
     by_group = describe("reduce", (t, None, dist.ReduceOp.SUM, "g23"), {"group_dst": 1})
     assert "root=3" in by_group[0]
     assert by_group == describe("reduce", (t,), {"dst": 3, "group": "g23"})
+
+
+def test_unused_parameters_are_blamed_at_the_forward_branch_that_skips_their_module(tmp_path):
+    from ddp_doctor.diagnose.unused import unused_branch
+    from ddp_doctor.evidence import DdpParam
+    model_file = _script(tmp_path, """
+        class Heads(nn.Module):
+            def forward(self, x, aux=None):
+                h = self.body(x)
+                if aux is not None:
+                    return self.main(h), self.extra.proj(h)
+                return self.main(h), None
+    """, "heads.py")
+    train = _script(tmp_path, """
+        def main():
+            net = Heads().to(device)
+            model = DDP(net)
+    """)
+    ddp = Site(train, _line(train, "DDP(net)"), "main")
+    ranks = {0: RankState(rank=0, stack=(Site(model_file, 3, "forward"),)), 1: RankState(rank=1)}
+    d = unused_branch(ddp, [DdpParam(4, "extra.proj.weight"), DdpParam(5, "extra.proj.bias")], [1], ranks)
+    assert d is not None and (d.site.path, d.site.line) == (model_file, _line(model_file, "if aux is not None"))
+    assert "rank 1" in d.text() and "self.extra" in d.text()
+    # parameters of two modules, or a model class that cannot be read: no decision is claimed
+    assert unused_branch(ddp, [DdpParam(0, "body.weight"), DdpParam(4, "extra.proj.weight")], [1], ranks) is None

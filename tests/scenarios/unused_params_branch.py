@@ -7,8 +7,8 @@ for its two parameters there.  Its gradient all-reduce of the first iteration
 never finishes; rank 1's second forward raises "Expected to have finished
 reduction in the prior iteration ... Parameter indices which did not receive
 grad for rank 1: 2 3" while rank 0 waits in its backward.  The report must name
-`box_head.weight` / `box_head.bias` (module `box_head`, Linear) and point at the
-DDP(...) line, where find_unused_parameters=True goes.
+`box_head.weight` / `box_head.bias` (module `box_head`, Linear), point at forward's branch
+that uses `box_head` in one arm only, and name the DDP(...) line (find_unused_parameters=True).
 """
 import datetime
 import os
@@ -30,7 +30,7 @@ class MultiTask(nn.Module):
 
     def forward(self, x, with_boxes):
         h = self.backbone(x)
-        return self.cls_head(h), (self.box_head(h) if with_boxes else None)
+        return self.cls_head(h), (self.box_head(h) if with_boxes else None)  # expect: DDP204
 
 
 def main():
@@ -47,7 +47,7 @@ def main():
     sampler = DistributedSampler(dataset, shuffle=False)
     loader = DataLoader(dataset, batch_size=16, sampler=sampler)
 
-    model = DDP(MultiTask())  # expect: DDP204
+    model = DDP(MultiTask())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
     for epoch in range(2):

@@ -14,13 +14,14 @@ import os
 import re
 from dataclasses import replace
 
-from ddp_doctor.evidence import RankState, Site
+from ddp_doctor.evidence import DdpParam, RankState, Site
 from ddp_doctor.findings import Finding, Location, runtime_fix
 from ddp_doctor.diagnose.common import FIX_101
 from ddp_doctor.diagnose.decision import Decision, user_stack, values_at, why_it_varies
 from ddp_doctor.diagnose.collectives import NOT_MEMBER
 from ddp_doctor.diagnose.grad_sync import sync_choice
 from ddp_doctor.diagnose.joined import JOIN_SHADOW
+from ddp_doctor.diagnose.unused import ddp_site_of, unused_branch
 from ddp_doctor.diagnose.stepexit import loader_counts, skipped_syncs, sync_skip_exit, trains
 from ddp_doctor.diagnose.source import (LOOPS, RANK_WORDS, arm, call_sites, continues_in, exits_in, function_at,
                                          keyword, names_read, own_nodes, parse_file, pick_test, reads_rank,
@@ -442,6 +443,9 @@ def _decision_for(f: Finding, ranks: dict[int, RankState]) -> Decision | None:
     aborted = f.code == "DDP204" and f.ranks and all(r in ranks and ranks[r].signal == "SIGABRT" for r in f.ranks)
     if aborted:  # gloo aborted on a gradient sync the ranks' own no_sync() choices put out of step
         return sync_choice(ranks)
+    if f.code == "DDP204" and isinstance(f.evidence.get("unused_parameters"), dict):
+        params = [p for ps in f.evidence["unused_parameters"].values() for p in ps if isinstance(p, DdpParam)]
+        return unused_branch(ddp_site_of(f.evidence), params, list(f.ranks), ranks)
     if not f.ranks or not (f.code in STEP_FAMILY or finished) or f.evidence.get(JOIN_SHADOW):
         return None  # (a collective of one's own inside a Join: its place is the decision, diagnose/joined.py)
     at = Site(f.location.path, f.location.line, f.location.function) if f.location else None
