@@ -40,6 +40,9 @@ _FSDP_FIX = ("Run the sharded model on every rank of its mesh, the same number o
 _DCP_FIX = ("Call `dcp.save` / `dcp.load` on every rank with that rank's state dict (DCP decides which rank writes "
             "what); for one file written by rank 0 alone, gather a full state dict on every rank and `torch.save` it "
             "on rank 0.")
+_SD_WHY = "it gathers every rank's shards of the model (an all-gather of each parameter for a full state dict)"
+_SD_FIX = ("Call it on every rank (`StateDictOptions(full_state_dict=True, cpu_offload=True)` keeps the full result "
+           "on rank 0 only), then save or evaluate on rank 0 alone.")
 
 TABLE: tuple[Api, ...] = (
     Api(_CK + "state_dict_saver.py", "save", "dcp.save", "it gathers every rank's save plan and agrees on one",
@@ -49,6 +52,17 @@ TABLE: tuple[Api, ...] = (
     Api(_CK + "state_dict_loader.py", "load", "dcp.load", "it gathers every rank's load plan and scatters the reads",
         _DCP_FIX),
     Api(_CK + "state_dict_loader.py", "load_state_dict", "dcp.load_state_dict", "it gathers every rank's load plan"),
+    Api(_CK + "state_dict.py", "get_model_state_dict", "get_model_state_dict", _SD_WHY, _SD_FIX),
+    Api(_CK + "state_dict.py", "get_optimizer_state_dict", "get_optimizer_state_dict", _SD_WHY, _SD_FIX),
+    Api(_CK + "state_dict.py", "get_state_dict", "get_state_dict", _SD_WHY, _SD_FIX),
+    Api(_CK + "state_dict.py", "set_model_state_dict", "set_model_state_dict",
+        "it scatters or broadcasts the loaded state to every rank's shards"),
+    Api(_CK + "state_dict.py", "set_state_dict", "set_state_dict",
+        "it scatters or broadcasts the loaded state to every rank's shards"),
+    Api("nn/utils/clip_grad.py", "clip_grad_norm_", "clip_grad_norm_",
+        "with sharded (DTensor) gradients the total norm is all-reduced across the mesh",
+        "Call `clip_grad_norm_` on every rank (each rank clips its own shard with the one total norm), and log the "
+        "norm it returns on rank 0 only."),
     Api(_ZERO, "ZeroRedundancyOptimizer.consolidate_state_dict", "ZeroRedundancyOptimizer.consolidate_state_dict",
         "each rank broadcasts its shard of the optimizer state, so every rank must take part, not only `to`",
         "Call `optimizer.consolidate_state_dict(to=0)` on every rank, then `optimizer.state_dict()` (and the save) "

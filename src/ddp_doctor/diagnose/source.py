@@ -240,3 +240,13 @@ def pick_test(cands, path, fn, values_of, sure: bool = False):
         if hits:
             return min(hits, key=lambda n: n.lineno)
     return cands[0] if len(cands) == 1 and not sure else None
+
+
+def under_rank_branch(site: Site) -> bool:
+    """Is ``site``'s line inside an arm of an `if` whose test reads the rank (``if rank == 0:``)?"""
+    parsed = parse_file(site.path)
+    if parsed is None:
+        return False
+    fn = function_at(parsed[0], site.function, site.line)
+    return any(isinstance(n, ast.If) and arm(n, site.line) in ("body", "orelse") and reads_rank(site.path, fn, n.test)
+               for n in own_nodes(fn))
