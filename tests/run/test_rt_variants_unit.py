@@ -242,3 +242,24 @@ def test_unused_parameters_are_blamed_at_the_forward_branch_that_skips_their_mod
     assert "rank 1" in d.text() and "self.extra" in d.text()
     # parameters of two modules, or a model class that cannot be read: no decision is claimed
     assert unused_branch(ddp, [DdpParam(0, "body.weight"), DdpParam(4, "extra.proj.weight")], [1], ranks) is None
+
+
+def test_a_rank_without_a_stack_stands_where_it_waits_and_left_the_loop_at_its_break(tmp_path):
+    """gloo aborted rank 0 before its stack was taken: the collective it waited in is where it stood."""
+    path = _script(tmp_path, """
+        def main(model, opt, dist, rank):
+            for step in range(20):
+                loss = model(step)
+                loss.backward()
+                if stop_early(loss):
+                    break
+            dist.all_reduce(done)
+    """)
+    wait = Collective("world", 7, "all_reduce", ("1",), ("float32",), Site(path, _line(path, "dist.all_reduce"), "main"))
+    back = Collective("world", 7, "ddp.backward(allreduce_grads)", (), (), Site(path, _line(path, "backward"), "main"))
+    ranks = {0: RankState(rank=0, in_collective=wait),
+             1: RankState(rank=1, stack=(Site(path, _line(path, "backward"), "main"),), in_collective=back)}
+    f = Finding("DDP201", "m", "", location=Location(path, wait.site.line, "main"), ranks=[0])
+    out = provenance.with_decisions([f], ranks)[0]
+    assert out.location.line == _line(path, "break")
+    assert out.code == "DDP101" and out.ranks == [0]

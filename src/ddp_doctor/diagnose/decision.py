@@ -69,7 +69,12 @@ def user_stack(st: RankState) -> list[Site]:
         return [fv.site for fv in reversed(main.values)]
     # a rank that failed inside a collective (a broken connection once the other rank ended): where it waited,
     # by its traceback; an error raised after a collective (a consequence of what it received) says nothing
-    return [f for f in st.exc.traceback if is_user(f.path)] if st.exc and st.exc.collective else []
+    if st.exc and st.exc.collective:
+        return [f for f in st.exc.traceback if is_user(f.path)]
+    # no stack was taken (gloo aborted it first): the user line of the collective it was waiting in
+    c = st.in_collective
+    return [c.site] if c is not None and c.site is not None and is_user(c.site.path) and not st.exc \
+        and not st.finished else []
 
 
 def _frame_values(st: RankState, path: str, function: str | None) -> FrameValues | None:

@@ -322,11 +322,15 @@ def _early_exit(frame: Site, inside: int, other: int, ranks) -> Decision | None:
     stmt = next(s for s in node.body + node.orelse if isinstance(s, (ast.Return, ast.Raise)))
     names = names_read(node.test)
     vals = values_at(ranks, order, Site(frame.path, node.lineno, frame.function), names)
-    ways = ((other, f"returned early from {frame.function}() at line {stmt.lineno}"),
-            (inside, f"went on in {frame.function}() to line {frame.line}"))
+    # every rank standing in the helper past that exit went on, as ``inside`` did
+    went_on = {r: f.line for r, st in sorted(ranks.items()) for f in user_stack(st)
+               if f.path == frame.path and f.function == frame.function and f.line > stmt.lineno}
+    went_on[inside] = frame.line
+    ways = ((other, f"returned early from {frame.function}() at line {stmt.lineno}"),) + tuple(
+        (r, f"went on in {frame.function}() to line {ln}") for r, ln in sorted(went_on.items()))
     return Decision(Site(frame.path, stmt.lineno, frame.function), keyword(stmt), source_of(node.test, lines), ways, vals,
                     why_it_varies(source_of(node.test, lines), vals, reads_rank(frame.path, fn, node.test)),
-                    (inside,))
+                    tuple(sorted(went_on)))
 
 
 def explain_at(site: Site, fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
