@@ -200,7 +200,17 @@ def _side_channel(con: Console, report: dict[str, Any]) -> None:
     if not isinstance(side, dict):
         return
     notes = []
-    if side.get("lost"):
+    for t in side.get("tampered") or []:
+        if isinstance(t, dict) and t.get("renewed"):
+            notes.append(f"the side channel was tampered with at {_clock(t.get('at'))}: its store dropped the "
+                         "launcher's connection (a value someone else wrote); connected afresh at once, no rank "
+                         "went unwatched")
+    if side.get("lost_at") is not None:
+        ranks = ", ".join(map(str, side.get("unwatched_ranks") or [])) or "every rank"
+        notes.append(f"rank{'s' if ',' in ranks else ''} {ranks} unwatched from {_clock(side['lost_at'])}: the side "
+                     "channel was tampered with (its store dropped the launcher's connection and a new one failed); "
+                     "what the ranks did after that is not known, and no verdict rests on it")
+    elif side.get("lost"):
         notes.append(f"{', '.join(map(str, side.get('unwatched_nodes') or ['this node']))} never reached the side "
                      "channel: its ranks trained unwatched (recorded locally, not diagnosed)")
     elif side.get("unwatched_ranks"):
@@ -224,6 +234,11 @@ def _side_channel(con: Console, report: dict[str, Any]) -> None:
     for n in notes:
         con.print(_wrap(con, n, indent=2), style="yellow", markup=False, highlight=False)
     con.print()
+
+
+def _clock(t: Any) -> str:
+    """A report's wall-clock time as this machine's HH:MM:SS."""
+    return time.strftime("%H:%M:%S", time.localtime(t)) if isinstance(t, (int, float)) else "?"
 
 
 def _wrap(con: Console, s: str, indent: int = 2, first: str = "") -> str:

@@ -141,6 +141,11 @@ def side_channel_section(job, evidence: JobEvidence | None = None) -> dict[str, 
         local_ws = max(1, int(torchrun.determine_local_world_size(job.args.nproc_per_node)))
     except Exception:
         local_ws = 1
+    if out.get("lost_at") is not None:
+        # the host's channel was dropped by its own server and could not be renewed: every rank unwatched from then
+        out["unwatched_ranks"] = sorted(evidence.ranks if evidence is not None else job.watcher.views)
+        out["unwatched_nodes"] = []
+        return out
     if out["lost"]:
         # this node never reached the side channel: its own ranks went unwatched (their global
         # numbers are the rendezvous's to give, unknown here)

@@ -236,6 +236,8 @@ class Watcher(threading.Thread):
                 self.job = JobView(self.world_size, [(node, 0.0)])
             if not self.is_host or self.failed_attempt is not None:
                 return None  # (a failed attempt: nothing to decide until torch's agent restarts the ranks)
+            if getattr(self.store, "lost", False) is True:
+                return None  # the hosted channel is gone for good (tampered with): stale states decide nothing
             return self.judge.decide_job(self.job, now)
 
     def _obey(self, ctl) -> None:
