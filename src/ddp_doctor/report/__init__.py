@@ -179,6 +179,6 @@ def report_json(data: dict[str, Any]) -> str:
 def write_json(data: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Write a report atomically (a half-written report is worse than none); OSError is the caller's
     (commands use :func:`ddp_doctor.report.files.save`, which falls back and never raises)."""
-    from ddp_doctor.report.files import write_atomic
+    from ddp_doctor.atomic import write_atomic
 
     write_atomic(path, report_json(data))

@@ -187,12 +187,13 @@ def _count_refused_by_ranks(out: dict[str, Any], evidence: JobEvidence | None) -
 def save_evidence(evidence: JobEvidence, decision: Verdict | None, failures: dict[int, ExitStatus]) -> None:
     """``DDP_DOCTOR_EVIDENCE_OUT=PATH``: keep what diagnose() saw, to replay a diagnosis offline (a bug
     report, the golden tests of the finding texts).  Never fails the run."""
+    from ddp_doctor.atomic import write_atomic
+
     path = os.environ.get(EVIDENCE_OUT_ENV)
     if not path:
         return
     try:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(Capture(evidence, decision, failures).to_json(), f, default=str)
+        write_atomic(path, json.dumps(Capture(evidence, decision, failures).to_json(), default=str))
     except OSError as e:
         print(f"ddp-doctor: could not save the evidence to {path}: {e}", file=sys.stderr)
 
