@@ -46,18 +46,51 @@ def _want_color(file: IO[str], color: bool | None) -> bool:
         return False
 
 
+MIN_WIDTH, DEFAULT_WIDTH, MAX_WIDTH = 40, 100, 1000
+MIN_HEIGHT, DEFAULT_HEIGHT = 5, 25
+
+
+def _env_int(name: str) -> int | None:
+    """A positive integer from the environment, else None: unset, empty, 0, negative and garbage all read as
+    unset (Python's own ``shutil.get_terminal_size`` does the same with ``COLUMNS <= 0``)."""
+    try:
+        v = int(os.environ.get(name, "").strip())
+    except ValueError:
+        return None
+    return v if v > 0 else None
+
+
+def console_size(file: IO[str], tty: bool) -> tuple[int, int]:
+    """The one decision of the width and height every terminal output is drawn in.
+
+    ``COLUMNS`` / ``LINES`` when they hold a positive integer, else the terminal's own size when ``file`` is
+    one, else 100 x 25; then at least 40 x 5 (and at most 1000 columns).  rich left to itself takes
+    ``COLUMNS=0`` literally: a console 0 wide printed nothing at all (``report`` exited 0 with no output,
+    ``run`` failed before its diagnosis)."""
+    width, height = _env_int("COLUMNS"), _env_int("LINES")
+    if tty and (width is None or height is None):
+        try:
+            size = os.get_terminal_size(file.fileno())
+            width = width or (size.columns if size.columns > 0 else None)
+            height = height or (size.lines if size.lines > 0 else None)
+        except (AttributeError, ValueError, OSError):
+            pass
+    return (min(MAX_WIDTH, max(MIN_WIDTH, width or DEFAULT_WIDTH)), max(MIN_HEIGHT, height or DEFAULT_HEIGHT))
+
+
 def make_console(file: IO[str] | None = None, color: bool | None = None) -> Console:
+    """The console every command prints through (``run``, ``report``, ``check``, ``demo``), sized by
+    :func:`console_size` whatever the terminal says (``TERM=dumb``, no TTY, odd ``COLUMNS``)."""
     file = file if file is not None else sys.stdout
     colored = _want_color(file, color)
-    width = None
-    if not colored:
-        try:
-            width = int(os.environ.get("COLUMNS", "100"))
-        except ValueError:
-            width = 100
+    try:
+        tty = bool(file.isatty())
+    except (AttributeError, ValueError):
+        tty = False
+    width, height = console_size(file, tty)
     return Console(
         file=file, force_terminal=colored, no_color=not colored, color_system="auto" if colored else None,
-        highlight=False, emoji=False, width=width, soft_wrap=False,
+        highlight=False, emoji=False, width=width, height=height, soft_wrap=False,
     )
 
 
