@@ -103,6 +103,9 @@ def main(argv: list[str]) -> int:
         text = output.format_text(result, color=color, fixed=fixed)
     else:
         text = output.FORMATTERS[args.format](result)
+    from ddp_doctor.utf8 import readable
+
+    text = readable(text)  # a file name that is not UTF-8: shown as \xNN (JSON and SARIF carry it escaped too)
     if args.output:
         from ddp_doctor.atomic import write_atomic
 

@@ -125,9 +125,10 @@ def _render(args: argparse.Namespace, data: dict) -> int:
         from ddp_doctor.report.snippets import attach_snippets
         attach_snippets(data)
     if args.format == "json":
+        from ddp_doctor.report import report_json
+
         try:
-            json.dump(data, sys.stdout, indent=2)
-            sys.stdout.write("\n")
+            sys.stdout.write(report_json(data))
             sys.stdout.flush()
         except BrokenPipeError:  # `... | head`
             return 0
