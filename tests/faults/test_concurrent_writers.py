@@ -107,7 +107,7 @@ def test_many_report_commands_writing_the_same_paths(tmp_path):
     cmd = [sys.executable, "-m", "ddp_doctor", "report", str(src), "-o", str(out_json), "--html", str(out_html),
            "--color", "never"]
     procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for _ in range(24)]
+             for _ in range(12)]
     errors = [(p.wait(120), p.stderr.read()) for p in procs]
     reader.stop.set()
     reader.join(10)

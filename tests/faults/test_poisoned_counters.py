@@ -142,3 +142,18 @@ def test_a_job_whose_counters_are_poisoned_is_watched_to_its_end(tmp_path, clean
     assert by_key[side.NEWS] == {"not a counter": 1} and by_key[side.REQ] == {"not a counter": 1}, by_key
     assert "dropped a side-channel value under 'ddpd/req' (not a counter)" in out
     assert not [p for p in ranks if alive(p)]
+
+
+def test_a_watcher_whose_channel_is_lost_reads_no_desync_from_stale_states(monkeypatch):
+    from ddp_doctor.diagnose import live
+    from ddp_doctor.watcher import Watcher
+
+    ch, _ = side.host_store(0, secret=b"s" * 32)
+    w = Watcher(ch, world_size=2, hang_timeout=None, run_dir="/nonexistent")
+    asked = []
+    monkeypatch.setattr(live, "find_desync", lambda views, ws: asked.append(ws))
+    w.settle({})
+    assert asked == [2]  # (a watched job: the final states are read for a desync)
+    ch.stats.lost, ch.stats.lost_at = True, time.time()
+    w.settle({})
+    assert asked == [2]

@@ -5,6 +5,7 @@ a multi-node job (one job, one diagnosis), and hands it to :mod:`ddp_doctor.repo
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -284,7 +285,8 @@ def emit(job, report: dict[str, Any], is_host: bool) -> int:
             try:
                 if job.store.check([side.REPORT]):
                     report = json.loads(job.store.get(side.REPORT))
-                    job.store.add(side.REPORT_READ, 1)
+                    with contextlib.suppress(Exception):  # (a counter someone else wrote: refused, counted)
+                        job.store.add(side.REPORT_READ, 1)
                     break
             except Exception:
                 if getattr(job.store, "lost", True) or not getattr(job.store, "connected", True):
