@@ -174,9 +174,12 @@ def report_v1(verdict: str, world_size: int, findings: list[dict[str, Any]], ran
 def report_json(data: dict[str, Any]) -> str:
     """A report as the text its JSON file holds: strict UTF-8 JSON (:func:`ddp_doctor.utf8.strict`: a file name
     that is not UTF-8 is written readably, its bytes kept beside it as ``..._b64``)."""
-    from ddp_doctor.utf8 import strict
+    text = json.dumps(data, indent=2, sort_keys=False) + "\n"
+    if "\\ud" in text:  # json.dumps escapes a surrogate so (rare; the walk would cost a large report seconds)
+        from ddp_doctor.utf8 import strict
 
-    return json.dumps(strict(data), indent=2, sort_keys=False) + "\n"
+        text = json.dumps(strict(data), indent=2, sort_keys=False) + "\n"
+    return text
 
 
 def write_json(data: dict[str, Any], path: str | os.PathLike[str]) -> None:
