@@ -104,3 +104,17 @@ def test_html_and_terminal_show_the_name_readably(job):
     assert SHOWN in html and "train_?" not in html and "\\udcff" not in html
     out = (p.stdout + p.stderr).decode("utf-8")
     assert "HANG" in out and f"{SHOWN}:29" in out and "train_?" not in out and "\\udcff" not in out
+
+
+def test_faulthandler_frames_name_the_file_as_python_does(tmp_path):
+    """A rank's faulthandler dump (a fatal signal, a rank that does not answer) escapes every character past
+    ASCII; its frames are read back as the same str Python holds (so they meet the sources and snippets)."""
+    from ddp_doctor.watcher.stacks import parse_faulthandler
+
+    name = os.path.join(os.fsencode(tmp_path), "tr\u00e9_".encode() + NAME)
+    with open(name, "w") as f:
+        f.write("import faulthandler, sys\ndef f():\n    faulthandler.dump_traceback(sys.stdout)\nf()\n")
+    out = subprocess.run([sys.executable, name], capture_output=True, timeout=60).stdout.decode("ascii")
+    assert "\\xe9" in out  # (what faulthandler writes)
+    frames = parse_faulthandler(out)
+    assert [(fr.path, fr.line) for fr in frames] == [(os.fsdecode(name), 4), (os.fsdecode(name), 3)]
