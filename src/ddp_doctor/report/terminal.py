@@ -21,6 +21,7 @@ from rich.text import Text
 from ddp_doctor.evidence import rank_runs
 from ddp_doctor.report import _view
 from ddp_doctor.report.safe import clean_text
+from ddp_doctor.utf8 import readable
 
 VERDICT_STYLE = {"fail": "bold red", "ok": "bold green", "hang": "bold red", "crash": "bold red", "desync": "bold magenta", "interrupted": "bold yellow", None: "bold cyan"}
 VERDICT_TEXT = {
@@ -436,7 +437,7 @@ class LiveView:
                 "" if r.get("steps_per_s") is None else f"{float(r['steps_per_s']):.1f}",
                 Text(dws, style="yellow" if dw is not None and float(dw) >= 30 else ""),
                 Text(state, style="bold red" if bad else "green"),
-                escape(str(r.get("where") or "")),
+                escape(readable(str(r.get("where") or ""))),
             )
         if self.warning:
             return Group(table, Text("WARNING " + self.warning, style="yellow"))
@@ -466,4 +467,4 @@ def suspicion_text(s: Any) -> str:
         parts.append(f"rank {r} is outside collectives at {_at(site)} ({life})")
     if s.limit_s:
         parts.append(f"stopped only if no rank shows any sign of life (CPU, I/O, stack) for {s.limit_s:g}s")
-    return clean_text(parts[0] + (": " + "; ".join(parts[1:]) if len(parts) > 1 else ""))
+    return readable(clean_text(parts[0] + (": " + "; ".join(parts[1:]) if len(parts) > 1 else "")))
