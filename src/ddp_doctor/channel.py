@@ -200,6 +200,13 @@ class _Worker:
         return value
 
 
+def _is_counter(raw: bytes) -> bool:
+    """Would torch's store add to this value (a decimal int64; its ``stoll`` fails on anything else, and the
+    store then drops the connection that asked)?  Kept well inside the range, so adding cannot overflow."""
+    s = raw.strip()
+    return s.lstrip(b"-").isdigit() and len(s) <= 17
+
+
 def _alive(client: Any) -> bool:
     """Does a store client still answer (a key no one writes, asked without waiting)?"""
     try:
@@ -346,7 +353,7 @@ class SideChannel:
 
         def bump(s):
             raw = bytes(s.compare_set(where, _ABSENT, _NEVER))
-            if raw != _ABSENT and not raw.strip().lstrip(b"-").isdigit():
+            if raw != _ABSENT and not _is_counter(raw):
                 return raw
             return s.add(where, n)
         got = self._call(bump, deadline)
