@@ -116,7 +116,7 @@ def test_a_job_whose_counters_are_poisoned_is_watched_to_its_end(tmp_path, clean
     The job ends well, watched to its last step, and the refusals are counted by key."""
     import torch.distributed as dist
 
-    steps = 120
+    steps = 60
     report = tmp_path / "r.json"
     run = start_run(["--no-lint", "--report", str(report), "--nproc-per-node", "2",
                      str(SCRIPTS / "short_train.py")], env=env(STEPS=str(steps)))
