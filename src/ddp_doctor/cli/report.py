@@ -6,7 +6,6 @@ Also ``report a.json b.json ...`` (merge the per-node reports of ``ddp-doctor at
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from ddp_doctor.report import CHECK_SCHEMA_ID
