@@ -9,8 +9,14 @@ Two guarantees, in one place for the publisher (in every rank), the watcher and 
   drop a value that is unsigned, signed with another key, moved from another key, or older than
   one already read from that key (a replay), and count it.  The secret is made by the launcher
   (``ddp-doctor run``) and reaches the ranks in their environment (``DDP_DOCTOR_SECRET``), never
-  the wire.  Counters (``add``) carry no payload and stay unsigned: a forged one can only make a
-  rank answer a stack request or exit its 3 s wait sooner.
+  the wire.  Counters (``add``) cannot be signed (the store adds to them), so they live under names
+  derived from the secret (:meth:`SideChannel.counter_key`: a stranger cannot find them, the store
+  lists no keys), and every ``add`` first reads the counter: a value there that is not an integer
+  is refused and counted (reason ``not a counter``) instead of added to -- torch's store drops the
+  connection of a client whose ``add`` meets text, which left the watcher blind for the rest of
+  the job.  Should a connection of the store's host still be dropped by its own server (in-process:
+  only a request the server refused), the host's channel connects afresh and records when
+  (``ChannelStats.tampered``); one it cannot renew is lost from then (``lost_at``).
 * **No blocking.**  A TCPStore client call blocks without limit when the server accepts but does
   not answer (a stopped process, a black-holed port), whatever its timeout says.  Here a client
   store's calls run on one daemon thread; the caller waits at most ``deadline`` seconds, and while
@@ -117,12 +123,15 @@ class ChannelStats:
     requests: int = 0     # store calls made (one multi_get is one)
     bytes_out: int = 0    # value bytes written
     bytes_in: int = 0     # value bytes read
+    tampered: list[dict[str, Any]] = field(default_factory=list)  # the host's connection dropped by its server
+    lost_at: float | None = None  # wall clock: when this side went unwatched for good (None: never)
 
     def to_dict(self) -> dict[str, Any]:
         return {"authenticated": self.authenticated, "rejected": dict(self.rejected),
                 "rejected_keys": list(self.rejected_keys),
                 "rejected_by_key": {k: dict(v) for k, v in self.rejected_by_key.items()}, "dropped": self.dropped,
-                "timeouts": self.timeouts, "lost": self.lost or not self.connected}
+                "timeouts": self.timeouts, "lost": self.lost or not self.connected,
+                "tampered": [dict(t) for t in self.tampered], "lost_at": self.lost_at}
 
 
 def _immortal(client: Any) -> Any:
@@ -191,15 +200,33 @@ class _Worker:
         return value
 
 
+def _is_counter(raw: bytes) -> bool:
+    """Would torch's store add to this value (a decimal int64; its ``stoll`` fails on anything else, and the
+    store then drops the connection that asked)?  Kept well inside the range, so adding cannot overflow."""
+    s = raw.strip()
+    return s.lstrip(b"-").isdigit() and len(s) <= 17
+
+
+def _alive(client: Any) -> bool:
+    """Does a store client still answer (a key no one writes, asked without waiting)?"""
+    try:
+        client.check(["ddpd/alive?"])
+        return True
+    except Exception:  # noqa: BLE001 - a dropped connection, whatever torch calls it
+        return False
+
+
 class SideChannel:
     """A TCPStore seen through signatures (and, for a client, deadlines).  Same calls as a store."""
 
     def __init__(self, store: Any = None, *, connect: Callable[[], Any] | None = None,
                  secret: bytes | None = None, deadline: float = 2.0, give_up_s: float = 60.0,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, renew: Callable[[], Any] | None = None) -> None:
         self.secret = secret
+        self._renew = renew   # the host's channel: a fresh client of its own server, when one is dropped
         self.stats = ChannelStats(authenticated=secret is not None)
         self._store = store
+        self.server = store   # a hosted store's server lives as long as this object does, after a renewal too
         self._worker = _Worker(connect, self.stats, give_up_s) if connect is not None else None
         self.stats.connected = connect is None
         self.deadline = deadline
@@ -223,8 +250,38 @@ class SideChannel:
     def _call(self, fn: Callable[[Any], Any], deadline: float | None = None) -> Any:
         self.stats.requests += 1
         if self._worker is None:
-            return fn(self._store)
+            if self.stats.lost:
+                self.stats.dropped += 1
+                raise ChannelDown("side channel lost")
+            try:
+                return fn(self._store)
+            except Exception as e:
+                self._after_failure(e)
+                raise
         return self._worker.call(fn, self.deadline if deadline is None else deadline)
+
+    def _after_failure(self, error: Exception) -> None:
+        """A call of a store held directly failed.  A timeout or a missing key leaves the connection usable;
+        one the server dropped does not (every later call fails: the watcher would go blind, silently).  The
+        host's own server is in this process and alive, so it dropped us over a request it refused -- a
+        value someone else wrote: recorded as tampering, and a fresh client takes the dropped one's place.
+        One that cannot be renewed leaves this side unwatched from now (``lost_at``), and says so."""
+        if self._renew is None or _alive(self._store):
+            return
+        now = time.time()
+        try:
+            self._store = _immortal(self._renew())
+            renewed = _alive(self._store)
+        except Exception:  # noqa: BLE001 - said below
+            renewed = False
+        if len(self.stats.tampered) < 20:
+            self.stats.tampered.append({"at": round(now, 3), "error": str(error).splitlines()[0][:200] if str(error)
+                                        else type(error).__name__, "renewed": renewed})
+        if not renewed:
+            self.stats.lost, self.stats.lost_at = True, round(now, 3)
+        self._log(f"ddp-doctor: the side-channel store dropped this launcher's connection at "
+                  f"{time.strftime('%H:%M:%S', time.localtime(now))} (someone else wrote a value it refused to "
+                  f"handle): {'connected afresh' if renewed else 'the ranks go unwatched from now on'}")
 
     def _next_seq(self) -> int:
         with self._seq_lock:
@@ -284,8 +341,26 @@ class SideChannel:
                 return False
         return True
 
+    def counter_key(self, key: str) -> str:
+        """Where the counter ``key`` lives on the store: under a name only this job's secret gives (the plain
+        name on an unauthenticated channel)."""
+        return key if self.secret is None else f"{key}/{_mac(self.secret, key, 0, b'counter')[:24]}"
+
     def add(self, key: str, n: int, deadline: float | None = None) -> int:
-        return int(self._call(lambda s: s.add(key, n), deadline))
+        """Add ``n`` to the counter ``key`` (0: read it); Rejected when the counter holds what is not an
+        integer (refused and counted, never added to: the store would drop this connection)."""
+        where = self.counter_key(key)
+
+        def bump(s):
+            raw = bytes(s.compare_set(where, _ABSENT, _NEVER))
+            if raw != _ABSENT and not _is_counter(raw):
+                return raw
+            return s.add(where, n)
+        got = self._call(bump, deadline)
+        if isinstance(got, (bytes, bytearray)):
+            self._reject(key, bytes(got), "not a counter")
+            raise Rejected("not a counter")
+        return int(got)
 
     @property
     def port(self) -> int:

@@ -179,11 +179,9 @@ def write_dump(prefix: str | None = None) -> str | None:
     if not data:
         return None
     path = f"{prefix}{rank}"
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
+    from ddp_doctor.atomic import write_atomic
+
+    write_atomic(path, data)
     return path
 
 

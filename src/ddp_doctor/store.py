@@ -6,6 +6,8 @@ Values are JSON text; their shape is :mod:`ddp_doctor.evidence` (rank states) or
 
 Keys (all under ``ddpd/``):
 - ``rank_key(r)``               a rank's state (evidence wire format), every ~0.25 s
+Counters (``REQ``, ``NEWS``, ``ack_key``, ``NODES``, ``REPORT_READ``) are named here, but live on the store
+under a name derived from the job's secret (``channel.SideChannel.counter_key``).
 - ``REQ``                       counter the watcher bumps to ask every probe for its stacks
 - ``NEWS``                      counter a probe bumps after a post it was asked to make at once (a
                                 collective at a new line): the watcher then looks now, even when calm
@@ -89,7 +91,9 @@ def host_store(port: int = 0, secret: bytes | None = None, interface: str = "0.0
 
     store = dist.TCPStore(interface, port, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=timeout_s))
-    return SideChannel(store, secret=secret or job_secret()), store.port
+    here = "127.0.0.1" if interface == "0.0.0.0" else interface
+    return SideChannel(store, secret=secret or job_secret(), renew=lambda: tcp_client(here, store.port, timeout_s)), \
+        store.port
 
 
 def tcp_client(host: str, port: int, timeout_s: float = 60.0):
@@ -116,7 +120,8 @@ def reader_channel(port: int, timeout_s: float = 1.0):
     someone deleted costs a read one second, never a hang (``multi_get`` waits for every key)."""
     from ddp_doctor.channel import SideChannel, job_secret
 
-    return SideChannel(tcp_client("127.0.0.1", port, timeout_s), secret=job_secret())
+    return SideChannel(tcp_client("127.0.0.1", port, timeout_s), secret=job_secret(),
+                       renew=lambda: tcp_client("127.0.0.1", port, timeout_s))
 
 
 def split_address(address: str) -> tuple[str, int]:

@@ -102,14 +102,14 @@ def main(argv: list[str]) -> int:
         print("ddp-doctor demo needs torch (CPU is enough): pip install torch", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ddp-doctor-demo-"))
-    from ddp_doctor.report.files import refuse_unwritable, save_reports
+    from ddp_doctor.report.files import refuse_unwritable, save_reports, write_atomic
 
     try:
         out.mkdir(parents=True, exist_ok=True)
         scripts = {}
         for which, name in SCRIPTS.items():
             scripts[which] = out / name
-            scripts[which].write_text(script_source(which), encoding="utf-8")
+            write_atomic(scripts[which], script_source(which))
     except OSError as exc:
         print(f"ddp-doctor demo: cannot write into --out {out}: {exc.strerror or exc}", file=sys.stderr)
         return 2

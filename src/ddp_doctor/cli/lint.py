@@ -97,17 +97,25 @@ def main(argv: list[str]) -> int:
         # report what is left
         result = engine.lint_paths(paths, select=select, ignore=ignore or None, exclude=exclude)
 
-    stream = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    try:
-        if args.format == "text":
-            color = args.color == "always" or (args.color == "auto" and not args.output and stream.isatty()
-                                               and "NO_COLOR" not in os.environ)
-            stream.write(output.format_text(result, color=color, fixed=fixed))
-        else:
-            stream.write(output.FORMATTERS[args.format](result))
-        stream.flush()
-    finally:
-        if args.output:
-            stream.close()
+    if args.format == "text":
+        color = args.color == "always" or (args.color == "auto" and not args.output and sys.stdout.isatty()
+                                           and "NO_COLOR" not in os.environ)
+        text = output.format_text(result, color=color, fixed=fixed)
+    else:
+        text = output.FORMATTERS[args.format](result)
+    from ddp_doctor.utf8 import readable
+
+    text = readable(text)  # a file name that is not UTF-8: shown as \xNN (JSON and SARIF carry it escaped too)
+    if args.output:
+        from ddp_doctor.atomic import write_atomic
+
+        try:
+            write_atomic(args.output, text)  # whole or not at all (a CI step may read it as it lands)
+        except OSError as exc:
+            print(f"ddp-doctor lint: could not write {args.output} ({exc.strerror or exc})", file=sys.stderr)
+            return 2
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
     failing = [f for f in result.findings if f.severity.rank >= fail_on.rank]
     return 1 if failing or result.errors else 0

@@ -6,7 +6,6 @@ Also ``report a.json b.json ...`` (merge the per-node reports of ``ddp-doctor at
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from ddp_doctor.report import CHECK_SCHEMA_ID
@@ -125,9 +124,10 @@ def _render(args: argparse.Namespace, data: dict) -> int:
         from ddp_doctor.report.snippets import attach_snippets
         attach_snippets(data)
     if args.format == "json":
+        from ddp_doctor.report import report_json
+
         try:
-            json.dump(data, sys.stdout, indent=2)
-            sys.stdout.write("\n")
+            sys.stdout.write(report_json(data))
             sys.stdout.flush()
         except BrokenPipeError:  # `... | head`
             return 0

@@ -178,6 +178,7 @@ def fix_source(text: str, path: str = "<string>", *, select: Sequence[str] | Non
 def apply_fixes(fixes_by_path: dict[str, list], *, select=None, ignore=None) -> tuple[int, list[str]]:
     """Fix the files in place; returns (number of fixes, human-readable notes)."""
     from ddp_doctor.lint.engine import read_source
+    from ddp_doctor.atomic import write_atomic
 
     total, notes = 0, []
     for path in fixes_by_path:
@@ -186,8 +187,7 @@ def apply_fixes(fixes_by_path: dict[str, list], *, select=None, ignore=None) -> 
             continue
         new, done = fix_source(text, path, select=select, ignore=ignore)
         if done and new != text:
-            with open(path, "w", encoding="utf-8", newline="") as fh:  # keep the file's own line endings
-                fh.write(new)
+            write_atomic(path, new)  # (UTF-8 bytes as they are: the file's own line endings kept)
             total += len(done)
             for code, line in done:
                 notes.append(f"{path}:{line}: fixed {code}")

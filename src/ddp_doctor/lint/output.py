@@ -11,6 +11,7 @@ from ddp_doctor import __version__
 from ddp_doctor.findings import CATALOGUE, Finding
 from ddp_doctor.lint.engine import LintResult
 from ddp_doctor.lint.rules import RULE_CODES
+from ddp_doctor.utf8 import strict
 
 FORMATS = ("text", "json", "sarif", "github")
 
@@ -81,7 +82,7 @@ def format_text(result: LintResult, *, color: bool = False, show_source: bool = 
 
 
 def format_json(result: LintResult) -> str:
-    return json.dumps(result.to_lint_dict(), indent=2) + "\n"
+    return json.dumps(strict(result.to_lint_dict()), indent=2) + "\n"
 
 
 def _uri(path: str) -> str:
@@ -153,7 +154,7 @@ def format_sarif(result: LintResult) -> str:
             "results": results,
         }],
     }
-    return json.dumps(doc, indent=2) + "\n"
+    return json.dumps(strict(doc), indent=2) + "\n"
 
 
 def _gh_escape(s: str, prop: bool = False) -> str:

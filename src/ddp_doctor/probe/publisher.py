@@ -282,9 +282,20 @@ class Publisher(threading.Thread):
     def publish(self, *, final: bool = False) -> None:
         self.store.set(self.key, self._state_json(with_stack=final))
 
+    def _counter(self, key: str, n: int, deadline: float | None = None) -> int | None:
+        """The store counter ``key`` after adding ``n``; None when it holds a value someone else wrote (refused
+        and counted by the channel, reported in this rank's state): the channel itself still works, so
+        the posts go on -- counted as failures, a poisoned counter would end them (a rank unwatched)."""
+        from ddp_doctor.channel import Rejected
+
+        try:
+            return self.store.add(key, n, deadline=deadline)
+        except Rejected:
+            return None
+
     def _answer_requests(self) -> None:
-        req = self.store.add(side.REQ, 0)
-        if req > self.last_req:
+        req = self._counter(side.REQ, 0)
+        if req is not None and req > self.last_req:
             self.last_req = req
             with no_gc():
                 stacks = json.dumps(stacks_to_json(thread_stacks(self.rec)))
@@ -335,7 +346,7 @@ class Publisher(threading.Thread):
                 for done in asked:
                     done.set()
                 if asked:
-                    self.store.add(side.NEWS, 1)  # a first call at a line: where mismatches are born
+                    self._counter(side.NEWS, 1)  # a first call at a line: where mismatches are born
                 self._answer_requests()
                 self._check_stop()
                 failures = 0
@@ -374,7 +385,7 @@ class Publisher(threading.Thread):
             if wait_ack > 0:
                 end = time.monotonic() + wait_ack
                 while time.monotonic() < end:
-                    if self.store.add(side.ack_key(ATTEMPT, self.rec.rank), 0, deadline=end - time.monotonic()) > 0:
+                    if (self._counter(side.ack_key(ATTEMPT, self.rec.rank), 0, end - time.monotonic()) or 0) > 0:
                         break
                     time.sleep(0.05)
             end = time.monotonic() + wait_stop

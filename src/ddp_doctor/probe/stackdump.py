@@ -57,16 +57,26 @@ class StackDumper:
                             code = f.f_code
                             lines.append(f'  File "{code.co_filename}", line {f.f_lineno} in {code.co_name}\n')
                             f = f.f_back
-                        out[ident] = "".join(lines).encode("utf-8", "replace")
+                        out[ident] = _encode("".join(lines))
                     f = None
             except Exception:  # noqa: BLE001 - no stacks this time
                 return {}
         return out
 
 
+def _encode(text: str) -> bytes:
+    """A stack's text as bytes; a file name that is not UTF-8 keeps its own bytes (``frames`` gives back the
+    same str, as ``os.fsdecode`` made it), any other lone surrogate is escaped."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace")
+
+
 def frames(text: bytes) -> list[tuple[str, int, str]]:
     """(path, line, function) of one thread's stack text, outermost first."""
-    out = [(m.group(1).decode("utf-8", "replace"), int(m.group(2)), m.group(3).decode("utf-8", "replace").strip())
+    out = [(m.group(1).decode("utf-8", "surrogateescape"), int(m.group(2)),
+            m.group(3).decode("utf-8", "surrogateescape").strip())
            for m in _FRAME.finditer(text)]
     out.reverse()
     return out

@@ -174,13 +174,19 @@ def report_v1(verdict: str, world_size: int, findings: list[dict[str, Any]], ran
 
 
 def report_json(data: dict[str, Any]) -> str:
-    """A report as the text its JSON file holds."""
-    return json.dumps(data, indent=2, sort_keys=False) + "\n"
+    """A report as the text its JSON file holds: strict UTF-8 JSON (:func:`ddp_doctor.utf8.strict`: a file name
+    that is not UTF-8 is written readably, its bytes kept beside it as ``..._b64``)."""
+    text = json.dumps(data, indent=2, sort_keys=False) + "\n"
+    if "\\ud" in text:  # json.dumps escapes a surrogate so (rare; the walk would cost a large report seconds)
+        from ddp_doctor.utf8 import strict
+
+        text = json.dumps(strict(data), indent=2, sort_keys=False) + "\n"
+    return text
 
 
 def write_json(data: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Write a report atomically (a half-written report is worse than none); OSError is the caller's
     (commands use :func:`ddp_doctor.report.files.save`, which falls back and never raises)."""
-    from ddp_doctor.report.files import write_atomic
+    from ddp_doctor.atomic import write_atomic
 
     write_atomic(path, report_json(data))

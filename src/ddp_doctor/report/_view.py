@@ -30,6 +30,7 @@ def for_display(report: dict[str, Any], timelines: bool = True) -> dict[str, Any
     terminal draws none).  A copy whose size is bounded per string and per rank, so rendering costs time
     linear in the report's size."""
     from ddp_doctor.report.safe import MAX_DISPLAY_CHARS, clean
+    from ddp_doctor.utf8 import strict
 
     ranks = report.get("ranks")
     if isinstance(ranks, list):
@@ -39,7 +40,8 @@ def for_display(report: dict[str, Any], timelines: bool = True) -> dict[str, Any
             tl = r.get("timeline") if isinstance(r, dict) else None
             cut.append(dict(r, timeline=tl[len(tl) - cap:]) if isinstance(tl, list) and len(tl) > cap else r)
         report = dict(report, ranks=cut)
-    return clean(report, max_chars=MAX_DISPLAY_CHARS)
+    # (bytes that are not UTF-8, as \xNN: the page and the terminal show the name; the JSON keeps its bytes)
+    return clean(strict(report, keep_bytes=False), max_chars=MAX_DISPLAY_CHARS)
 
 
 def normalize(report: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,11 @@ _SEV = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def _console(console: Console | None) -> Console:
-    return console or Console(highlight=False, soft_wrap=False)
+    if console is not None:
+        return console
+    from ddp_doctor.report.terminal import make_console
+
+    return make_console()
 
 
 def _status(s: str | None) -> Text:

@@ -14,6 +14,11 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ddp_doctor.atomic import write_atomic
+
+__all__ = ["Saved", "save", "save_reports", "refuse_unwritable", "unwritable", "write_atomic", "why",
+           "fallback_dirs"]
+
 
 @dataclass(frozen=True)
 class Saved:
@@ -65,23 +70,6 @@ def unwritable(path: str | os.PathLike[str]) -> str | None:
     with contextlib.suppress(OSError):
         os.unlink(probe)
     return None
-
-
-def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` (its missing directories made) through ``PATH.tmp`` and a rename (a
-    half-written report is worse than none); the temporary file is removed whatever fails, and the
-    OSError is the caller's."""
-    p = os.fspath(path)
-    tmp = p + ".tmp"
-    os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
-    try:
-        with open(tmp, "w", encoding="utf-8", errors="replace") as fh:
-            fh.write(text)
-        os.replace(tmp, p)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def fallback_dirs() -> list[str]:

@@ -292,6 +292,6 @@ def _dash(v: Any) -> Any:
 
 def write_html(report: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Write the report as one self-contained HTML file (atomically; OSError is the caller's)."""
-    from ddp_doctor.report.files import write_atomic
+    from ddp_doctor.atomic import write_atomic
 
     write_atomic(path, render_html(report))

@@ -21,6 +21,7 @@ from rich.text import Text
 from ddp_doctor.evidence import rank_runs
 from ddp_doctor.report import _view
 from ddp_doctor.report.safe import clean_text
+from ddp_doctor.utf8 import readable
 
 VERDICT_STYLE = {"fail": "bold red", "ok": "bold green", "hang": "bold red", "crash": "bold red", "desync": "bold magenta", "interrupted": "bold yellow", None: "bold cyan"}
 VERDICT_TEXT = {
@@ -46,18 +47,51 @@ def _want_color(file: IO[str], color: bool | None) -> bool:
         return False
 
 
+MIN_WIDTH, DEFAULT_WIDTH, MAX_WIDTH = 40, 100, 1000
+MIN_HEIGHT, DEFAULT_HEIGHT = 5, 25
+
+
+def _env_int(name: str) -> int | None:
+    """A positive integer from the environment, else None: unset, empty, 0, negative and garbage all read as
+    unset (Python's own ``shutil.get_terminal_size`` does the same with ``COLUMNS <= 0``)."""
+    try:
+        v = int(os.environ.get(name, "").strip())
+    except ValueError:
+        return None
+    return v if v > 0 else None
+
+
+def console_size(file: IO[str], tty: bool) -> tuple[int, int]:
+    """The one decision of the width and height every terminal output is drawn in.
+
+    ``COLUMNS`` / ``LINES`` when they hold a positive integer, else the terminal's own size when ``file`` is
+    one, else 100 x 25; then at least 40 x 5 (and at most 1000 columns).  rich left to itself takes
+    ``COLUMNS=0`` literally: a console 0 wide printed nothing at all (``report`` exited 0 with no output,
+    ``run`` failed before its diagnosis)."""
+    width, height = _env_int("COLUMNS"), _env_int("LINES")
+    if tty and (width is None or height is None):
+        try:
+            size = os.get_terminal_size(file.fileno())
+            width = width or (size.columns if size.columns > 0 else None)
+            height = height or (size.lines if size.lines > 0 else None)
+        except (AttributeError, ValueError, OSError):
+            pass
+    return (min(MAX_WIDTH, max(MIN_WIDTH, width or DEFAULT_WIDTH)), max(MIN_HEIGHT, height or DEFAULT_HEIGHT))
+
+
 def make_console(file: IO[str] | None = None, color: bool | None = None) -> Console:
+    """The console every command prints through (``run``, ``report``, ``check``, ``demo``), sized by
+    :func:`console_size` whatever the terminal says (``TERM=dumb``, no TTY, odd ``COLUMNS``)."""
     file = file if file is not None else sys.stdout
     colored = _want_color(file, color)
-    width = None
-    if not colored:
-        try:
-            width = int(os.environ.get("COLUMNS", "100"))
-        except ValueError:
-            width = 100
+    try:
+        tty = bool(file.isatty())
+    except (AttributeError, ValueError):
+        tty = False
+    width, height = console_size(file, tty)
     return Console(
         file=file, force_terminal=colored, no_color=not colored, color_system="auto" if colored else None,
-        highlight=False, emoji=False, width=width, soft_wrap=False,
+        highlight=False, emoji=False, width=width, height=height, soft_wrap=False,
     )
 
 
@@ -200,7 +234,17 @@ def _side_channel(con: Console, report: dict[str, Any]) -> None:
     if not isinstance(side, dict):
         return
     notes = []
-    if side.get("lost"):
+    for t in side.get("tampered") or []:
+        if isinstance(t, dict) and t.get("renewed"):
+            notes.append(f"the side channel was tampered with at {_clock(t.get('at'))}: its store dropped the "
+                         "launcher's connection (a value someone else wrote); connected afresh at once, no rank "
+                         "went unwatched")
+    if side.get("lost_at") is not None:
+        ranks = ", ".join(map(str, side.get("unwatched_ranks") or [])) or "every rank"
+        notes.append(f"rank{'s' if ',' in ranks else ''} {ranks} unwatched from {_clock(side['lost_at'])}: the side "
+                     "channel was tampered with (its store dropped the launcher's connection and a new one failed); "
+                     "what the ranks did after that is not known, and no verdict rests on it")
+    elif side.get("lost"):
         notes.append(f"{', '.join(map(str, side.get('unwatched_nodes') or ['this node']))} never reached the side "
                      "channel: its ranks trained unwatched (recorded locally, not diagnosed)")
     elif side.get("unwatched_ranks"):
@@ -224,6 +268,11 @@ def _side_channel(con: Console, report: dict[str, Any]) -> None:
     for n in notes:
         con.print(_wrap(con, n, indent=2), style="yellow", markup=False, highlight=False)
     con.print()
+
+
+def _clock(t: Any) -> str:
+    """A report's wall-clock time as this machine's HH:MM:SS."""
+    return time.strftime("%H:%M:%S", time.localtime(t)) if isinstance(t, (int, float)) else "?"
 
 
 def _wrap(con: Console, s: str, indent: int = 2, first: str = "") -> str:
@@ -388,7 +437,7 @@ class LiveView:
                 "" if r.get("steps_per_s") is None else f"{float(r['steps_per_s']):.1f}",
                 Text(dws, style="yellow" if dw is not None and float(dw) >= 30 else ""),
                 Text(state, style="bold red" if bad else "green"),
-                escape(str(r.get("where") or "")),
+                escape(readable(str(r.get("where") or ""))),
             )
         if self.warning:
             return Group(table, Text("WARNING " + self.warning, style="yellow"))
@@ -418,4 +467,4 @@ def suspicion_text(s: Any) -> str:
         parts.append(f"rank {r} is outside collectives at {_at(site)} ({life})")
     if s.limit_s:
         parts.append(f"stopped only if no rank shows any sign of life (CPU, I/O, stack) for {s.limit_s:g}s")
-    return clean_text(parts[0] + (": " + "; ".join(parts[1:]) if len(parts) > 1 else ""))
+    return readable(clean_text(parts[0] + (": " + "; ".join(parts[1:]) if len(parts) > 1 else "")))

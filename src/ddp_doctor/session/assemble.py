@@ -5,6 +5,7 @@ a multi-node job (one job, one diagnosis), and hands it to :mod:`ddp_doctor.repo
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -144,6 +145,11 @@ def side_channel_section(job, evidence: JobEvidence | None = None) -> dict[str, 
         local_ws = max(1, int(torchrun.determine_local_world_size(job.args.nproc_per_node)))
     except Exception:
         local_ws = 1
+    if out.get("lost_at") is not None:
+        # the host's channel was dropped by its own server and could not be renewed: every rank unwatched from then
+        out["unwatched_ranks"] = sorted(evidence.ranks if evidence is not None else job.watcher.views)
+        out["unwatched_nodes"] = []
+        return out
     if out["lost"]:
         # this node never reached the side channel: its own ranks went unwatched (their global
         # numbers are the rendezvous's to give, unknown here)
@@ -185,12 +191,13 @@ def _count_refused_by_ranks(out: dict[str, Any], evidence: JobEvidence | None) -
 def save_evidence(evidence: JobEvidence, decision: Verdict | None, failures: dict[int, ExitStatus]) -> None:
     """``DDP_DOCTOR_EVIDENCE_OUT=PATH``: keep what diagnose() saw, to replay a diagnosis offline (a bug
     report, the golden tests of the finding texts).  Never fails the run."""
+    from ddp_doctor.atomic import write_atomic
+
     path = os.environ.get(EVIDENCE_OUT_ENV)
     if not path:
         return
     try:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(Capture(evidence, decision, failures).to_json(), f, default=str)
+        write_atomic(path, json.dumps(Capture(evidence, decision, failures).to_json(), default=str))
     except OSError as e:
         print(f"ddp-doctor: could not save the evidence to {path}: {e}", file=sys.stderr)
 
@@ -281,7 +288,8 @@ def emit(job, report: dict[str, Any], is_host: bool) -> int:
             try:
                 if job.store.check([side.REPORT]):
                     report = json.loads(job.store.get(side.REPORT))
-                    job.store.add(side.REPORT_READ, 1)
+                    with contextlib.suppress(Exception):  # (a counter someone else wrote: refused, counted)
+                        job.store.add(side.REPORT_READ, 1)
                     break
             except Exception:
                 if getattr(job.store, "lost", True) or not getattr(job.store, "connected", True):

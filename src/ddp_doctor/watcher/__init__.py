@@ -236,6 +236,8 @@ class Watcher(threading.Thread):
                 self.job = JobView(self.world_size, [(node, 0.0)])
             if not self.is_host or self.failed_attempt is not None:
                 return None  # (a failed attempt: nothing to decide until torch's agent restarts the ranks)
+            if getattr(self.store, "lost", False) is True:
+                return None  # the hosted channel is gone for good (tampered with): stale states decide nothing
             return self.judge.decide_job(self.job, now)
 
     def _obey(self, ctl) -> None:
@@ -267,7 +269,9 @@ class Watcher(threading.Thread):
         failure, a mismatch the final states show (ranks that failed together inside one collective); then
         the exits torch's agent reaped before this watcher saw them (and a fatal signal's stack)."""
         d = self.decision
-        if d is None or (d.reason == "exit" and not d.finished):
+        # a channel lost for good (tampered with): the states stopped coming, a desync read from them is stale
+        blind = getattr(self.store, "lost", False) is True
+        if not blind and (d is None or (d.reason == "exit" and not d.finished)):
             try:
                 late = judge.find_desync(self.views, self.world_size)
             except Exception:  # noqa: BLE001 - the live decision stands

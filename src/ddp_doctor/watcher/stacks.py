@@ -63,6 +63,16 @@ _FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
 _FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 
 
+_FH_ESCAPE = re.compile(r"\\(x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})")
+
+
+def _fh_unescape(path: str) -> str:
+    """A file name as Python holds it (``co_filename``): faulthandler writes every character past ASCII as an
+    escape (``trainé.py`` as ``train\\xe9.py``; the byte 0xff of a name that is not UTF-8 as ``\\udcff``), so its
+    frames would match no other record of that file (the probe's stacks, the sources, the snippets)."""
+    return _FH_ESCAPE.sub(lambda m: chr(int(m[1][1:], 16)), path) if "\\" in path else path
+
+
 def parse_faulthandler(text: str) -> list[Site]:
     """The main thread's stack from a faulthandler dump (outermost first); the last dump in ``text``."""
     threads: list[list[Site]] = []
@@ -74,7 +84,7 @@ def parse_faulthandler(text: str) -> list[Site]:
         else:
             m = _FH_FRAME.match(line)
             if m and cur is not None:
-                cur.append(Site(m.group(1), int(m.group(2)), m.group(3).strip()))
+                cur.append(Site(_fh_unescape(m.group(1)), int(m.group(2)), m.group(3).strip()))
     if not threads:
         return []
     # the main thread is the one whose outermost frame is the program's entry (runpy / <module>)
