@@ -25,7 +25,8 @@ RUNTIME_ONLY: set[str] = {"data_bound_few_workers.py", "bad_batch_gather_object.
                           "fsdp2_mesh_tp_rank_local.py", "twin_groups_thread_uneven.py",
                           # collectives torch issues inside an API lint does not know yet (apis.TABLE is run's)
                           "zero_consolidate_rank0.py", "fsdp2_score_uneven.py",
-                          "dtensor_full_rank0.py", "pipeline_steps_uneven.py",
+                          "dtensor_full_rank0.py", "pipeline_steps_uneven.py", "fsdp2_clip_rank0.py",
+                          "fsdp2_state_dict_rank0.py",
                           # the runtime blames the `continue`/`return` from what the probe counted; lint sees
                           # DDP101 there (not the DDP201 where it showed) or nothing (a method's NaN return)
                           "step_none_continue.py", "step_method_nan_return.py",
