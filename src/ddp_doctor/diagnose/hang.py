@@ -2,14 +2,16 @@
 different steps), DDP205 (stalled outside collectives, or every rank stuck in one transport call)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ddp_doctor.evidence import Collective, JobEvidence, RankState, Verdict
 from ddp_doctor.findings import Finding, runtime_fix
 
 from ddp_doctor.diagnose.blame import agreement
 from ddp_doctor.diagnose.collectives import (blame_positions, classify_calls, finding_for_calls, not_member_blame,
                                              on_group)
-from ddp_doctor.diagnose.common import (FIX_201, FIX_202, doing, loc, others_text, rank_site, ranks_of,
-                                        step_evidence, user_frame, where)
+from ddp_doctor.diagnose.common import (FIX_201, FIX_202, blocked_words, doing, loc, others_text, rank_site,
+                                        ranks_of, step_evidence, user_frame, where)
 from ddp_doctor.diagnose.exits import diagnose_exit
 from ddp_doctor.diagnose.pipeline import ran_schedule_more, schedule_finding
 from ddp_doctor.diagnose.steps import uneven_steps
@@ -135,10 +137,66 @@ def stall_finding(ranks: dict[int, RankState], stuck: dict[int, RankState], stal
     else:
         msg = (f"No rank progresses and the stuck ones are not in a collective: {'; '.join(parts)}.{life} "
                f"Nothing moved {ended}")
-    fix = fix or runtime_fix("DDP205.stall")
+    outside = {str(r): st.outside for r, st in stuck.items() if st.outside is not None}
+    peers = any(o.peer() for o in outside.values())
+    fix = fix or runtime_fix("DDP205.outside" if peers else "DDP205.stall")
     return Finding("DDP205", msg, fix, location=loc(site), ranks=sorted(stuck),
                    evidence={**stall, "where": {str(r): rank_site(st) for r, st in stuck.items()},
-                             "workers": workers_ev, **step_evidence(ranks)})
+                             "workers": workers_ev, **({"outside": outside} if outside else {}),
+                             **step_evidence(ranks)})
+
+
+def still_watching(ev: JobEvidence, findings: list[Finding]) -> list[Finding]:
+    """A stall's diagnosis (the job runs on): the first finding says that nothing proves the job stuck, and
+    what would stop it -- a proof, the process group's own timeout (when it fires), or ``--stop-on-stall``."""
+    if not findings:
+        return findings
+    ranks = ranks_of(ev)
+    waits = [(r, st.in_collective, st.pg_timeout_s) for r, st in sorted(ranks.items())
+             if st.in_collective is not None and st.pg_timeout_s and not (st.done or st.exc or st.exit)]
+    timeout = ""
+    if waits:
+        r, c, t = max(waits, key=lambda w: w[1].waiting_s or 0.0)
+        left = max(0.0, t - (c.waiting_s or 0.0))
+        timeout = (f", when the process group's own timeout ({t:g}s) is about to fail it (rank {r} has waited "
+                   f"{c.waiting_s or 0:.0f}s in {c.op}: in about {left:.0f}s)")
+    peers = sorted({o.peer() for st in ranks.values() if st.outside and st.in_collective is None
+                    for o in (st.outside,) if o.peer()})
+    outside = f" -- it waits on {', '.join(peers)}, outside the job, which may still answer" if peers else ""
+    note = (f" Nothing proves the job stuck{outside}: ddp-doctor keeps watching and stops it only on proof (a rank "
+            f"that fails or exits while others wait for it, collectives that disagree){timeout}; "
+            "`--stop-on-stall` stops it at the limit.")
+    first = findings[0]
+    return [replace(first, message=first.message + note, evidence={**first.evidence, "still_running": True}),
+            *findings[1:]]
+
+
+def stalls_resumed(ev: JobEvidence) -> list[Finding]:
+    """Info for a job that ended well after stalls: each one, with how long it lasted, where the stuck ranks
+    were and what they waited on -- a stall the job came out of, never a fault by itself."""
+    out = []
+    for s in ev.stalls:
+        if not s.where:
+            continue
+        lasted = s.lasted_s if s.lasted_s is not None else s.idle_s
+        at_least = "" if s.lasted_s is not None else "at least "
+        parts = []
+        for r, site in sorted(s.where.items()):
+            fn = f"{site.function}() " if site and site.function and site.function != "<module>" else ""
+            txt = f"rank {r} spent {at_least}{lasted:.0f}s in {fn}at {where(site)}"
+            o = s.outside.get(r)
+            if o is not None:
+                txt += f", {blocked_words(o)}"
+            parts.append(txt)
+        waits = "; ".join(f"rank {r} waited in {c.op} at {where(c.site)}" for r, c in sorted(s.waiting.items()))
+        msg = ("; ".join(parts) + (f", while {waits}" if waits else "") +
+               f". No rank showed a sign of life (CPU, I/O, a moving stack) for more than the {s.limit_s:g}s limit; "
+               "ddp-doctor reported the stall and kept watching, and the job then carried on: stalled, not stuck.")
+        first = min(s.where)
+        out.append(Finding("DDP205", msg, runtime_fix("DDP205.outside" if s.outside else "DDP205.slow"),
+                           location=loc(s.where[first]), severity="info", ranks=sorted(s.where),
+                           evidence={"stall": s}))
+    return out
 
 
 def slow_not_stuck(ev: JobEvidence) -> list[Finding]:

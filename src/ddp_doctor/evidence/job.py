@@ -5,6 +5,7 @@ import json
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
+from ddp_doctor.evidence.outside import Stall
 from ddp_doctor.evidence.rank import RankState
 from ddp_doctor.evidence.records import SCHEMA, Collective, ExitStatus, Site, _tuple
 from ddp_doctor.evidence.threads import ThreadStack, stacks_from_json
@@ -58,6 +59,7 @@ class JobEvidence:
     lint: tuple[LintMark, ...] = ()
     suspicion: "Suspicion | None" = None  # the longest a rank outside collectives kept others waiting
     lost_nodes: tuple[NodeLoss, ...] = ()  # node agents that went silent (several nodes)
+    stalls: tuple[Stall, ...] = ()  # stalls diagnosed while the job ran (the last one still on when lasted_s is None)
 
     def to_json(self) -> dict[str, Any]:
         d = {"schema": SCHEMA, "world_size": self.world_size, "wall_s": self.wall_s,
@@ -67,6 +69,8 @@ class JobEvidence:
             d["suspicion"] = self.suspicion.to_json()
         if self.lost_nodes:
             d["lost_nodes"] = [n.to_json() for n in self.lost_nodes]
+        if self.stalls:
+            d["stalls"] = [s.to_json() for s in self.stalls]
         return d
 
     @classmethod
@@ -76,7 +80,8 @@ class JobEvidence:
                    d.get("hang_limit_how"),
                    tuple(LintMark.from_json(m) for m in d.get("lint") or ()),
                    Suspicion.from_json(d.get("suspicion")),
-                   tuple(NodeLoss.from_json(n) for n in d.get("lost_nodes") or ()))
+                   tuple(NodeLoss.from_json(n) for n in d.get("lost_nodes") or ()),
+                   tuple(Stall.from_json(x) for x in d.get("stalls") or ()))
 
     def with_(self, **kw) -> "JobEvidence":
         return replace(self, **kw)

@@ -79,6 +79,30 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
     return report
 
 
+def stall_report(job, decision: Verdict) -> dict[str, Any]:
+    """The report written at a stall, while the job still runs: verdict ``stalled``, the diagnosis of where
+    every rank is and what the stuck ones are blocked on, ``exit_code`` null (the job has none yet).  The
+    report at the end of the job replaces it."""
+    w = job.watcher
+    marks = tuple(lint_mark(f) for f in job.lint_findings if f.location)
+    evidence = w.evidence().with_(lint=marks)
+    _verdict, findings, failed_diagnosis = diagnose_guarded(evidence, decision, {})
+    lost = {r for n in evidence.lost_nodes for r in n.ranks}
+    report = report_v1(
+        "stalled", w.world_size, [f.to_report_dict() | {"source": "runtime"} for f in findings],
+        [rank_entry(r, st, {}, lost) for r, st in sorted(evidence.ranks.items())],
+        exit_code=None, command=["ddp-doctor", "run", *job.argv], launcher="ddp-doctor run",
+        started_at=job.started_at, duration_s=round(time.time() - job.t0, 3), hang_timeout_s=evidence.hang_limit_s,
+        nnodes=str(job.args.nnodes),
+        detection={"reason": "stalled", "limit": evidence.hang_limit_how, "stalled_s_at_detection": decision.stalled_s,
+                   "detect_to_stacks_s": round((decision.t_stacks or 0.0) - (decision.t_detect or 0.0), 3)})
+    report["exit_code"] = None  # (report_v1 fills in 1 for a verdict that is not ok)
+    if failed_diagnosis:
+        report["diagnosis_error"] = failed_diagnosis
+    report["sources"] = job_sources(evidence, job.args.training_script)
+    return report
+
+
 def job_sources(evidence: JobEvidence, script: str | None) -> list[str]:
     """Every source file the job's ranks were seen running (sites, stacks, tracebacks, loaders, models),
     plus the script: the only files a snippet may quote (``report.snippets``), never a path that is
@@ -293,6 +317,13 @@ def emit(job, report: dict[str, Any], is_host: bool) -> int:
                 time.sleep(0.2)
         except Exception:
             pass
+    save_and_print(job, report)
+    return int(report["exit_code"])
+
+
+def save_and_print(job, report: dict[str, Any]) -> None:
+    """Write the report where the user asked (``--report``, ``--html``), with the source lines it quotes, and
+    print it (unless ``--quiet``)."""
     try:
         from ddp_doctor.report.snippets import attach_snippets
 
@@ -306,7 +337,6 @@ def emit(job, report: dict[str, Any], is_host: bool) -> int:
         print_text(report)
     for s in failed:
         print(s.notice(), file=sys.stderr)
-    return int(report["exit_code"])
 
 
 
