@@ -2,6 +2,7 @@
 different steps), DDP205 (stalled outside collectives, or every rank stuck in one transport call)."""
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 from ddp_doctor.evidence import Collective, JobEvidence, RankState, Verdict
@@ -36,9 +37,14 @@ def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Finding]:
     if in_coll and out_coll:
         if all(st.in_data_wait for st in out_coll.values()):
             return [stall_finding(ranks, out_coll, stall, partial=in_coll)]
+        # blocked on a peer outside the job (a service, a child process, a file): where it is, not a collective
+        # the others entered without it (it comes to that collective once the peer answers)
+        waits_outside = {r: st for r, st in out_coll.items() if st.outside is not None and st.outside.peer()}
+        fix = runtime_fix("DDP205.pg-timeout") if d.kind == "pg-timeout" else None
+        if waits_outside:
+            return [stall_finding(ranks, waits_outside, stall, partial=in_coll, fix=fix)]
         stuck = _stuck_outside(in_coll, out_coll, ranks)
         if stuck:
-            fix = runtime_fix("DDP205.pg-timeout") if d.kind == "pg-timeout" else None
             return [stall_finding(ranks, stuck, stall, partial=in_coll, fix=fix)]
         sched = ran_schedule_more(out_coll, ranks)
         if sched:  # a stage inside a pipeline schedule it ran more often than the others
@@ -182,8 +188,9 @@ def stalls_resumed(ev: JobEvidence) -> list[Finding]:
         at_least = "" if s.lasted_s is not None else "at least "
         parts = []
         for r, site in sorted(s.where.items()):
-            fn = f"{site.function}() " if site and site.function and site.function != "<module>" else ""
-            txt = f"rank {r} spent {at_least}{lasted:.0f}s in {fn}at {where(site)}"
+            at = (f"in {site.function}() at {os.path.basename(site.path)}:{site.line}"
+                  if site and site.function and site.function != "<module>" else f"at {where(site)}")
+            txt = f"rank {r} spent {at_least}{lasted:.0f}s {at}"
             o = s.outside.get(r)
             if o is not None:
                 txt += f", {blocked_words(o)}"

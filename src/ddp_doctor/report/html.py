@@ -19,6 +19,7 @@ from ddp_doctor.report import _view
 VERDICT_TEXT = {
     "ok": ("OK", "the job ran clean"),
     "hang": ("HANG", "the job stopped making progress"),
+    "stalled": ("STALLED", "no rank has shown a sign of life for the limit; the job was still running"),
     "crash": ("CRASH", "a rank failed"),
     "desync": ("DESYNC", "ranks disagreed on what to run"),
     "interrupted": ("INTERRUPTED", "stopped by a signal (Ctrl-C, SIGTERM, SIGHUP)"),

@@ -327,7 +327,9 @@ class Job:
             with LiveView(self.watcher.world_size, file=sys.stderr) as view:
                 while not stop.wait(1.0) and not self.stop_requested.is_set():
                     view.update(assemble.live_rows(self.watcher))
-                    view.warn(self.watcher.judge.suspicion)
+                    w = self.watcher
+                    stalled = w.stalls[-1] if w.stall_decision is not None and w.stalls else None
+                    view.warn(w.judge.suspicion, stall=stalled)
         except Exception:
             pass
 
