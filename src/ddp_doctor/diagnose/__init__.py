@@ -55,6 +55,8 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
         verdict = reason
         findings += exits.diagnose_lost_nodes(evidence)  # several nodes: an agent that went silent first
         findings += hang.diagnose_hang(evidence, decision)
+        if decision.kind == "frozen-workers":  # the fact that made the stall a stop
+            findings = hang.frozen_proof(decision, findings)
         if reason == "stalled":  # no proof: the job runs on; say so, and what would stop it
             findings = hang.still_watching(evidence, findings)
     elif reason == "exit" or failed or ended:

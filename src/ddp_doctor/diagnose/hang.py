@@ -114,7 +114,8 @@ def stall_finding(ranks: dict[int, RankState], stuck: dict[int, RankState], stal
         for w in st.workers:
             uf = user_frame(w.stack) or (w.stack[-1] if w.stack else None)
             if uf:
-                ws.append(f"worker {w.pid} at {where(uf)}")
+                ws.append(f"worker {w.pid} at {where(uf)}" + (", one thread waiting on a lock no thread of its "
+                                                              "process can release" if w.frozen else ""))
             workers_ev[str(w.pid)] = {"rank": r, "at": uf}
         if ws:
             txt += " (" + "; ".join(ws) + ")"
@@ -174,6 +175,16 @@ def still_watching(ev: JobEvidence, findings: list[Finding]) -> list[Finding]:
             "`--stop-on-stall` stops it at the limit.")
     first = findings[0]
     return [replace(first, message=first.message + note, evidence={**first.evidence, "still_running": True}),
+            *findings[1:]]
+
+
+def frozen_proof(d: Verdict, findings: list[Finding]) -> list[Finding]:
+    """The stall stopped on proof (``live.stall_proof``): say which fact, on the first finding."""
+    if not findings:
+        return findings
+    first = findings[0]
+    note = f" Stopped on proof: {d.limit_how}, so rank {d.rank} can never get its next batch."
+    return [replace(first, message=first.message + note, evidence={**first.evidence, "proof": d.limit_how}),
             *findings[1:]]
 
 

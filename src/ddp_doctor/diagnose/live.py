@@ -30,7 +30,7 @@ from typing import Any
 
 from ddp_doctor.diagnose import jobview
 from ddp_doctor.diagnose.jobview import JobView
-from ddp_doctor.evidence import GROUP_CREATION, Collective, Suspicion, Verdict
+from ddp_doctor.evidence import GROUP_CREATION, Collective, JobEvidence, Suspicion, Verdict
 
 NO_PROGRESS_S = 90.0     # default limit: no rank showed any sign of life for this long -> hang
 TRANSPORT_S = 300.0      # every rank waits inside the very same collective: the transport is slow
@@ -198,6 +198,26 @@ class Judge:
         self.suspicion = s
         if s.waiting and s.outside and (self.longest is None or s.stalled_s >= self.longest.stalled_s):
             self.longest = s  # the longest a rank outside collectives kept others waiting (info in the report)
+
+
+def stall_proof(ev: JobEvidence, d: Verdict) -> Verdict | None:
+    """At a stall, with every stack taken: a fact that a rank can never resume, so the stall is a hang (a stop).
+
+    A rank waits for a batch from its DataLoader and every worker of that loader is ``frozen`` (one thread
+    blocked on a lock of its own process with no timeout: no thread can ever release it, the lock was
+    inherited locked across fork).  Nothing else is proof here: a rank blocked on a peer outside the job may
+    be answered."""
+    for r, st in sorted(ev.ranks.items()):
+        w = st.in_data_wait
+        if w is None or st.done or st.exc or st.exit or w.loader is None or not 0 <= w.loader < len(st.loaders):
+            continue
+        pids = set(st.loaders[w.loader].worker_pids)
+        frozen = {x.pid for x in st.workers if x.frozen}
+        if pids and pids <= frozen:
+            return d.with_(reason="hang", kind="frozen-workers", rank=r,
+                           limit_how=f"every DataLoader worker of rank {r} ({', '.join(map(str, sorted(pids)))}) "
+                                     "waits on a lock no thread of its process can release")
+    return None
 
 
 def find_desync(views: dict[int, Any], world_size: int, compared: dict[int, set] | None = None

@@ -222,7 +222,7 @@ class Watcher(threading.Thread):
                 if frames:
                     self.views[r].stack = frames
             else:
-                self.views[r].workers.append(WorkerStack(pid, frames))
+                self.views[r].workers.append(WorkerStack(pid, frames, outside.frozen_forever(pid)))
 
     def read_outside(self, pid_of: dict[int, int]) -> None:
         """What each local live rank's training thread is blocked in, and on what (``watcher.outside``)."""
@@ -350,8 +350,7 @@ class Watcher(threading.Thread):
             except Exception as e:  # the watcher must not die silently
                 print(f"ddp-doctor: watcher error: {e!r}")
             if decision is not None and not judge.stops(decision):
-                self.stall_event(decision)
-                decision = None
+                decision = self.stall_event(decision)  # a stop only when the stall's facts prove it
             if decision is not None and self.decision is None:
                 failed = judge.any_failed(self.views) or bool(self.job is not None and self.job.failed)
                 decision = decision.with_(t_detect=time.monotonic(), failed=failed)
@@ -371,15 +370,19 @@ class Watcher(threading.Thread):
                 return
             self.stopping.wait(self.poll)
 
-    def stall_event(self, decision: Verdict) -> None:
-        """A stall (no rank showed a sign of life for the limit, nothing proven): take every stack and what
-        each rank is blocked on, keep it, tell the session; the job runs on.  Its end ("resumed"): how long it
-        lasted.  Never a stop."""
+    def stall_event(self, decision: Verdict) -> Verdict | None:
+        """A stall (no rank showed a sign of life for the limit, nothing proven yet): take every stack and what
+        each rank is blocked on; when they prove that a rank can never resume (``live.stall_proof``) that is
+        the decision to stop; else keep the stall, tell the session, and the job runs on.  Its end
+        ("resumed"): how long it lasted."""
         if decision.reason == "stalled":
             decision = decision.with_(t_detect=time.monotonic())
             with self.lock:
                 self.collect_everything(decision)
                 ev = self.evidence()
+            proof = judge.stall_proof(ev, decision)
+            if proof is not None:
+                return proof
             decision = decision.with_(t_stacks=time.monotonic(), attempt=self.attempt)
             self.stall_decision = decision
             self.stalls.append(stall_of(ev, decision))
@@ -391,6 +394,7 @@ class Watcher(threading.Thread):
                 self.on_stall(decision)
             except Exception as e:  # a report that could not be written must not end the watching
                 print(f"ddp-doctor: could not report the stall: {e!r}")
+        return None
 
     def collect_everything(self, decision: Verdict) -> None:
         """Once decided: every local rank's stacks; the root of several nodes asks the suspected nodes (every

@@ -205,6 +205,28 @@ def blocked_on(pid: int, tid: int | None, workers: frozenset[int] = frozenset())
     return OutsideWait(call, "other")
 
 
+_FUTEX_WAITS = (0, 9)  # FUTEX_WAIT, FUTEX_WAIT_BITSET
+_FUTEX_PRIVATE = 128
+
+
+def frozen_forever(pid: int) -> bool:
+    """Is process ``pid`` a single thread blocked in a wait on a *private* futex (one only threads of its own
+    process can wake) with no timeout?  Then nothing can ever wake it: the lock it waits for was taken by a
+    thread that does not exist in it (a ``threading.Lock`` held by another thread when the process was
+    forked: a DataLoader worker).  Only a signal handler of its own could (none that releases a lock is
+    a real program's)."""
+    try:
+        if len(os.listdir(f"/proc/{pid}/task")) != 1:
+            return False
+    except OSError:
+        return False
+    sc = _syscall(pid, pid)
+    if sc is None or sc[0] != "futex":
+        return False
+    op, timeout = sc[1][1], sc[1][3]
+    return (op & 127) in _FUTEX_WAITS and bool(op & _FUTEX_PRIVATE) and timeout == 0
+
+
 def queues(pid: int, tid: int | None) -> tuple | None:
     """The socket queues of the call the thread is blocked in (send queue, receive queue), None when it is
     not blocked on a TCP socket: compared between looks, a change is a sign of life (the peer reads or sends)."""
