@@ -1,5 +1,5 @@
 """A rank that waits on a peer outside the job for longer than the limit (issue 34): a stall is a diagnosis, not
-a kill.  Real 2-rank gloo jobs (``scripts/outside_wait.py``), short: an 8 s limit, a 20 s wait, run together
+a kill.  Real 2-rank gloo jobs (``scripts/outside_wait.py``), short: a 6 s limit, a 14 s wait, run together
 in one module fixture.
 
 - the correct ones (a slow service reply, a throttled upload) run to exit 0 with verdict ok; the slow reply is
@@ -30,12 +30,12 @@ pytestmark = [pytest.mark.scenario, pytest.mark.timing, pytest.mark.timeout(600)
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "scripts" / "outside_wait.py"
 SRC = HERE.parents[1] / "src"
-LIMIT_S = 8
+LIMIT_S = 6
 # mode: (extra ddp-doctor options, extra environment)
 CASES = {
     "slow_reply": ([], {}),
     "upload": ([], {}),
-    "no_reply": ([], {"DDP_TIMEOUT": "30"}),
+    "no_reply": ([], {"DDP_TIMEOUT": "20"}),
     "child_forever": (["--stop-on-stall"], {}),
 }
 
@@ -53,7 +53,7 @@ def _run(mode: str, tmp: Path) -> dict:
     opts, env_extra = CASES[mode]
     cmd = [sys.executable, "-m", "ddp_doctor", "run", "--report", str(report), "--hang-timeout", str(LIMIT_S), *opts,
            "--nproc-per-node", "2", "--monitor-interval", "0.1", str(SCRIPT), mode]
-    env = dict(os.environ, PYTHONPATH=str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""), OUTSIDE_WAIT_S="20",
+    env = dict(os.environ, PYTHONPATH=str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""), OUTSIDE_WAIT_S="14",
                **env_extra)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -82,7 +82,7 @@ def _run(mode: str, tmp: Path) -> dict:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("outside")
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(len(CASES)) as pool:  # (they mostly wait)
         futs = {m: pool.submit(_run, m, tmp) for m in CASES}
         return {m: f.result() for m, f in futs.items()}
 
