@@ -51,7 +51,29 @@ def test_a_recv_names_the_peer_address_and_queues(server):
     try:
         o = _poll(lambda: (x := blocked_on(p.pid, None)) and x.kind == "socket" and x)
         assert o.call == "recvfrom" and o.remote == f"127.0.0.1:{port}" and o.send_queue == 0 and o.recv_queue == 0
-        assert o.peer() == f"127.0.0.1:{port}" and queues(p.pid, None) == (o.fd, 0, 0)
+        assert o.peer() == f"127.0.0.1:{port}" and queues(p.pid, None)[:3] == (o.fd, 0, 0)
+    finally:
+        conn.close()
+        _kill(p)
+
+
+def test_a_send_the_peer_drains_moves_a_send_the_peer_leaves_does_not(server):
+    """One long sendall: the send queue stays full either way; the thread woken to refill it is the sign."""
+    port = server.getsockname()[1]
+    p = _child(f"import socket; s = socket.create_connection(('127.0.0.1', {port})); "
+               "s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536); s.sendall(b'x' * (16 << 20))")
+    conn, _ = server.accept()
+    try:
+        def settled():  # the send buffer filled: two looks 0.3 s apart agree
+            a = queues(p.pid, None)
+            time.sleep(0.3)
+            return a is not None and a[1] > 0 and a == queues(p.pid, None) and a
+        first = _poll(settled)
+        time.sleep(0.6)
+        assert queues(p.pid, None) == first  # nobody reads: nothing moves
+        conn.recv(1 << 20)
+        moved = _poll(lambda: queues(p.pid, None) != first, 3.0)
+        assert moved
     finally:
         conn.close()
         _kill(p)

@@ -120,6 +120,8 @@ def test_a_throttled_upload_is_never_stopped(results):
     rep = res["report"]
     assert rep is not None and res["rc"] == 0, res["out"][-3000:]
     assert rep["verdict"] == "ok" and not [f for f in rep["findings"] if f["severity"] == "error"]
+    assert res["first"]["verdict"] == "ok", "no stall: the drained queue was a sign of life all along"
+    assert not [f for f in rep["findings"] if "stall" in f["evidence"]], rep["findings"]
 
 
 def test_a_service_that_never_replies_is_diagnosed_at_the_limit_and_stopped_at_the_job_timeout(results):

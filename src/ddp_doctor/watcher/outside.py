@@ -227,10 +227,24 @@ def frozen_forever(pid: int) -> bool:
     return (op & 127) in _FUTEX_WAITS and bool(op & _FUTEX_PRIVATE) and timeout == 0
 
 
+def _switches(pid: int, tid: int | None) -> int:
+    """How often the thread was put to sleep (``voluntary_ctxt_switches``): a thread blocked in one long
+    ``sendall`` is woken each time the peer takes bytes and the send buffer has room again."""
+    for line in (_read(f"/proc/{pid}/task/{tid or pid}/status") or "").splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            try:
+                return int(line.split()[1])
+            except (IndexError, ValueError):
+                return 0
+    return 0
+
+
 def queues(pid: int, tid: int | None) -> tuple | None:
-    """The socket queues of the call the thread is blocked in (send queue, receive queue), None when it is
-    not blocked on a TCP socket: compared between looks, a change is a sign of life (the peer reads or sends)."""
+    """The state of the socket call the thread is blocked in -- (descriptor, send queue, receive queue, times
+    the thread was woken) -- None when it is not blocked on a TCP socket.  Compared between looks, a change is
+    a sign of life: the peer takes bytes (the send queue stays full while it drains, but the thread is woken
+    to refill it) or sends some.  A peer that takes nothing leaves all four as they were."""
     o = blocked_on(pid, tid)
     if o is None or o.kind != "socket" or o.send_queue is None:
         return None
-    return (o.fd, o.send_queue, o.recv_queue)
+    return (o.fd, o.send_queue, o.recv_queue, _switches(pid, tid))

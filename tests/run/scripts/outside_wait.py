@@ -4,7 +4,7 @@
 
 - ``slow_reply``: rank 0 asks a local service for a checkpoint id; the service replies after the wait;
 - ``no_reply``: the same service never replies (the failing twin);
-- ``upload``: rank 0 uploads 64 MB through one ``sendall`` to a service that reads at a throttled rate and
+- ``upload``: rank 0 uploads 16 MB through one ``sendall`` to a service that reads at a throttled rate and
   acknowledges at the end (its send queue drains: a sign of life);
 - ``child``: rank 0 runs a converter, ``subprocess.run(["sleep", WAIT])``;
 - ``child_forever``: the converter never exits (the failing twin);
@@ -93,7 +93,7 @@ def outside_wait(rank: int, shared: str) -> None:
         if rank == 0:
             print(f"rank 0: service says {ask_service(port)!r}", flush=True)
     elif MODE == "upload" and rank == 0:
-        print(f"rank 0: upload {upload(serve('upload'), os.urandom(64 << 20))!r}", flush=True)
+        print(f"rank 0: upload {upload(serve('upload'), os.urandom(16 << 20))!r}", flush=True)
     elif MODE in ("child", "child_forever") and rank == 0:
         convert(WAIT_S if MODE == "child" else 10 * WAIT_S + 3600)
     elif MODE == "file_later":
