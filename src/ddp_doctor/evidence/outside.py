@@ -64,16 +64,18 @@ class Stall:
     """A stall of the job: no rank showed a sign of life for the limit (``limit_s``).  ``stuck``: the ranks
     outside collectives, each at its innermost user line (``where``) and blocked on ``outside`` when the
     watcher could read it; ``waiting``: the ranks waiting in a collective for them.  ``lasted_s``: how long no
-    rank showed a sign of life, up to the moment one did again (None while the job is still stalled)."""
+    rank showed a sign of life, up to the moment one did again (None while the job is still stalled).  ``t``:
+    when it began, in seconds since the job's start (the ranks' timelines' clock; None when unknown)."""
     limit_s: float
     idle_s: float
     where: Mapping[int, Site | None] = field(default_factory=dict)
     outside: Mapping[int, OutsideWait] = field(default_factory=dict)
     waiting: Mapping[int, Collective] = field(default_factory=dict)
     lasted_s: float | None = None
+    t: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"limit_s": self.limit_s, "idle_s": self.idle_s, "lasted_s": self.lasted_s,
+        return {"limit_s": self.limit_s, "idle_s": self.idle_s, "lasted_s": self.lasted_s, "t": self.t,
                 "where": {str(r): None if s is None else s.to_json() for r, s in self.where.items()},
                 "outside": {str(r): o.to_json() for r, o in self.outside.items()},
                 "waiting": {str(r): c.to_json() for r, c in self.waiting.items()}}
@@ -84,7 +86,7 @@ class Stall:
                    {int(r): Site.from_json(s) for r, s in (d.get("where") or {}).items()},
                    {int(r): OutsideWait.from_json(o) for r, o in (d.get("outside") or {}).items()},
                    {int(r): Collective.from_json(c) for r, c in (d.get("waiting") or {}).items()},
-                   d.get("lasted_s"))
+                   d.get("lasted_s"), d.get("t"))
 
     def with_(self, **kw) -> "Stall":
         return replace(self, **kw)

@@ -415,7 +415,8 @@ class Timing:
 
 @dataclass(frozen=True, slots=True)
 class TimelineEvent:
-    """One span of a rank's timeline: kind step | collective | data_wait | h2d | epoch."""
+    """One span of a rank's timeline: kind step | collective | data_wait | h2d | epoch (and in the report, stall:
+    ``session.assemble.stall_bands``)."""
     t: float
     kind: str
     dur: float

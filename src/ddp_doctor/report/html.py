@@ -130,7 +130,8 @@ def render_html(report: dict[str, Any]) -> str:
     out.append('<nav class="toc">' + "".join(f'<a href="#{a}">{t}</a>' for a, t in toc) + "</nav><main>")
     if charts:
         out.append('<section id="timeline"><h2>Timeline</h2><p class="hint">One lane per rank: steps, collectives and '
-                   "data-loader waits over time; a red, hatched lane is a rank that stopped, with the line it stopped on.</p>"
+                   "data-loader waits over time; a red, hatched lane is a rank that stopped, with the line it stopped on; a "
+                   "dashed, hatched band is a stall (no rank showed a sign of life), its cause in its tooltip.</p>"
                    '<div id="timeline-range" class="range"></div>'
                    '<div id="timeline-chart" class="chart"><noscript><p class="empty">Enable JavaScript to draw the timeline.'
                    "</p></noscript></div><div class=\"legend\"><span style=\"--c:var(--step)\">step</span>"

@@ -44,7 +44,8 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
     runtime = [f.to_report_dict() | {"source": "runtime"} for f in findings]
     lint = [f.to_report_dict() | {"source": "lint"} for f in lint_findings]
     confirm_lint(runtime, lint)
-    ranks = [rank_entry(r, st, job.failures, lost) for r, st in sorted(evidence.ranks.items())]
+    ranks = stall_bands([rank_entry(r, st, job.failures, lost) for r, st in sorted(evidence.ranks.items())],
+                        evidence, t_end=time.time() - job.t0)
     report = report_v1(
         verdict, w.world_size, runtime, ranks,
         exit_code=exit_code,
@@ -91,7 +92,8 @@ def stall_report(job, decision: Verdict) -> dict[str, Any]:
     lost = {r for n in evidence.lost_nodes for r in n.ranks}
     report = report_v1(
         "stalled", w.world_size, [f.to_report_dict() | {"source": "runtime"} for f in findings],
-        [rank_entry(r, st, {}, lost) for r, st in sorted(evidence.ranks.items())],
+        stall_bands([rank_entry(r, st, {}, lost) for r, st in sorted(evidence.ranks.items())], evidence,
+                    t_end=time.time() - job.t0),
         exit_code=None, command=["ddp-doctor", "run", *job.argv], launcher="ddp-doctor run",
         started_at=job.started_at, duration_s=round(time.time() - job.t0, 3), hang_timeout_s=evidence.hang_limit_s,
         nnodes=str(job.args.nnodes),
@@ -102,6 +104,26 @@ def stall_report(job, decision: Verdict) -> dict[str, Any]:
         report["diagnosis_error"] = failed_diagnosis
     report["sources"] = job_sources(evidence, job.args.training_script)
     return report
+
+
+def stall_bands(ranks: list[dict[str, Any]], evidence: JobEvidence, t_end: float) -> list[dict[str, Any]]:
+    """Each stall as a span of its stuck ranks' timelines (kind ``stall``, from its start for as long as it
+    lasted, or to ``t_end``): the HTML timeline draws it as a band with its cause."""
+    from ddp_doctor.diagnose.common import blocked_words
+
+    by_rank = {e["rank"]: e for e in ranks}
+    for s in evidence.stalls:
+        if s.t is None:
+            continue
+        dur = s.lasted_s if s.lasted_s is not None else max(0.0, t_end - s.t)
+        for r in s.where:
+            e = by_rank.get(r)
+            if e is None:
+                continue
+            o = s.outside.get(r)
+            label = "stalled" + (f": {blocked_words(o)}" if o is not None else "")
+            e["timeline"] = [*(e.get("timeline") or []), {"t": s.t, "kind": "stall", "dur": round(dur, 3), "label": label}]
+    return ranks
 
 
 def job_sources(evidence: JobEvidence, script: str | None) -> list[str]:

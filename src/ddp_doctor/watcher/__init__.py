@@ -478,9 +478,12 @@ def stall_of(ev: JobEvidence, d: Verdict) -> Stall:
 
     live = {r: st for r, st in ev.ranks.items() if not (st.missing or st.done or st.exc or st.exit)}
     stuck = {r: st for r, st in live.items() if st.in_collective is None}
+    t0 = _t0()
+    quiet = min((st.idle_s for st in live.values() if st.idle_s is not None), default=d.stalled_s or 0.0)
     return Stall(d.limit_s or 0.0, d.stalled_s or 0.0, {r: rank_site(st) for r, st in stuck.items()},
                  {r: st.outside for r, st in stuck.items() if st.outside is not None},
-                 {r: st.in_collective for r, st in live.items() if st.in_collective is not None})
+                 {r: st.in_collective for r, st in live.items() if st.in_collective is not None},
+                 t=None if t0 is None else round(time.time() - quiet - t0, 3))
 
 
 def _t0() -> float | None:
