@@ -89,14 +89,17 @@ class JobEvidence:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """The watcher's live decision: why it stopped looking (``reason`` exit | desync | hang).
+    """The watcher's live decision: why it stopped looking (``reason`` exit | desync | hang), or an event that
+    stops nothing (``stalled``: no rank showed a sign of life for the limit, diagnosed while the job runs on;
+    ``resumed``: a rank moved again, ``stalled_s`` how long the stall lasted).
 
     desync: ``kind`` op | shape, at (``group``, ``seq``) with each rank's ``calls`` (and ``parted``: each
     rank's call at the first earlier position where they came from different training positions or lines,
     an explanation, never a proof), or ``cycle`` (two ranks blocked in collectives of
     different groups, each waiting for the other: ``calls`` holds both); exit: ``rank`` (``finished`` when it ended normally
     while the others wait); hang: ``stalled_s`` against ``limit_s`` (``limit_how``), ``busy`` ranks,
-    ``kind`` "pg-timeout" when a collective had waited almost the process group's own timeout.
+    ``kind`` "pg-timeout" when a collective had waited almost the process group's own timeout, "frozen-workers"
+    when a stall's facts proved a rank can never get its next batch (``live.stall_proof``).
     Fixed at the decision: ``failed`` (a rank had failed), ``blocked`` (the ranks still wait at the
     mismatch), ``attempt``; ``t_detect`` / ``t_stacks`` time the detection (monotonic clock)."""
     reason: str
