@@ -385,7 +385,7 @@ class Watcher(threading.Thread):
                 return proof
             decision = decision.with_(t_stacks=time.monotonic(), attempt=self.attempt)
             self.stall_decision = decision
-            self.stalls.append(stall_of(ev, decision))
+            self.stalls.append(outside.stall_record(ev, decision, _t0()))
         elif self.stalls and self.stalls[-1].lasted_s is None:
             self.stalls[-1] = self.stalls[-1].with_(lasted_s=decision.stalled_s)
             self.stall_decision = None
@@ -469,21 +469,6 @@ class Watcher(threading.Thread):
         limit, how = self.judge.hang_limit(self.views)
         return JobEvidence(self.world_size, dict(sorted(ranks.items())), round(now - self.started, 3), limit, how,
                            suspicion=self.judge.longest, lost_nodes=lost, stalls=tuple(self.stalls))
-
-
-def stall_of(ev: JobEvidence, d: Verdict) -> Stall:
-    """The record of a stall: the live ranks outside collectives (where, blocked on what) and the ranks that
-    wait in a collective, as the evidence shows them at the diagnosis."""
-    from ddp_doctor.diagnose.common import rank_site
-
-    live = {r: st for r, st in ev.ranks.items() if not (st.missing or st.done or st.exc or st.exit)}
-    stuck = {r: st for r, st in live.items() if st.in_collective is None}
-    t0 = _t0()
-    quiet = min((st.idle_s for st in live.values() if st.idle_s is not None), default=d.stalled_s or 0.0)
-    return Stall(d.limit_s or 0.0, d.stalled_s or 0.0, {r: rank_site(st) for r, st in stuck.items()},
-                 {r: st.outside for r, st in stuck.items() if st.outside is not None},
-                 {r: st.in_collective for r, st in live.items() if st.in_collective is not None},
-                 t=None if t0 is None else round(time.time() - quiet - t0, 3))
 
 
 def _t0() -> float | None:

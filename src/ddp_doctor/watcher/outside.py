@@ -17,8 +17,9 @@ import os
 import platform
 import stat
 import struct
+import time
 
-from ddp_doctor.evidence import OutsideWait
+from ddp_doctor.evidence import JobEvidence, OutsideWait, Stall, Verdict
 
 # system call numbers -> name, for the calls a thread waits in (x86_64 and the generic table of aarch64)
 _X86_64 = {0: "read", 1: "write", 7: "poll", 17: "pread64", 18: "pwrite64", 19: "readv", 20: "writev",
@@ -248,3 +249,18 @@ def queues(pid: int, tid: int | None) -> tuple | None:
     if o is None or o.kind != "socket" or o.send_queue is None:
         return None
     return (o.fd, o.send_queue, o.recv_queue, _switches(pid, tid))
+
+
+def stall_record(ev: JobEvidence, d: Verdict, t0: float | None) -> Stall:
+    """The record of a stall (``d``: the "stalled" decision): the live ranks outside collectives (where,
+    blocked on what) and the ranks that wait in a collective, as the evidence shows them at the diagnosis;
+    ``t0``: the job's wall-clock start (the ranks' timelines count from it)."""
+    from ddp_doctor.diagnose.common import rank_site
+
+    live = {r: st for r, st in ev.ranks.items() if not (st.missing or st.done or st.exc or st.exit)}
+    stuck = {r: st for r, st in live.items() if st.in_collective is None}
+    quiet = min((st.idle_s for st in live.values() if st.idle_s is not None), default=d.stalled_s or 0.0)
+    return Stall(d.limit_s or 0.0, d.stalled_s or 0.0, {r: rank_site(st) for r, st in stuck.items()},
+                 {r: st.outside for r, st in stuck.items() if st.outside is not None},
+                 {r: st.in_collective for r, st in live.items() if st.in_collective is not None},
+                 t=None if t0 is None else round(time.time() - quiet - t0, 3))
