@@ -169,3 +169,14 @@ def test_a_rank_whose_every_loader_worker_is_frozen_is_proof_one_live_worker_is_
     v = stall_proof(ev((True, True)), d)
     assert v is not None and v.reason == "hang" and v.kind == "frozen-workers" and v.rank == 0
     assert stall_proof(ev((True, False)), d) is None
+
+
+def test_reading_a_child_s_output_names_the_child():
+    p = _child("import subprocess; subprocess.check_output(['sleep', '60'])")
+    try:
+        o = _poll(lambda: (x := blocked_on(p.pid, None)) and x.kind == "child" and x.cmdline and x)
+        assert o.call in ("read", "poll") and o.cmdline == "sleep 60" and o.path.startswith("pipe:[")
+    finally:
+        for c in _children(p.pid):
+            os.kill(c, 9)
+        _kill(p)

@@ -59,9 +59,10 @@ def doing(st: RankState) -> str:
     c = st.in_collective
     if c:
         return f"waits in {c.op} (#{c.seq} on {c.group}) at {where(c.site)}{inside_library(st, c.site)}"
+    blocked = f", {blocked_words(st.outside)}" if st.outside else ""
     if st.in_data_wait:
-        return f"waits for a batch from its DataLoader at {where(rank_site(st))}"
-    return f"is at {where(rank_site(st))}" + (f", {blocked_words(st.outside)}" if st.outside else "")
+        return f"waits for a batch from its DataLoader at {where(rank_site(st))}{blocked}"
+    return f"is at {where(rank_site(st))}{blocked}"
 
 
 def _bytes(n: int) -> str:
@@ -83,6 +84,8 @@ def blocked_words(o: OutsideWait) -> str:
             q.append("no bytes in flight either way")
         return f"blocked in {call} on {to}" + (f" ({', '.join(q)})" if q else "")
     if o.kind == "child":
+        if o.path:  # reading its output through a pipe
+            return f"blocked in {call} on the output of {o.peer()}"
         return f"blocked in {call} waiting for " + (o.peer() if o.pid else "a child process") + " to exit"
     if o.kind in ("fifo", "file"):
         what = "the FIFO" if o.kind == "fifo" else "the file"

@@ -54,8 +54,9 @@ class OutsideWait:
             return self.remote or (f"a {self.proto} socket" if self.proto else None)
         if self.kind == "child":
             return f"child process {self.pid}" + (f" ({self.cmdline})" if self.cmdline else "")
-        if self.kind in ("fifo", "pipe", "file"):
+        if self.kind in ("fifo", "file"):
             return self.path
+        # (a pipe whose other end is in no child: unnamed, as a sleep or a lock)
         return None
 
 

@@ -60,7 +60,8 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
     if decision is not None:
         t_detect = decision.t_detect
         stats = {"reason": decision.reason, "limit": evidence.hang_limit_how,
-                 **({"kind": decision.kind} if decision.kind else {})}
+                 **({"kind": decision.kind} if decision.kind else {}),
+                 **({"why": decision.limit_how} if decision.reason == "hang" and decision.limit_how else {})}
         if t_detect and decision.stalled_s is not None:
             stats["stalled_s_at_detection"] = decision.stalled_s
         if t_detect:

@@ -154,7 +154,24 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _on_fd(pid: int, call: str, fd: int) -> OutsideWait:
+def _pipe_peer(pid: int, target: str) -> int | None:
+    """The child process (or grandchild) of ``pid`` holding the other end of the pipe ``target``."""
+    todo, seen = _children(pid), set()
+    while todo and len(seen) < 64:
+        c = todo.pop()
+        if c in seen:
+            continue
+        seen.add(c)
+        try:
+            if any(os.readlink(f"/proc/{c}/fd/{f}") == target for f in os.listdir(f"/proc/{c}/fd")):
+                return c
+        except OSError:
+            continue
+        todo += _children(c)
+    return None
+
+
+def _on_fd(pid: int, call: str, fd: int, workers: frozenset[int] = frozenset()) -> OutsideWait | None:
     try:
         target = os.readlink(f"/proc/{pid}/fd/{fd}")
     except OSError:
@@ -162,7 +179,12 @@ def _on_fd(pid: int, call: str, fd: int) -> OutsideWait:
     if target.startswith("socket:["):
         sock = _socket(pid, target[8:-1])
         return OutsideWait(call, "socket", fd, **(sock or {}))
-    if target.startswith("pipe:["):
+    if target.startswith("pipe:["):  # a child's output (subprocess.check_output) -- or a loader worker's queue
+        child = _pipe_peer(pid, target)
+        if child is not None and child in workers:
+            return None  # its own DataLoader worker: inside the job (the worker's stack says where)
+        if child is not None:
+            return OutsideWait(call, "child", fd, pid=child, cmdline=_cmdline(child), path=target)
         return OutsideWait(call, "pipe", fd, path=target)
     try:
         mode = os.stat(f"/proc/{pid}/fd/{fd}").st_mode
@@ -180,10 +202,10 @@ def blocked_on(pid: int, tid: int | None, workers: frozenset[int] = frozenset())
         return None
     call, args = sc
     if call in _FD_CALLS:
-        return _on_fd(pid, call, args[0])
+        return _on_fd(pid, call, args[0], workers)
     if call in _POLL_CALLS:
         fd = _poll_fd(pid, args[0], args[1])
-        return _on_fd(pid, call, fd) if fd is not None else OutsideWait(call, "other")
+        return _on_fd(pid, call, fd, workers) if fd is not None else OutsideWait(call, "other")
     if call in ("wait4", "waitid"):
         child = args[1] if call == "waitid" else struct.unpack("i", struct.pack("I", args[0] & 0xFFFFFFFF))[0]
         if child <= 0:  # any child: the one that is not a loader worker, when there is one
