@@ -6,7 +6,10 @@ like the bugs ddp-doctor hunts: extra loader passes on one rank (a peek, sample 
 over the training loader), DDP's Join over map-style or iterable data with workers (and ZeRO), `no_sync`
 accumulation with an agreed count, object collectives in an agreed order, all_to_all with per-rank split
 sizes, groups created in the same order, a subgroup's collective called by its non-members too, a rank busy or idle below the limit, ranks finishing at different
-times, rank-zero-only saving, a rank-local optimizer, FSDP2 with every rank evaluating.  A generated job that
+times, rank-zero-only saving, a rank-local optimizer, FSDP2 with every rank evaluating; and, in about one job in
+five, a rank that waits on a peer outside the job for longer than the limit (a service's slow reply, a child
+process, a file another rank writes later, a FIFO fed late: ``OUTSIDE``) under a short ``--hang-timeout``, where
+the stall is a diagnosis and never a stop.  A generated job that
 is stopped, or warned about, is a bug in the mechanism: fix the mechanism, never exclude the pattern.
 
     PYTHONPATH=src python benchmarks/traps.py [--jobs 200] [--seed 0] [--parallel 2] [--keep DIR]
@@ -41,6 +44,7 @@ class Program:
     nproc: int
     patterns: list[str]
     source: str
+    doctor: list[str] = field(default_factory=list)  # ddp-doctor run options (a short --hang-timeout)
 
 
 @dataclass
@@ -171,6 +175,56 @@ def _finish_late(r: random.Random, w: int) -> dict:
                       "    torch.save(net.state_dict(), os.path.join(OUT, 'final.pt'))"]}
 
 
+# a rank waits on a peer outside the job for longer than the limit (drawn apart from the patterns: see
+# generate); each kind's lines go to the epoch section, at epoch 0
+OUTSIDE = "outside_wait"
+OUTSIDE_LIMIT_S = 6
+
+
+def _outside(r: random.Random, w: int) -> tuple[str, list[str]]:
+    who, s = r.randrange(w), OUTSIDE_LIMIT_S + r.choice((3, 5))
+    other = (who + 1) % w
+    kinds = {
+        "reply": [f"if rank == {who} and epoch == 0:",
+                  "    import socket, threading",
+                  "    srv = socket.create_server(('127.0.0.1', 0))",
+                  "    def answer():",
+                  "        c, _ = srv.accept()",
+                  "        c.recv(64)",
+                  f"        time.sleep({s})",
+                  "        c.sendall(b'ok')",
+                  "        c.close()",
+                  "    threading.Thread(target=answer, daemon=True).start()",
+                  "    with socket.create_connection(srv.getsockname()) as conn:",
+                  "        conn.sendall(b'score?')",
+                  "        conn.recv(64)  # a remote service's slow reply"],
+        "child": [f"if rank == {who} and epoch == 0:",
+                  "    import subprocess",
+                  f"    subprocess.run(['sleep', '{s}'])  # a converter"],
+        "file": ["if epoch == 0:",
+                 "    flag = os.path.join(OUT, 'exported')",
+                 f"    if rank == {who}:",
+                 "        while not os.path.exists(flag):",
+                 "            time.sleep(0.5)",
+                 f"    elif rank == {other}:",
+                 f"        time.sleep({s})",
+                 "        open(flag, 'w').close()"],
+        "fifo": [f"if rank == {who} and epoch == 0:",
+                 "    import tempfile, threading",
+                 "    fifo = os.path.join(tempfile.mkdtemp(), 'feed')",
+                 "    os.mkfifo(fifo)",
+                 "    def feed():",
+                 f"        time.sleep({s})",
+                 "        with open(fifo, 'wb') as f:",
+                 "            f.write(b'records')",
+                 "    threading.Thread(target=feed, daemon=True).start()",
+                 "    with open(fifo, 'rb') as f:",
+                 "        f.read()"],
+    }
+    kind = r.choice(sorted(kinds))
+    return kind, kinds[kind] + ["dist.barrier()"]
+
+
 PATTERNS = {
     "peek": _peek, "sample_preds": _sample_preds, "nograd_pass": _nograd_pass, "metric_allreduce": _metric_allreduce,
     "objects": _objects, "all_to_all": _all_to_all, "groups": _groups, "busy": _busy, "idle": _idle,
@@ -236,6 +290,13 @@ def generate(seed: int, nproc: int | None = None) -> Program:
     for name in chosen:
         for sec, lines in PATTERNS[name](r, w).items():
             parts[sec] += lines
+    # an outside wait, drawn from a generator of its own (the jobs of every seed stay as they were otherwise)
+    r2, doctor = random.Random(seed * 7919 + 1), []
+    if r2.random() < 0.2:
+        kind, lines = _outside(r2, w)
+        parts["epoch"] += lines
+        chosen = [*chosen, f"{OUTSIDE}:{kind}"]
+        doctor = ["--hang-timeout", str(OUTSIDE_LIMIT_S)]
     epochs = r.choice((2, 3))
     body = [HEADER.replace("SEED", str(seed % 1000))]
     add = body.append
@@ -337,7 +398,7 @@ def generate(seed: int, nproc: int | None = None) -> Program:
     add("")
     add('if __name__ == "__main__":')
     add("    main()")
-    return Program(seed, w, [mode, *chosen], "\n".join(body) + "\n")
+    return Program(seed, w, [mode, *chosen], "\n".join(body) + "\n", doctor)
 
 
 def run(p: Program, workdir: Path, timeout: float = 300.0) -> Outcome:
@@ -349,7 +410,7 @@ def run(p: Program, workdir: Path, timeout: float = 300.0) -> Outcome:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
                OMP_NUM_THREADS="1", TRAP_OUT=str(d))
     t0 = time.monotonic()
-    res = subprocess.run([sys.executable, "-m", "ddp_doctor", "run", "--quiet", "--report", str(report),
+    res = subprocess.run([sys.executable, "-m", "ddp_doctor", "run", "--quiet", "--report", str(report), *p.doctor,
                           "--nproc-per-node", str(p.nproc), str(script)], cwd=d, env=env, timeout=timeout,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = Outcome(p, res.returncode, None, seconds=time.monotonic() - t0)

@@ -200,6 +200,11 @@ RUNTIME_FIXES: dict[str, str] = {
     "DDP205.slow": (
         "Nothing to fix if the wait is expected (a remote call, an evaluation on one rank). Otherwise do the"
         " slow work on every rank or outside the window between collectives, so the others do not idle."),
+    "DDP205.outside": (
+        "The rank waits on something outside the job (shown: a service's address, a child process, a file). If "
+        "that wait is expected, nothing to fix: ddp-doctor keeps watching (pass --stop-on-stall to stop at the "
+        "limit instead). Otherwise give the call a timeout (socket.settimeout, subprocess.run(timeout=...)), or do "
+        "the slow work outside the window between collectives so the other ranks do not wait in them."),
     "DDP205.transport": (
         "Check the interconnect and the other nodes' logs; run `ddp-doctor check`."),
     "DDP301": (

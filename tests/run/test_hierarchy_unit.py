@@ -74,7 +74,7 @@ def test_a_stuck_rank_on_another_node_the_same_verdict_at_the_same_time():
     s = job.split.suspicion
     assert s is not None and set(s.waiting) == {0, 1, 2} and s.outside == {3: EVAL}
     v = job.tick(NO_PROGRESS_S, states)
-    assert v is not None and v.reason == "hang" and NO_PROGRESS_S < v.stalled_s <= NO_PROGRESS_S + 1
+    assert v is not None and v.reason == "stalled" and NO_PROGRESS_S < v.stalled_s <= NO_PROGRESS_S + 1
 
 
 def test_a_busy_rank_on_another_node_is_never_stuck():
@@ -82,7 +82,7 @@ def test_a_busy_rank_on_another_node_is_never_stuck():
     states = {0: {"in_collective": barrier(12)}, 1: {"in_collective": barrier(12)},
               2: {"in_collective": barrier(12)}, 3: {"where": EVAL}}
     assert job.tick(60, states, busy=(3,)) is None
-    assert job.tick(11.5, states).reason == "hang"  # (its CPU over the last second still counts)
+    assert job.tick(11.5, states).reason == "stalled"  # (its CPU over the last second still counts)
 
 
 def test_a_finished_rank_on_another_node_needed_by_a_collective_is_proof():
@@ -101,7 +101,7 @@ def test_a_failed_rank_and_the_transport_limit_across_nodes():
     job = Job()
     same = {r: {"in_collective": barrier(12)} for r in range(4)}
     assert job.tick(NO_PROGRESS_S + 30, same) is None
-    assert job.tick(TRANSPORT_S, same).reason == "hang"
+    assert job.tick(TRANSPORT_S, same).reason == "stalled"
 
 
 def _node_views(calls: dict[int, Collective], sites_seen: dict[int, set] | None = None) -> dict[int, RankView]:
@@ -248,7 +248,7 @@ def test_a_late_node_is_not_a_stall_a_silent_one_is_lost(stores):
     v, job = tick(0.4, moving=(4,))                      # heard again: it was alive
     assert v is None and job.late == () and not root.lost
     v, job = tick(LOST_S + 5, silent=(2,))
-    assert v is not None and v.reason == "hang"
+    assert v is not None and v.reason == "stalled"
     loss = root.lost[2]
     assert loss.ranks == (4, 5) and loss.silent_s > LOST_S and LATE_S < LOST_S
 
@@ -260,7 +260,7 @@ def test_the_scale_benchmark_meets_its_targets_at_256_ranks():
                           "--warmup", "3"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    assert r["nodes"] == 32 and r["verdict"] == "hang", r
+    assert r["nodes"] == 32 and r["verdict"] == "stalled", r
     assert r["root_requests_per_node_per_interval"] <= 2.0, r
     assert r["detect_latency_s"] <= r["limit_s"] + 2.0, r
     assert r["culprit_ok"], r

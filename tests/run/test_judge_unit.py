@@ -1,8 +1,8 @@
-"""The live verdict policy (diagnose/live.py): stop on proof or on no sign of life for the limit; warn
-otherwise.  Views are the watcher's real RankView fed with typed states on a controlled clock."""
+"""The live verdict policy (diagnose/live.py): stop on proof; diagnose a stall (no sign of life for the limit)
+and watch on, or stop there with --stop-on-stall; warn otherwise.  Views are the watcher's real RankView fed with typed states on a controlled clock."""
 from __future__ import annotations
 
-from ddp_doctor.diagnose.live import NO_PROGRESS_S, TRANSPORT_S, Judge, group_ranks
+from ddp_doctor.diagnose.live import NO_PROGRESS_S, TRANSPORT_S, Judge, group_ranks, stops
 from ddp_doctor.evidence import Activity, Collective, ExitStatus, RankState, Site
 from ddp_doctor.watcher.views import RankView
 
@@ -17,9 +17,9 @@ def barrier(seq: int, waiting: float) -> Collective:
 class Job:
     """Two or more ranks fed on a fake clock: each tick publishes a state per rank."""
 
-    def __init__(self, n: int = 2, hang_timeout: float | None = None) -> None:
+    def __init__(self, n: int = 2, hang_timeout: float | None = None, stop_on_stall: bool = False) -> None:
         self.views = {r: RankView(r) for r in range(n)}
-        self.judge = Judge(hang_timeout)
+        self.judge = Judge(hang_timeout, stop_on_stall)
         self.t = 100.0
         self.cpu = {r: 0.0 for r in range(n)}
         self.sig = {r: 1 for r in range(n)}
@@ -60,25 +60,56 @@ def test_a_rank_idle_for_25s_while_another_waits_is_a_warning_not_a_stop():
     assert job.judge.longest is s
 
 
-def test_no_sign_of_life_for_the_default_limit_stops():
+def test_no_sign_of_life_for_the_default_limit_is_a_stall_diagnosed_once_never_a_stop():
     job = Job().start()
     states = {0: {"in_collective": barrier(12, 0)}, 1: {"where": EVAL}}
     v = job.tick(NO_PROGRESS_S + 5, states)
-    assert v is not None and v.reason == "hang" and NO_PROGRESS_S < v.stalled_s <= NO_PROGRESS_S + 1
+    assert v is not None and v.reason == "stalled" and NO_PROGRESS_S < v.stalled_s <= NO_PROGRESS_S + 1
+    assert not stops(v)
+    assert job.tick(300, states) is None  # diagnosed once; the job runs on (the process group's timeout: 30 min)
 
 
-def test_hang_timeout_is_the_no_progress_limit():
+def test_a_stall_resumes_when_a_rank_moves_again():
     job = Job(hang_timeout=10).start()
+    states = {0: {"in_collective": barrier(12, 0)}, 1: {"where": EVAL}}
+    assert job.tick(30, states).reason == "stalled"
+    v = job.tick(5, {0: states[0], 1: {"where": EVAL, "progress": 51}})
+    assert v is not None and v.reason == "resumed" and not stops(v) and 10 < v.stalled_s <= 31
+    assert job.tick(10.5, {0: {"in_collective": barrier(12, 0)}, 1: {"where": EVAL, "progress": 51}}).reason \
+        == "stalled"  # a second stall is diagnosed again
+
+
+def test_stop_on_stall_makes_the_limit_a_stop():
+    job = Job(hang_timeout=10, stop_on_stall=True).start()
     v = job.tick(30, {0: {"in_collective": barrier(12, 0)}, 1: {"where": EVAL}})
-    assert v is not None and v.reason == "hang" and 10 < v.stalled_s <= 10.5
+    assert v is not None and v.reason == "hang" and stops(v) and 10 < v.stalled_s <= 10.5
+    assert "--stop-on-stall" in v.limit_how
 
 
 def test_a_busy_rank_is_never_stuck_even_with_hang_timeout():
-    job = Job(hang_timeout=10).start()
+    job = Job(hang_timeout=10, stop_on_stall=True).start()
     states = {0: {"in_collective": barrier(12, 0)}, 1: {"where": EVAL}}
     assert job.tick(200, states, busy=(1,)) is None
     assert job.tick(200, states, moving=(1,)) is None  # a Python line that moves is a sign of life too
     assert job.tick(10.5, states).reason == "hang"      # then nothing moves
+
+
+def test_a_draining_send_queue_is_a_sign_of_life():
+    """A rank blocked in one long sendall: CPU, I/O counters and stack stay flat; its socket's send queue
+    moving (the watcher reads it: watcher.outside.queues) keeps it alive, a queue that stays put does not."""
+    job = Job(hang_timeout=10).start()
+    states = {0: {"in_collective": barrier(12, 0)}, 1: {"where": EVAL}}
+    queued = 4_000_000
+    for _ in range(60):  # 30 s
+        assert job.tick(0.5, states) is None
+        queued -= 20_000
+        job.views[1].note_queues((5, queued, 0), job.t)
+    for _ in range(30):
+        job.views[1].note_queues((5, queued, 0), job.t)
+        v = job.tick(0.5, states)
+        if v is not None:
+            break
+    assert v is not None and v.reason == "stalled"
 
 
 def test_the_process_group_timeout_would_fire_anyway():
@@ -113,7 +144,7 @@ def test_every_rank_in_the_same_collective_waits_for_the_transport():
     job = Job().start()
     states = {0: {"in_collective": barrier(12, 0)}, 1: {"in_collective": barrier(12, 0)}}
     assert job.tick(NO_PROGRESS_S + 30, states) is None
-    assert job.tick(TRANSPORT_S, states).reason == "hang"
+    assert job.tick(TRANSPORT_S, states).reason == "stalled"
 
 
 def test_a_failed_rank_is_proof_at_once():

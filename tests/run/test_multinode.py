@@ -97,7 +97,7 @@ def test_a_stall_on_node_1_is_diagnosed_by_node_0_with_global_ranks(tmp_path):
     launcher) sees it only through that node's summaries, pulls its stack, and blames it by global rank."""
     port, rdzv = _free_port_pair(), str(uuid.uuid4())[:8]
     script = HERE / "scripts" / "stall_on_node.py"
-    procs = [_launch(tmp_path, port, rdzv, k, ["--hang-timeout", "4"], script, **({"STALL_HERE": "1"} if k else {}))
+    procs = [_launch(tmp_path, port, rdzv, k, ["--hang-timeout", "4", "--stop-on-stall"], script, **({"STALL_HERE": "1"} if k else {}))
              for k in range(2)]
     outs = _finish(procs)
     m = re.search(r"STALLING global rank (\d+)", outs[1])

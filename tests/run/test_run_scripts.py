@@ -43,7 +43,7 @@ CASES = {
     "barrier_before_training": ("hang", None, {"DDP201": ([0], True)}, []),
     "barrier_before_training_all": ("ok", 0, {}, []),  # its twin: the barrier on every rank
     "sigkill_rank1": ("crash", 137, {"DDP204": ([1], False)}, []),  # killed anywhere: no line to check
-    "loader_stall": ("hang", None, {"DDP205": ([0, 1], True)}, ["--hang-timeout", "8"]),
+    "loader_stall": ("hang", None, {"DDP205": ([0, 1], True)}, ["--hang-timeout", "8", "--stop-on-stall"]),
     "no_set_epoch": ("ok", 0, {"DDP102": ([0, 1], True)}, []),
     # attempt 0 crashes, attempt 1 finishes: OK, the crash kept under "restarts"
     "restart_recovers": ("ok", 0, {}, RESTART, FRESH_STORE),

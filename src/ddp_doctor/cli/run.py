@@ -2,19 +2,22 @@
 
 A drop-in for torchrun.  This module only parses the command line (ddp-doctor's own options before
 the script, torchrun's for the rest); :class:`ddp_doctor.session.Job` runs the job.  Exit code: the
-job's own when it is healthy; non-zero when ddp-doctor diagnosed a failure.
+job's own when it is healthy (also after a stall it came out of, or ended in by itself); non-zero when
+ddp-doctor diagnosed a failure; 1 when it stopped the job (a proof, the process group's timeout ahead, or
+a stall with ``--stop-on-stall``).
 """
 from __future__ import annotations
 
 import sys
 from typing import Any
 
-OWN_USAGE = """usage: ddp-doctor run [--hang-timeout S] [--report PATH] [--html PATH] [--no-lint]
+OWN_USAGE = """usage: ddp-doctor run [--hang-timeout S] [--stop-on-stall] [--report PATH] [--html PATH] [--no-lint]
                       [--watch-port PORT] [torchrun options] SCRIPT|-m MODULE [ARGS...]
 
 ddp-doctor options (before the script; everything else is torchrun's):
-  --hang-timeout S   declare a hang when no rank progresses for S seconds
-                     (default: adaptive, learned from the job's own step times)
+  --hang-timeout S   diagnose a stall when no rank shows a sign of life for S seconds (default 90):
+                     the diagnosis is printed and written, and the job keeps running
+  --stop-on-stall    stop the job at that limit (exit 1) instead of watching on
   --report PATH      write the JSON report (ddp-doctor/report/v1) to PATH
   --html PATH        write the HTML report to PATH
   --no-lint          do not lint the script before launching
@@ -23,7 +26,7 @@ ddp-doctor options (before the script; everything else is torchrun's):
 """
 
 OWN_VALUE_OPTS = {"--hang-timeout", "--report", "--html", "--watch-port", "--stop-grace"}
-OWN_FLAGS = {"--no-lint", "--quiet"}
+OWN_FLAGS = {"--no-lint", "--quiet", "--stop-on-stall"}
 
 
 def split_argv(argv: list[str]) -> tuple[dict[str, Any], list[str]]:

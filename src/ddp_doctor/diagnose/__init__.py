@@ -17,7 +17,10 @@ from ddp_doctor.findings import Finding
 
 def diagnose(evidence: JobEvidence, decision: Verdict | None,
              failures: dict[int, ExitStatus] | None = None) -> tuple[str, list[Finding]]:
-    """Verdict ("ok" | "hang" | "crash" | "desync") and findings, most important first.
+    """Verdict ("ok" | "stalled" | "hang" | "crash" | "desync") and findings, most important first.
+
+    ``decision`` "stalled": the diagnosis of a stall while the job runs on (where every rank is, what the
+    stuck ones are blocked on); a job that ended well after stalls gets an info finding for each.
 
     ``failures``: exit status per global rank the launcher learned after the job ended, merged into
     the evidence (a rank the watcher never heard from is added as missing).
@@ -48,10 +51,14 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
         failed_then = decision.failed if decision.failed is not None else failed
         verdict = "crash" if failed_then else ("hang" if decision.blocked else "desync")
         findings += collectives.diagnose_desync(evidence, decision)
-    elif reason == "hang":
-        verdict = "hang"
+    elif reason in ("hang", "stalled"):
+        verdict = reason
         findings += exits.diagnose_lost_nodes(evidence)  # several nodes: an agent that went silent first
         findings += hang.diagnose_hang(evidence, decision)
+        if decision.kind == "frozen-workers":  # the fact that made the stall a stop
+            findings = hang.frozen_proof(decision, findings)
+        if reason == "stalled":  # no proof: the job runs on; say so, and what would stop it
+            findings = hang.still_watching(evidence, findings)
     elif reason == "exit" or failed or ended:
         verdict = "crash"
         if ended:
@@ -70,6 +77,7 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
     findings += steps.diagnose_sampler(evidence)
     findings += groups.diagnose_groups(evidence)  # a warning whatever the verdict: it never stops a job
     if verdict == "ok":
+        findings += hang.stalls_resumed(evidence)  # (before the longest warning: the same wait, in more words)
         findings += hang.slow_not_stuck(evidence)
         findings += _perf(evidence)
     return verdict, _dedupe(findings)
@@ -101,8 +109,8 @@ def _verdict_of(evidence: JobEvidence, decision: Verdict | None, failures: dict[
         (x.exit_code or 0) != 0 for x in (failures or {}).values())
     if decision is None:
         return "crash" if failed else "ok"
-    if decision.reason == "hang":
-        return "hang"
+    if decision.reason in ("hang", "stalled"):
+        return decision.reason
     if decision.reason == "desync":
         return "crash" if decision.failed else ("hang" if decision.blocked else "desync")
     return "crash" if failed or not decision.finished else "desync"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ddp_doctor.evidence import ExitStatus, JobEvidence, RankState, Site, rank_runs
+from ddp_doctor.evidence import ExitStatus, JobEvidence, OutsideWait, RankState, Site, rank_runs
 from ddp_doctor.findings import Location, runtime_fix
 from ddp_doctor.frames import LIBRARY, innermost_user, kind
 
@@ -59,9 +59,48 @@ def doing(st: RankState) -> str:
     c = st.in_collective
     if c:
         return f"waits in {c.op} (#{c.seq} on {c.group}) at {where(c.site)}{inside_library(st, c.site)}"
+    blocked = f", {blocked_words(st.outside)}" if st.outside else ""
     if st.in_data_wait:
-        return f"waits for a batch from its DataLoader at {where(rank_site(st))}"
-    return f"is at {where(rank_site(st))}"
+        return f"waits for a batch from its DataLoader at {where(rank_site(st))}{blocked}"
+    return f"is at {where(rank_site(st))}{blocked}"
+
+
+def _bytes(n: int) -> str:
+    return f"{n} B" if n < 10_000 else f"{n / 1e3:.0f} kB" if n < 10_000_000 else f"{n / 1e6:.0f} MB"
+
+
+def blocked_words(o: OutsideWait) -> str:
+    """Plain words for the system call a rank's thread is blocked in and its peer (``evidence.OutsideWait``)."""
+    call = f"{o.call}()"
+    if o.kind == "socket":
+        to = f"a {o.proto.upper() if o.proto else ''} connection to {o.remote}".replace("a  ", "a ") if o.remote \
+            else f"a {o.proto or ''} socket".replace("a  ", "a ")
+        q = []
+        if o.send_queue:
+            q.append(f"{_bytes(o.send_queue)} queued to send, not yet acknowledged by the peer")
+        if o.recv_queue:
+            q.append(f"{_bytes(o.recv_queue)} received and unread")
+        if o.send_queue == 0 and o.recv_queue == 0:
+            q.append("no bytes in flight either way")
+        return f"blocked in {call} on {to}" + (f" ({', '.join(q)})" if q else "")
+    if o.kind == "child":
+        if o.path:  # reading its output through a pipe
+            return f"blocked in {call} on the output of {o.peer()}"
+        return f"blocked in {call} waiting for " + (o.peer() if o.pid else "a child process") + " to exit"
+    if o.kind in ("fifo", "file"):
+        what = "the FIFO" if o.kind == "fifo" else "the file"
+        mount = f" (mount: {o.mount})" if o.mount else ""
+        if o.call == "openat":
+            until = " until a writer opens it" if o.kind == "fifo" else ""
+            return f"blocked opening {what} {o.path}{mount}{until}"
+        return f"blocked in {call} on {what} {o.path}{mount}"
+    if o.kind == "pipe":
+        return f"blocked in {call} on a pipe ({o.path})"
+    if o.kind == "sleep":
+        return f"sleeping ({call})"
+    if o.kind == "lock":
+        return f"blocked on a lock or a condition ({call})"
+    return f"blocked in {call}"
 
 
 def inside_library(st: RankState, site: Site | None) -> str:

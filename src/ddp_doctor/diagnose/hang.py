@@ -2,14 +2,17 @@
 different steps), DDP205 (stalled outside collectives, or every rank stuck in one transport call)."""
 from __future__ import annotations
 
+import os
+from dataclasses import replace
+
 from ddp_doctor.evidence import Collective, JobEvidence, RankState, Verdict
 from ddp_doctor.findings import Finding, runtime_fix
 
 from ddp_doctor.diagnose.blame import agreement
 from ddp_doctor.diagnose.collectives import (blame_positions, classify_calls, finding_for_calls, not_member_blame,
                                              on_group)
-from ddp_doctor.diagnose.common import (FIX_201, FIX_202, doing, loc, others_text, rank_site, ranks_of,
-                                        step_evidence, user_frame, where)
+from ddp_doctor.diagnose.common import (FIX_201, FIX_202, blocked_words, doing, loc, others_text, rank_site,
+                                        ranks_of, step_evidence, user_frame, where)
 from ddp_doctor.diagnose.exits import diagnose_exit
 from ddp_doctor.diagnose.pipeline import ran_schedule_more, schedule_finding
 from ddp_doctor.diagnose.steps import uneven_steps
@@ -35,9 +38,14 @@ def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Finding]:
     if in_coll and out_coll:
         if all(st.in_data_wait for st in out_coll.values()):
             return [stall_finding(ranks, out_coll, stall, partial=in_coll)]
+        # blocked on a peer outside the job (a service, a child process, a file): where it is, not a collective
+        # the others entered without it (it comes to that collective once the peer answers)
+        waits_outside = {r: st for r, st in out_coll.items() if st.outside is not None and st.outside.peer()}
+        fix = runtime_fix("DDP205.pg-timeout") if d.kind == "pg-timeout" else None
+        if waits_outside:
+            return [stall_finding(ranks, waits_outside, stall, partial=in_coll, fix=fix)]
         stuck = _stuck_outside(in_coll, out_coll, ranks)
         if stuck:
-            fix = runtime_fix("DDP205.pg-timeout") if d.kind == "pg-timeout" else None
             return [stall_finding(ranks, stuck, stall, partial=in_coll, fix=fix)]
         sched = ran_schedule_more(out_coll, ranks)
         if sched:  # a stage inside a pipeline schedule it ran more often than the others
@@ -107,7 +115,8 @@ def stall_finding(ranks: dict[int, RankState], stuck: dict[int, RankState], stal
         for w in st.workers:
             uf = user_frame(w.stack) or (w.stack[-1] if w.stack else None)
             if uf:
-                ws.append(f"worker {w.pid} at {where(uf)}")
+                ws.append(f"worker {w.pid} at {where(uf)}" + (", one thread waiting on a lock no thread of its "
+                                                              "process can release" if w.frozen else ""))
             workers_ev[str(w.pid)] = {"rank": r, "at": uf}
         if ws:
             txt += " (" + "; ".join(ws) + ")"
@@ -136,10 +145,77 @@ def stall_finding(ranks: dict[int, RankState], stuck: dict[int, RankState], stal
     else:
         msg = (f"No rank progresses and the stuck ones are not in a collective: {'; '.join(parts)}.{life} "
                f"Nothing moved {ended}")
-    fix = fix or runtime_fix("DDP205.stall")
+    outside = {str(r): st.outside for r, st in stuck.items() if st.outside is not None}
+    peers = any(o.peer() for o in outside.values())
+    fix = fix or runtime_fix("DDP205.outside" if peers else "DDP205.stall")
     return Finding("DDP205", msg, fix, location=loc(site), ranks=sorted(stuck),
                    evidence={**stall, "where": {str(r): rank_site(st) for r, st in stuck.items()},
-                             "workers": workers_ev, **step_evidence(ranks)})
+                             "workers": workers_ev, **({"outside": outside} if outside else {}),
+                             **step_evidence(ranks)})
+
+
+def still_watching(ev: JobEvidence, findings: list[Finding]) -> list[Finding]:
+    """A stall's diagnosis (the job runs on): the first finding says that nothing proves the job stuck, and
+    what would stop it -- a proof, the process group's own timeout (when it fires), or ``--stop-on-stall``."""
+    if not findings:
+        return findings
+    ranks = ranks_of(ev)
+    waits = [(r, st.in_collective, st.pg_timeout_s) for r, st in sorted(ranks.items())
+             if st.in_collective is not None and st.pg_timeout_s and not (st.done or st.exc or st.exit)]
+    timeout = ""
+    if waits:
+        r, c, t = max(waits, key=lambda w: w[1].waiting_s or 0.0)
+        left = max(0.0, t - (c.waiting_s or 0.0))
+        timeout = (f", when the process group's own timeout ({t:g}s) is about to fail it (rank {r} has waited "
+                   f"{c.waiting_s or 0:.0f}s in {c.op}: in about {left:.0f}s)")
+    peers = sorted({o.peer() for st in ranks.values() if st.outside and st.in_collective is None
+                    for o in (st.outside,) if o.peer()})
+    outside = f" -- it waits on {', '.join(peers)}, outside the job, which may still answer" if peers else ""
+    note = (f" Nothing proves the job stuck{outside}: ddp-doctor keeps watching and stops it only on proof (a rank "
+            f"that fails or exits while others wait for it, collectives that disagree){timeout}; "
+            "`--stop-on-stall` stops it at the limit.")
+    first = findings[0]
+    return [replace(first, message=first.message + note, evidence={**first.evidence, "still_running": True}),
+            *findings[1:]]
+
+
+def frozen_proof(d: Verdict, findings: list[Finding]) -> list[Finding]:
+    """The stall stopped on proof (``live.stall_proof``): say which fact, on the first finding."""
+    if not findings:
+        return findings
+    first = findings[0]
+    note = f" Stopped on proof: {d.limit_how}, so rank {d.rank} can never get its next batch."
+    return [replace(first, message=first.message + note, evidence={**first.evidence, "proof": d.limit_how}),
+            *findings[1:]]
+
+
+def stalls_resumed(ev: JobEvidence) -> list[Finding]:
+    """Info for a job that ended well after stalls: each one, with how long it lasted, where the stuck ranks
+    were and what they waited on -- a stall the job came out of, never a fault by itself."""
+    out = []
+    for s in ev.stalls:
+        if not s.where:
+            continue
+        lasted = s.lasted_s if s.lasted_s is not None else s.idle_s
+        at_least = "" if s.lasted_s is not None else "at least "
+        parts = []
+        for r, site in sorted(s.where.items()):
+            at = (f"in {site.function}() at {os.path.basename(site.path)}:{site.line}"
+                  if site and site.function and site.function != "<module>" else f"at {where(site)}")
+            txt = f"rank {r} spent {at_least}{lasted:.0f}s {at}"
+            o = s.outside.get(r)
+            if o is not None:
+                txt += f", {blocked_words(o)}"
+            parts.append(txt)
+        waits = "; ".join(f"rank {r} waited in {c.op} at {where(c.site)}" for r, c in sorted(s.waiting.items()))
+        msg = ("; ".join(parts) + (f", while {waits}" if waits else "") +
+               f". No rank showed a sign of life (CPU, I/O, a moving stack) for more than the {s.limit_s:g}s limit; "
+               "ddp-doctor reported the stall and kept watching, and the job then carried on: stalled, not stuck.")
+        first = min(s.where)
+        out.append(Finding("DDP205", msg, runtime_fix("DDP205.outside" if s.outside else "DDP205.slow"),
+                           location=loc(s.where[first]), severity="info", ranks=sorted(s.where),
+                           evidence={"stall": s}))
+    return out
 
 
 def slow_not_stuck(ev: JobEvidence) -> list[Finding]:

@@ -9,9 +9,15 @@ or stack moving), ``.fps`` ({(group, seq): fingerprint}), ``.sites_seen`` ({(op,
 
 The policy (docs/verdicts.md): a job is stopped only on *proof* -- ranks paired different collectives
 (``desync``), a rank failed, or a rank that finished is needed by a collective another rank waits in
-(``exit``) -- or when *no* rank has shown a sign of life for the limit (``hang``: ``--hang-timeout``,
-default ``NO_PROGRESS_S``), or when a collective has waited almost the process group's own timeout
-(which would fail the job anyway).  Anything less is a :class:`Suspicion`: a live warning, never a stop.
+(``exit``) -- or when a collective has waited almost the process group's own timeout (``hang``
+``pg-timeout``: it would fail the job anyway).  When *no* rank has shown a sign of life for the limit
+(``--hang-timeout``, default ``NO_PROGRESS_S``) the job is ``stalled``: a diagnosis, written and printed
+once, and the job keeps running -- a rank blocked on a peer outside the job (a storage service, a child
+process, a file on a slow mount) may be answered, and nothing proves it will not.  When a rank shows a
+sign of life again the stall has ``resumed``.  Only ``--stop-on-stall`` makes the limit a stop (``hang``),
+as the user's choice.  Anything less is a :class:`Suspicion`: a live warning, never a stop.
+
+``stalled`` and ``resumed`` are events (:data:`EVENTS`), not stops: the watcher diagnoses and goes on.
 
 The policy reads the job through a :class:`~ddp_doctor.diagnose.jobview.JobView`: node summaries
 (``diagnose.summary``) merged, so the same rules decide a single node (one summary of its own views) and a
@@ -24,7 +30,7 @@ from typing import Any
 
 from ddp_doctor.diagnose import jobview
 from ddp_doctor.diagnose.jobview import JobView
-from ddp_doctor.evidence import GROUP_CREATION, Collective, Suspicion, Verdict
+from ddp_doctor.evidence import GROUP_CREATION, Collective, JobEvidence, Suspicion, Verdict
 
 NO_PROGRESS_S = 90.0     # default limit: no rank showed any sign of life for this long -> hang
 TRANSPORT_S = 300.0      # every rank waits inside the very same collective: the transport is slow
@@ -34,6 +40,13 @@ K_STEP = 10.0
 FINISH_GRACE_S = 1.0     # a finished rank is needed: the waiting rank has waited at least this long
 PG_MARGIN_S = jobview.PG_MARGIN_S  # stop this long before the process group's timeout would fail the job
 CYCLE_S = 1.0            # two ranks blocked this long, each in a collective the other never entered: proof
+RESUME_S = 0.5           # a sign of life this long after a stall began: the job moved again
+EVENTS = ("stalled", "resumed")  # decisions that never stop the job: a stall's diagnosis, and its end
+
+
+def stops(decision: Verdict) -> bool:
+    """Does this decision stop the job (a proof, the process group's timeout ahead, --stop-on-stall)?"""
+    return decision.reason not in EVENTS
 
 
 def group_ranks(group: str | None, world_size: int) -> set[int] | None:
@@ -55,8 +68,10 @@ class Judge:
     It decides from a :class:`~ddp_doctor.diagnose.jobview.JobView`: the summaries of the job's nodes merged
     (``decide_job``; one summary of the watcher's own views on a single node: ``decide``)."""
 
-    def __init__(self, hang_timeout: float | None) -> None:
+    def __init__(self, hang_timeout: float | None, stop_on_stall: bool = False) -> None:
         self.hang_timeout = hang_timeout
+        self.stop_on_stall = stop_on_stall        # the user's choice: the limit stops the job (``hang``)
+        self.stall_since: float | None = None     # the job is stalled: since when no rank showed a sign of life
         self.suspicion: Suspicion | None = None   # the live warning now (None: nothing to warn about)
         self.longest: Suspicion | None = None     # the longest warning of the run (reported as info)
         self._waits: tuple = ()                   # the nodes' waits the warning's maps were made of
@@ -83,8 +98,10 @@ class Judge:
         return self.decide_job(JobView(world_size, [(node, 0.0)]), now)
 
     def decide_job(self, job: JobView, now: float | None = None) -> Verdict | None:
-        """The live verdict: proof (a desync, a failed rank, a finished rank someone waits for) or a job
-        in which no rank has shown a sign of life for the limit.  Sets ``suspicion`` on the way."""
+        """The live verdict: proof (a desync, a failed rank, a finished rank someone waits for), the process
+        group's timeout ahead, or an event: a job in which no rank has shown a sign of life for the limit is
+        ``stalled`` (once; ``hang`` with ``--stop-on-stall``), and ``resumed`` once one does again.  Sets
+        ``suspicion`` on the way."""
         # 1. desync (first: a mismatch is the root cause even when gloo then aborts both ranks)
         if job.desync is not None:
             return job.desync
@@ -93,6 +110,12 @@ class Judge:
             return Verdict("exit", rank=job.failed[0])
         if not job.seen:
             return None
+        now = time.monotonic() if now is None else now
+        if self.stall_since is not None:  # stalled: has a rank shown a sign of life since it began?
+            quiet = min(job.progress_age or 0.0, job.active_age or 0.0) if job.live else 0.0
+            if now - quiet > self.stall_since + RESUME_S:
+                lasted, self.stall_since = now - quiet - self.stall_since, None
+                return Verdict("resumed", stalled_s=round(lasted, 1))
         # 3. a rank that finished is needed by a collective another rank waits in
         needed = self._finished_needed(job) if job.finished_any else None
         if needed:
@@ -121,10 +144,16 @@ class Judge:
             limit, how = max(limit, TRANSPORT_S), "every rank inside the same collective: waiting for the transport"
         if job.late:
             return None  # a node not heard from lately may be alive: never stop on a guess
-        if min(stalled, idle) > limit:
-            return Verdict("hang", stalled_s=round(stalled, 2), limit_s=round(limit, 2), limit_how=how,
-                           busy=job.busy())
-        return None
+        if min(stalled, idle) <= limit:
+            return None
+        if self.stop_on_stall:  # the user's choice: a stall is a stop
+            return Verdict("hang", stalled_s=round(stalled, 2), limit_s=round(limit, 2),
+                           limit_how=f"{how}, --stop-on-stall", busy=job.busy())
+        if self.stall_since is not None:
+            return None  # diagnosed once; the job keeps running
+        self.stall_since = now - min(stalled, idle)
+        return Verdict("stalled", stalled_s=round(stalled, 2), limit_s=round(limit, 2), limit_how=how,
+                       busy=job.busy())
 
     def _finished_needed(self, job: JobView) -> Verdict | None:
         """A rank ended normally and another waits in a collective of a group it belongs to, at a position
@@ -169,6 +198,26 @@ class Judge:
         self.suspicion = s
         if s.waiting and s.outside and (self.longest is None or s.stalled_s >= self.longest.stalled_s):
             self.longest = s  # the longest a rank outside collectives kept others waiting (info in the report)
+
+
+def stall_proof(ev: JobEvidence, d: Verdict) -> Verdict | None:
+    """At a stall, with every stack taken: a fact that a rank can never resume, so the stall is a hang (a stop).
+
+    A rank waits for a batch from its DataLoader and every worker of that loader is ``frozen`` (one thread
+    blocked on a lock of its own process with no timeout: no thread can ever release it, the lock was
+    inherited locked across fork).  Nothing else is proof here: a rank blocked on a peer outside the job may
+    be answered."""
+    for r, st in sorted(ev.ranks.items()):
+        w = st.in_data_wait
+        if w is None or st.done or st.exc or st.exit or w.loader is None or not 0 <= w.loader < len(st.loaders):
+            continue
+        pids = set(st.loaders[w.loader].worker_pids)
+        frozen = {x.pid for x in st.workers if x.frozen}
+        if pids and pids <= frozen:
+            return d.with_(reason="hang", kind="frozen-workers", rank=r,
+                           limit_how=f"every DataLoader worker of rank {r} ({', '.join(map(str, sorted(pids)))}) "
+                                     "waits on a lock no thread of its process can release")
+    return None
 
 
 def find_desync(views: dict[int, Any], world_size: int, compared: dict[int, set] | None = None

@@ -22,6 +22,7 @@ the nodes it suspects, through a :class:`Control` message.
 from ddp_doctor.evidence.agreement import GROUP_CREATION, ROOT
 from ddp_doctor.evidence.job import (EVIDENCE_OUT_ENV, Capture, JobEvidence, LintMark, NodeLoss, Suspicion, Verdict,
                                      exit_from_wire, rank_state_from_wire, stacks_from_wire, to_wire)
+from ddp_doctor.evidence.outside import OutsideWait, Stall
 from ddp_doctor.evidence.rank import PERF_KEYS, RankState, missing_rank
 from ddp_doctor.evidence.records import (SCHEMA, Activity, Collective, DataWait, DdpModel, DdpParam,
                                          ExitStatus, GroupInit, LoaderState, RaisedError, Refused, SamplerState, Site,
@@ -35,5 +36,5 @@ __all__ = ["GROUP_CREATION", "ROOT", "SCHEMA", "PERF_KEYS", "EVIDENCE_OUT_ENV", 
            "TimelineEvent", "ThreadStack", "FrameValues", "WorkerExit", "WorkerStack", "SkippedSync",
            "SiteCount", "Refused", "RankState", "missing_rank", "LintMark", "JobEvidence", "Suspicion", "Verdict", "Capture", "to_wire",
            "NodeLoss", "NodeSummary", "Waiting", "Outside", "Finished", "Deadline", "Digests", "Control", "Pull",
-           "NodeDetail", "rank_runs",
+           "NodeDetail", "rank_runs", "OutsideWait", "Stall",
            "rank_state_from_wire", "exit_from_wire", "stacks_from_wire", "stacks_to_json", "stacks_from_json"]

@@ -5,6 +5,7 @@ import json
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
+from ddp_doctor.evidence.outside import Stall
 from ddp_doctor.evidence.rank import RankState
 from ddp_doctor.evidence.records import SCHEMA, Collective, ExitStatus, Site, _tuple
 from ddp_doctor.evidence.threads import ThreadStack, stacks_from_json
@@ -58,6 +59,7 @@ class JobEvidence:
     lint: tuple[LintMark, ...] = ()
     suspicion: "Suspicion | None" = None  # the longest a rank outside collectives kept others waiting
     lost_nodes: tuple[NodeLoss, ...] = ()  # node agents that went silent (several nodes)
+    stalls: tuple[Stall, ...] = ()  # stalls diagnosed while the job ran (the last one still on when lasted_s is None)
 
     def to_json(self) -> dict[str, Any]:
         d = {"schema": SCHEMA, "world_size": self.world_size, "wall_s": self.wall_s,
@@ -67,6 +69,8 @@ class JobEvidence:
             d["suspicion"] = self.suspicion.to_json()
         if self.lost_nodes:
             d["lost_nodes"] = [n.to_json() for n in self.lost_nodes]
+        if self.stalls:
+            d["stalls"] = [s.to_json() for s in self.stalls]
         return d
 
     @classmethod
@@ -76,7 +80,8 @@ class JobEvidence:
                    d.get("hang_limit_how"),
                    tuple(LintMark.from_json(m) for m in d.get("lint") or ()),
                    Suspicion.from_json(d.get("suspicion")),
-                   tuple(NodeLoss.from_json(n) for n in d.get("lost_nodes") or ()))
+                   tuple(NodeLoss.from_json(n) for n in d.get("lost_nodes") or ()),
+                   tuple(Stall.from_json(x) for x in d.get("stalls") or ()))
 
     def with_(self, **kw) -> "JobEvidence":
         return replace(self, **kw)
@@ -84,14 +89,17 @@ class JobEvidence:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """The watcher's live decision: why it stopped looking (``reason`` exit | desync | hang).
+    """The watcher's live decision: why it stopped looking (``reason`` exit | desync | hang), or an event that
+    stops nothing (``stalled``: no rank showed a sign of life for the limit, diagnosed while the job runs on;
+    ``resumed``: a rank moved again, ``stalled_s`` how long the stall lasted).
 
     desync: ``kind`` op | shape, at (``group``, ``seq``) with each rank's ``calls`` (and ``parted``: each
     rank's call at the first earlier position where they came from different training positions or lines,
     an explanation, never a proof), or ``cycle`` (two ranks blocked in collectives of
     different groups, each waiting for the other: ``calls`` holds both); exit: ``rank`` (``finished`` when it ended normally
     while the others wait); hang: ``stalled_s`` against ``limit_s`` (``limit_how``), ``busy`` ranks,
-    ``kind`` "pg-timeout" when a collective had waited almost the process group's own timeout.
+    ``kind`` "pg-timeout" when a collective had waited almost the process group's own timeout, "frozen-workers"
+    when a stall's facts proved a rank can never get its next batch (``live.stall_proof``).
     Fixed at the decision: ``failed`` (a rank had failed), ``blocked`` (the ranks still wait at the
     mismatch), ``attempt``; ``t_detect`` / ``t_stacks`` time the detection (monotonic clock)."""
     reason: str

@@ -8,6 +8,7 @@ from typing import Any, Mapping
 from ddp_doctor.evidence.records import (SCHEMA, Activity, Collective, DataWait, DdpModel, ExitStatus, GroupInit,
                                          LoaderState, RaisedError, Refused, SkippedSync, Site, SiteCount, TimelineEvent, Timing,
                                          _sites, _tuple)
+from ddp_doctor.evidence.outside import OutsideWait
 from ddp_doctor.evidence.threads import ThreadStack, WorkerStack
 
 PERF_KEYS = ("loads", "cuda", "gpu", "h2d", "loadavg", "cpu_count")
@@ -72,6 +73,7 @@ class RankState:
     busy: bool = False
     stalled_s: float | None = None
     idle_s: float | None = None      # seconds since any sign of life (progress, CPU, I/O, stack)
+    outside: OutsideWait | None = None  # the system call its training thread is blocked in, and on what
     sites_seen: frozenset = frozenset()  # {(op, site key)} of every call the rank ever made
     fatal_stack: bool = False
 
@@ -181,7 +183,7 @@ class RankState:
             stack=_sites(d.get("stack")), threads=tuple(ThreadStack.from_json(t) for t in d.get("threads") or ()),
             workers=tuple(WorkerStack.from_json(w) for w in d.get("workers") or ()),
             exit=ExitStatus.from_json(d.get("exit")), busy=bool(d.get("busy")), stalled_s=d.get("stalled_s"),
-            idle_s=d.get("idle_s"),
+            idle_s=d.get("idle_s"), outside=OutsideWait.from_json(d.get("outside")),
             sites_seen=frozenset((op, tuple(k) if k else None) for op, k in d.get("sites_seen") or ()),
             fatal_stack=bool(d.get("fatal_stack")))
 
@@ -195,7 +197,7 @@ def missing_rank(rank: int) -> RankState:
 
 # newer fields, left out when unknown (older captures and states round-trip unchanged)
 _OMIT_WHEN_NONE = frozenset({"activity", "pg_timeout_s", "idle_s", "sync_forwards", "syncs_skipped", "skipped_syncs",
-                             "teardown", "refused", "mesh_dims"})
+                             "teardown", "refused", "mesh_dims", "outside"})
 # encoded field by field; the others have a compact encoding of their own in to_json
 _PLAIN_FIELDS = tuple(f.name for f in fields(RankState)
                       if f.name not in ("fingerprints", "site_counts", "not_member", "perf", "sites_seen", "coll_count",

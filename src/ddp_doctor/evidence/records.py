@@ -172,15 +172,18 @@ class Activity:
     io_bytes: int = 0
     workers_cpu_s: float = 0.0
     stack_sig: int = 0
+    tid: int | None = None   # the training thread's native id (the watcher reads what it is blocked in)
 
     def to_json(self) -> list:
-        return [self.cpu_s, self.io_bytes, self.workers_cpu_s, self.stack_sig]
+        return [self.cpu_s, self.io_bytes, self.workers_cpu_s, self.stack_sig, *(() if self.tid is None else (self.tid,))]
 
     @classmethod
     def from_json(cls, d) -> "Activity | None":
         if not d:
             return None
-        return d if isinstance(d, Activity) else cls(float(d[0]), int(d[1]), float(d[2]), int(d[3]))
+        if isinstance(d, Activity):
+            return d
+        return cls(float(d[0]), int(d[1]), float(d[2]), int(d[3]), int(d[4]) if len(d) > 4 and d[4] else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,7 +415,8 @@ class Timing:
 
 @dataclass(frozen=True, slots=True)
 class TimelineEvent:
-    """One span of a rank's timeline: kind step | collective | data_wait | h2d | epoch."""
+    """One span of a rank's timeline: kind step | collective | data_wait | h2d | epoch (and in the report, stall:
+    ``session.assemble.stall_bands``)."""
     t: float
     kind: str
     dur: float

@@ -51,13 +51,19 @@ def stacks_from_json(d) -> tuple[ThreadStack, ...]:
 
 @dataclass(frozen=True, slots=True)
 class WorkerStack:
-    """A DataLoader worker process of a rank and its stack (faulthandler)."""
+    """A DataLoader worker process of a rank and its stack (faulthandler).  ``frozen``: the worker is one
+    thread blocked on a lock of its own process (a private futex wait without a timeout), so no thread can
+    ever release it -- a lock inherited locked across ``fork()`` (``watcher.outside.frozen_forever``)."""
     pid: int
     stack: tuple[Site, ...] = ()
+    frozen: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "stack": [f.to_json() for f in self.stack]}
+        d: dict[str, Any] = {"pid": self.pid, "stack": [f.to_json() for f in self.stack]}
+        if self.frozen:
+            d["frozen"] = True
+        return d
 
     @classmethod
     def from_json(cls, d) -> "WorkerStack":
-        return cls(int(d["pid"]), _sites(d.get("stack")))
+        return cls(int(d["pid"]), _sites(d.get("stack")), bool(d.get("frozen")))

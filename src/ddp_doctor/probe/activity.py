@@ -71,7 +71,8 @@ def sample(rec, stacks: dict[int, bytes]) -> Activity:
         if loader is not None:
             for pid in list(loader.worker_pids)[:_MAX_WORKERS]:
                 workers += _proc_cpu(pid)
-        return Activity(round(_thread_cpu(ident), 4), _io_bytes(_native_id(ident)), round(workers, 3),
-                        signature(stacks.get(ident)))
+        native = _native_id(ident)
+        return Activity(round(_thread_cpu(ident), 4), _io_bytes(native), round(workers, 3),
+                        signature(stacks.get(ident)), native)
     except Exception:
         return Activity()

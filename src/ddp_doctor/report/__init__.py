@@ -98,8 +98,9 @@ REPORT_JSON_SCHEMA: dict[str, Any] = {
     "required": ["schema", "verdict", "exit_code", "world_size", "findings", "ranks"],
     "properties": {
         "schema": {"const": REPORT_SCHEMA_ID},
-        "verdict": {"enum": ["ok", "hang", "crash", "desync", "interrupted"]},
-        "exit_code": {"type": "integer"},
+        # stalled: written at a stall while the job runs on (exit_code null); the report at the end replaces it
+        "verdict": {"enum": ["ok", "stalled", "hang", "crash", "desync", "interrupted"]},
+        "exit_code": _NULLABLE_INT,
         "world_size": {"type": "integer", "minimum": 0},
         # how the ranks were started ("ddp-doctor run", "torchrun", "lightning (subprocess)", "ray train"...:
         # ddp_doctor.session.launcher), and where the embedded watcher wrote this report (absolute)

@@ -19,6 +19,7 @@ from ddp_doctor.report import _view
 VERDICT_TEXT = {
     "ok": ("OK", "the job ran clean"),
     "hang": ("HANG", "the job stopped making progress"),
+    "stalled": ("STALLED", "no rank has shown a sign of life for the limit; the job was still running"),
     "crash": ("CRASH", "a rank failed"),
     "desync": ("DESYNC", "ranks disagreed on what to run"),
     "interrupted": ("INTERRUPTED", "stopped by a signal (Ctrl-C, SIGTERM, SIGHUP)"),
@@ -129,7 +130,8 @@ def render_html(report: dict[str, Any]) -> str:
     out.append('<nav class="toc">' + "".join(f'<a href="#{a}">{t}</a>' for a, t in toc) + "</nav><main>")
     if charts:
         out.append('<section id="timeline"><h2>Timeline</h2><p class="hint">One lane per rank: steps, collectives and '
-                   "data-loader waits over time; a red, hatched lane is a rank that stopped, with the line it stopped on.</p>"
+                   "data-loader waits over time; a red, hatched lane is a rank that stopped, with the line it stopped on; a "
+                   "dashed, hatched band is a stall (no rank showed a sign of life), its cause in its tooltip.</p>"
                    '<div id="timeline-range" class="range"></div>'
                    '<div id="timeline-chart" class="chart"><noscript><p class="empty">Enable JavaScript to draw the timeline.'
                    "</p></noscript></div><div class=\"legend\"><span style=\"--c:var(--step)\">step</span>"

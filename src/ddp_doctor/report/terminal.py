@@ -23,10 +23,11 @@ from ddp_doctor.report import _view
 from ddp_doctor.report.safe import clean_text
 from ddp_doctor.utf8 import readable
 
-VERDICT_STYLE = {"fail": "bold red", "ok": "bold green", "hang": "bold red", "crash": "bold red", "desync": "bold magenta", "interrupted": "bold yellow", None: "bold cyan"}
+VERDICT_STYLE = {"fail": "bold red", "ok": "bold green", "hang": "bold red", "crash": "bold red", "desync": "bold magenta", "interrupted": "bold yellow", "stalled": "bold yellow", None: "bold cyan"}
 VERDICT_TEXT = {
     "ok": "OK: the job ran clean",
     "hang": "HANG: the job stopped making progress",
+    "stalled": "STALLED: no rank has shown a sign of life for the limit; the job is still running, ddp-doctor watches on",
     "crash": "CRASH: a rank failed",
     "desync": "DESYNC: ranks disagreed",
     "interrupted": "INTERRUPTED: stopped by a signal; every rank's stack below",
@@ -160,7 +161,8 @@ def _banner(con: Console, report: dict[str, Any]) -> None:
     head.append(VERDICT_TEXT.get(verdict, str(verdict).upper()), style=style)
     facts = []
     if verdict is not None:
-        facts.append(f"exit code {report.get('exit_code')}")
+        code = report.get("exit_code")
+        facts.append("still running" if code is None else f"exit code {code}")
         ws = report.get("world_size")
         if ws is not None:
             n = _view.nnodes(report)
@@ -386,16 +388,17 @@ class LiveView:
         except Exception:
             pass
 
-    def warn(self, suspicion: Any, repeat_s: float = 15.0) -> None:
-        """Show the live warning (an ``evidence.Suspicion``, or None when it is over).  Off a TTY a line is
-        printed when the warning starts or changes, and at most every ``repeat_s`` seconds meanwhile."""
+    def warn(self, suspicion: Any, repeat_s: float = 15.0, stall: Any = None) -> None:
+        """Show the live warning (an ``evidence.Suspicion``, or None when it is over; ``stall``: the
+        ``evidence.Stall`` the job is in, said in its words).  Off a TTY a line is printed when the warning
+        starts or changes, and at most every ``repeat_s`` seconds meanwhile."""
         try:
             if suspicion is None:
                 if self._warned is not None and not self.is_tty:
                     print("[ddp-doctor] progress again: warning over", file=self.file, flush=True)
                 self.warning, self._warned = None, None
                 return
-            self.warning = suspicion_text(suspicion)
+            self.warning = suspicion_text(suspicion) if stall is None else stall_text(stall, suspicion)
             now = time.monotonic()
             if self._live is not None:
                 self._live.update(self._render(), refresh=True)
@@ -448,6 +451,24 @@ def _at(site: Any) -> str:
     return f"{os.path.basename(site.path)}:{site.line}" if site is not None else "an unknown line"
 
 
+def stall_text(st: Any, s: Any) -> str:
+    """One line while the job is stalled (``evidence.Stall``, with the live ``Suspicion`` for the clock): who is
+    blocked on what, who waits for it, and that the job runs on."""
+    parts = []
+    for r, site in sorted(st.where.items()):
+        o = st.outside.get(r)
+        on = ""
+        if o is not None:
+            peer = o.peer()
+            on = f", blocked in {o.call}()" + (f" on {peer}, outside the job" if peer else "")
+        parts.append(f"rank {r} has shown no sign of life for {s.stalled_s:.0f}s at {_at(site)}{on}")
+    waits = "; ".join(f"rank {r} waits in {c.op} at {_at(c.site)}" for r, c in sorted(st.waiting.items()))
+    text = "STALLED: " + ("; ".join(parts) or f"no rank has progressed for {s.stalled_s:.0f}s")
+    text += (f", while {waits}" if waits else "") + ". Nothing proves it stuck: watching on (a stop only on proof, " \
+        "at the process group's timeout, or with --stop-on-stall)"
+    return clean_text(text)
+
+
 def suspicion_text(s: Any) -> str:
     """One line for a live warning (``evidence.Suspicion``): who waits where, who is where and how long."""
     parts = [f"no rank has progressed for {s.stalled_s:.0f}s"]
@@ -466,5 +487,6 @@ def suspicion_text(s: Any) -> str:
         life = (f"no sign of life for {idle:.0f}s" if idle is not None and idle >= 2 else "working")
         parts.append(f"rank {r} is outside collectives at {_at(site)} ({life})")
     if s.limit_s:
-        parts.append(f"stopped only if no rank shows any sign of life (CPU, I/O, stack) for {s.limit_s:g}s")
+        parts.append(f"a full diagnosis if no rank shows any sign of life (CPU, I/O, stack) for {s.limit_s:g}s; "
+                     "the job is stopped only on proof")
     return readable(clean_text(parts[0] + (": " + "; ".join(parts[1:]) if len(parts) > 1 else "")))

@@ -72,6 +72,8 @@ class Job:
         self.t0 = time.time()
         self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.hang_timeout = float(own["--hang-timeout"]) if own.get("--hang-timeout") else None
+        self.stop_on_stall = bool(own.get("--stop-on-stall"))
+        self.lint_findings: list = []
         self.grace = float(own.get("--stop-grace", GRACE_S))
         self.watcher = None
         self.store = None       # the side channel the job's verdict travels on (several nodes: the root store)
@@ -163,6 +165,16 @@ class Job:
             root.stop(decision.reason)  # every node's agent stops its ranks
         self.stop()
 
+    def on_stall(self, decision: Verdict) -> None:
+        """Called from the watcher thread: a stall diagnosed (write and print the report, verdict
+        ``stalled``; the job keeps running) or ended (say so).  Only the node that decides reports."""
+        if decision.reason == "stalled":
+            report = assemble.stall_report(self, decision)
+            assemble.save_and_print(self, report)
+        elif not self.own.get("--quiet"):
+            print(f"ddp-doctor: the job moved again after {decision.stalled_s:.0f}s without a sign of life; "
+                  "watching on", file=sys.stderr)
+
     def stop(self) -> None:
         if self.stop_requested.is_set():
             return
@@ -242,7 +254,7 @@ class Job:
 
         a = self.args
         self.hook_interrupts()
-        lint_findings = _lint(a.training_script, a.module)
+        lint_findings = self.lint_findings = _lint(a.training_script, a.module)
         is_host = self.open_store()
         run_dir = tempfile.mkdtemp(prefix="ddp-doctor-")
         os.environ["DDP_DOCTOR_STORE"] = self.store_addr
@@ -254,6 +266,7 @@ class Job:
         a.monitor_interval = max(float(a.monitor_interval), 1.0)  # let the watcher see an exit first
         self.watcher = Watcher(self.local or self.store, world_size=_world_size_hint(a), hang_timeout=self.hang_timeout,
                                run_dir=run_dir, is_host=is_host, on_decision=self.on_decision,
+                               stop_on_stall=self.stop_on_stall, on_stall=self.on_stall,
                                max_restarts=int(a.max_restarts or 0), **self._hierarchy(is_host))
         self.watcher.start()
         if self.local is not None:  # the ranks sign with their node's secret (the root channels keep the job's)
@@ -314,7 +327,9 @@ class Job:
             with LiveView(self.watcher.world_size, file=sys.stderr) as view:
                 while not stop.wait(1.0) and not self.stop_requested.is_set():
                     view.update(assemble.live_rows(self.watcher))
-                    view.warn(self.watcher.judge.suspicion)
+                    w = self.watcher
+                    stalled = w.stalls[-1] if w.stall_decision is not None and w.stalls else None
+                    view.warn(w.judge.suspicion, stall=stalled)
         except Exception:
             pass
 

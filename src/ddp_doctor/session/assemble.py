@@ -46,7 +46,8 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
     runtime = [f.to_report_dict() | {"source": "runtime"} for f in findings]
     lint = [f.to_report_dict() | {"source": "lint"} for f in lint_findings]
     confirm_lint(runtime, lint)
-    ranks = [rank_entry(r, st, job.failures, lost) for r, st in sorted(evidence.ranks.items())]
+    ranks = stall_bands([rank_entry(r, st, job.failures, lost) for r, st in sorted(evidence.ranks.items())],
+                        evidence, t_end=time.time() - job.t0)
     report = report_v1(
         verdict, w.world_size, runtime, ranks,
         exit_code=exit_code,
@@ -60,7 +61,9 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
     )
     if decision is not None:
         t_detect = decision.t_detect
-        stats = {"reason": decision.reason, "limit": evidence.hang_limit_how}
+        stats = {"reason": decision.reason, "limit": evidence.hang_limit_how,
+                 **({"kind": decision.kind} if decision.kind else {}),
+                 **({"why": decision.limit_how} if decision.reason == "hang" and decision.limit_how else {})}
         if t_detect and decision.stalled_s is not None:
             stats["stalled_s_at_detection"] = decision.stalled_s
         if t_detect:
@@ -81,6 +84,51 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
     if side_channel is not None:
         report["side_channel"] = side_channel
     return report
+
+
+def stall_report(job, decision: Verdict) -> dict[str, Any]:
+    """The report written at a stall, while the job still runs: verdict ``stalled``, the diagnosis of where
+    every rank is and what the stuck ones are blocked on, ``exit_code`` null (the job has none yet).  The
+    report at the end of the job replaces it."""
+    w = job.watcher
+    marks = tuple(lint_mark(f) for f in job.lint_findings if f.location)
+    evidence = w.evidence().with_(lint=marks)
+    _verdict, findings, failed_diagnosis = diagnose_guarded(evidence, decision, {})
+    lost = {r for n in evidence.lost_nodes for r in n.ranks}
+    report = report_v1(
+        "stalled", w.world_size, [f.to_report_dict() | {"source": "runtime"} for f in findings],
+        stall_bands([rank_entry(r, st, {}, lost) for r, st in sorted(evidence.ranks.items())], evidence,
+                    t_end=time.time() - job.t0),
+        exit_code=None, command=["ddp-doctor", "run", *job.argv], launcher="ddp-doctor run",
+        started_at=job.started_at, duration_s=round(time.time() - job.t0, 3), hang_timeout_s=evidence.hang_limit_s,
+        nnodes=str(job.args.nnodes),
+        detection={"reason": "stalled", "limit": evidence.hang_limit_how, "stalled_s_at_detection": decision.stalled_s,
+                   "detect_to_stacks_s": round((decision.t_stacks or 0.0) - (decision.t_detect or 0.0), 3)})
+    report["exit_code"] = None  # (report_v1 fills in 1 for a verdict that is not ok)
+    if failed_diagnosis:
+        report["diagnosis_error"] = failed_diagnosis
+    report["sources"] = job_sources(evidence, job.args.training_script)
+    return report
+
+
+def stall_bands(ranks: list[dict[str, Any]], evidence: JobEvidence, t_end: float) -> list[dict[str, Any]]:
+    """Each stall as a span of its stuck ranks' timelines (kind ``stall``, from its start for as long as it
+    lasted, or to ``t_end``): the HTML timeline draws it as a band with its cause."""
+    from ddp_doctor.diagnose.common import blocked_words
+
+    by_rank = {e["rank"]: e for e in ranks}
+    for s in evidence.stalls:
+        if s.t is None:
+            continue
+        dur = s.lasted_s if s.lasted_s is not None else max(0.0, t_end - s.t)
+        for r in s.where:
+            e = by_rank.get(r)
+            if e is None:
+                continue
+            o = s.outside.get(r)
+            label = "stalled" + (f": {blocked_words(o)}" if o is not None else "")
+            e["timeline"] = [*(e.get("timeline") or []), {"t": s.t, "kind": "stall", "dur": round(dur, 3), "label": label}]
+    return ranks
 
 
 def job_sources(evidence: JobEvidence, script: str | None) -> list[str]:
@@ -304,6 +352,13 @@ def emit(job, report: dict[str, Any], is_host: bool) -> int:
                 time.sleep(0.2)
         except Exception:
             pass
+    save_and_print(job, report)
+    return int(report["exit_code"])
+
+
+def save_and_print(job, report: dict[str, Any]) -> None:
+    """Write the report where the user asked (``--report``, ``--html``), with the source lines it quotes, and
+    print it (unless ``--quiet``)."""
     try:
         from ddp_doctor.report.snippets import attach_snippets
 
@@ -317,7 +372,6 @@ def emit(job, report: dict[str, Any], is_host: bool) -> int:
         print_text(report)
     for s in failed:
         print(s.notice(), file=sys.stderr)
-    return int(report["exit_code"])
 
 
 

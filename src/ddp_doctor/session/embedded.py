@@ -11,7 +11,8 @@ job fail instead of hanging until a timeout.  A job that ends without one gets i
 finished and the others posted their end (or ``FINAL_WAIT_S`` passed).  The report goes to
 ``DDP_DOCTOR_REPORT`` (default ``ddp-doctor-report.json``) in the launch directory
 (``launcher.report_path``; ``DDP_DOCTOR_HTML`` optional), its absolute path printed.
-``DDP_DOCTOR_HANG_TIMEOUT`` sets the hang limit (default adaptive).
+``DDP_DOCTOR_HANG_TIMEOUT`` sets the stall limit (default 90 s): a stall is a live diagnosis on rank 0's
+stderr and the job runs on (stopped only on proof); ``DDP_DOCTOR_STOP_ON_STALL=1`` stops it at the limit.
 """
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def start_in_rank0(address: str, world: int):
     if own_dir:
         atexit.register(shutil.rmtree, run_dir, True)
     t0 = time.time()
-    w = Watcher(store, world_size=world, hang_timeout=float(ht) if ht else None, run_dir=run_dir, is_host=True)
+    w = Watcher(store, world_size=world, hang_timeout=float(ht) if ht else None, run_dir=run_dir, is_host=True,
+                stop_on_stall=os.environ.get("DDP_DOCTOR_STOP_ON_STALL", "") not in ("", "0"))
     reported = threading.Event()
     w.on_decision = lambda decision: _report_and_stop(w, store, t0, run_dir if own_dir else None, reported)
     w.start()
@@ -104,7 +106,7 @@ def _warnings(w) -> None:
         return
     view = LiveView(w.world_size, file=sys.stderr, color=False)
     while not w.stopping.wait(1.0) and w.decision is None:
-        view.warn(w.judge.suspicion)
+        view.warn(w.judge.suspicion, stall=w.stalls[-1] if w.stall_decision is not None and w.stalls else None)
 
 
 _keep: list[Any] = []

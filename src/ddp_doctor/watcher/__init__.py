@@ -3,8 +3,12 @@
 It reads every rank's state from the side-channel store (:mod:`ddp_doctor.store`) a few times a
 second, notices local ranks' deaths before the agent reaps them, and asks :mod:`ddp_doctor.diagnose.live`
 whether the job is lost.  Once it is, the watcher takes every rank's stack (the probe's thread, falling
-back to faulthandler on SIGUSR1) and the DataLoader workers' stacks, and calls ``on_decision``; the
-session stops the job and :mod:`ddp_doctor.diagnose` turns :meth:`Watcher.evidence` into findings.
+back to faulthandler on SIGUSR1), the DataLoader workers' stacks and what each rank's training thread is
+blocked in (``watcher.outside``: a socket's peer, a child process, a FIFO), and calls ``on_decision``; the
+session stops the job and :mod:`ddp_doctor.diagnose` turns :meth:`Watcher.evidence` into findings.  A stall
+(no rank showed a sign of life for the limit, nothing proven) is diagnosed the same way but is no stop: the
+watcher keeps it (``stalls``), calls ``on_stall`` (the session writes and prints the diagnosis) and goes on
+watching; ``on_stall`` is called again when the job moves again.
 
 A rank failure that torch's agent will answer with a restart (``--max-restarts``) is not the end:
 the watcher keeps that attempt's evidence in ``earlier`` and watches the restarted ranks afresh.
@@ -29,8 +33,9 @@ from ddp_doctor import store as side
 from ddp_doctor.diagnose import live as judge
 from ddp_doctor.diagnose.jobview import JobView
 from ddp_doctor.diagnose.summary import Summarizer, calm
-from ddp_doctor.evidence import (ExitStatus, JobEvidence, NodeDetail, NodeSummary, RankState, Verdict, WorkerStack,
-                                 rank_state_from_wire, stacks_from_wire)
+from ddp_doctor.evidence import (ExitStatus, JobEvidence, NodeDetail, NodeSummary, RankState, Stall, Verdict,
+                                 WorkerStack, rank_state_from_wire, stacks_from_wire)
+from ddp_doctor.watcher import outside
 from ddp_doctor.watcher.root import DETAIL_ALL
 from ddp_doctor.watcher.stacks import FATAL, fatal_stack, parse_faulthandler, peek_exit, signal_dumps, tore_down
 from ddp_doctor.watcher.views import RankView
@@ -50,11 +55,15 @@ class Watcher(threading.Thread):
     def __init__(self, store, *, world_size: int, hang_timeout: float | None, run_dir: str,
                  is_host: bool = True, on_decision: Callable[[Verdict], None] | None = None,
                  max_restarts: int = 0, local_world: int | None = None, uplink: Any = None, root: Any = None,
-                 on_stop: Callable[[], None] | None = None, poll: float = 0.0) -> None:
+                 on_stop: Callable[[], None] | None = None, poll: float = 0.0, stop_on_stall: bool = False,
+                 on_stall: Callable[[Verdict], None] | None = None) -> None:
         super().__init__(name="ddp-doctor-watch", daemon=True)
         self.store = store
         self.world_size = world_size
-        self.judge = judge.Judge(hang_timeout)
+        self.judge = judge.Judge(hang_timeout, stop_on_stall)
+        self.on_stall = on_stall      # a stall diagnosed (reason "stalled") or ended ("resumed"): the job runs on
+        self.stalls: list[Stall] = []  # every stall of this attempt (the last one still on when lasted_s is None)
+        self.stall_decision: Verdict | None = None  # the stall diagnosed now (None: the job is not stalled)
         self.run_dir = run_dir
         self.is_host = is_host
         self.on_decision = on_decision
@@ -157,7 +166,8 @@ class Watcher(threading.Thread):
         self.exit_posted.clear()
         self.acked.clear()
         self.first_state_t = None
-        self.judge = judge.Judge(self.judge.hang_timeout)
+        self.judge = judge.Judge(self.judge.hang_timeout, self.judge.stop_on_stall)
+        self.stalls, self.stall_decision = [], None
         self.summarizer.compared.clear()  # the new attempt's positions start again at 0
         if self.root is not None:
             self.root.begin_attempt(attempt)
@@ -202,6 +212,7 @@ class Watcher(threading.Thread):
                 if os.path.exists(side.stack_file(self.run_dir, "worker", wp)):
                     wanted.append((wp, "worker", r))
         dumps = signal_dumps(self.run_dir, [(pid, kind) for pid, kind, _ in wanted])
+        self.read_outside(pid_of)
         for v in self.views.values():
             if not v.remote:
                 v.workers = []
@@ -211,7 +222,29 @@ class Watcher(threading.Thread):
                 if frames:
                     self.views[r].stack = frames
             else:
-                self.views[r].workers.append(WorkerStack(pid, frames))
+                self.views[r].workers.append(WorkerStack(pid, frames, outside.frozen_forever(pid)))
+
+    def read_outside(self, pid_of: dict[int, int]) -> None:
+        """What each local live rank's training thread is blocked in, and on what (``watcher.outside``)."""
+        for r, v in self.views.items():
+            st = v.state
+            if v.remote or st is None or st.done or st.exc or v.exit or not pid_of.get(r):
+                continue
+            tid = st.activity.tid if st.activity is not None else None
+            workers = frozenset(p for ld in st.loaders for p in ld.worker_pids)
+            v.outside = None if st.in_collective else outside.blocked_on(pid_of[r], tid, workers)
+
+    def watch_queues(self, now: float) -> None:
+        """A local rank quiet for a while and blocked on a socket: its queues moving (the peer reads what it
+        sends, or sends to it) are a sign of life, though its thread's CPU, I/O counters and stack stay flat
+        (one long ``sendall``)."""
+        for pid, r in self.local_pids.items():
+            v = self.views.get(r)
+            st = v.state if v is not None else None
+            if st is None or v.remote or st.done or st.exc or v.exit or st.in_collective \
+                    or v.idle_s(now) < outside.QUIET_S:
+                continue
+            v.note_queues(outside.queues(pid, st.activity.tid if st.activity is not None else None), now)
 
     # -- loop: read, ask diagnose.live, collect ------------------------------------
     def poll_once(self) -> Verdict | None:
@@ -219,6 +252,7 @@ class Watcher(threading.Thread):
             self.read_states()
             self.check_local_exits()
             now = time.monotonic()
+            self.watch_queues(now)
             node = self.summarizer.summary(self.views, now, first_state_t=self.first_state_t, host=_HOST)
             self.node_summary = node
             if self.uplink is not None:  # a node of several: tell the root, do what it asks
@@ -319,6 +353,8 @@ class Watcher(threading.Thread):
                     decision = self.poll_once()
             except Exception as e:  # the watcher must not die silently
                 print(f"ddp-doctor: watcher error: {e!r}")
+            if decision is not None and not judge.stops(decision):
+                decision = self.stall_event(decision)  # a stop only when the stall's facts prove it
             if decision is not None and self.decision is None:
                 failed = judge.any_failed(self.views) or bool(self.job is not None and self.job.failed)
                 decision = decision.with_(t_detect=time.monotonic(), failed=failed)
@@ -337,6 +373,32 @@ class Watcher(threading.Thread):
                     self.on_decision(decision)
                 return
             self.stopping.wait(self.poll)
+
+    def stall_event(self, decision: Verdict) -> Verdict | None:
+        """A stall (no rank showed a sign of life for the limit, nothing proven yet): take every stack and what
+        each rank is blocked on; when they prove that a rank can never resume (``live.stall_proof``) that is
+        the decision to stop; else keep the stall, tell the session, and the job runs on.  Its end
+        ("resumed"): how long it lasted."""
+        if decision.reason == "stalled":
+            decision = decision.with_(t_detect=time.monotonic())
+            with self.lock:
+                self.collect_everything(decision)
+                ev = self.evidence()
+            proof = judge.stall_proof(ev, decision)
+            if proof is not None:
+                return proof
+            decision = decision.with_(t_stacks=time.monotonic(), attempt=self.attempt)
+            self.stall_decision = decision
+            self.stalls.append(outside.stall_record(ev, decision, _t0()))
+        elif self.stalls and self.stalls[-1].lasted_s is None:
+            self.stalls[-1] = self.stalls[-1].with_(lasted_s=decision.stalled_s)
+            self.stall_decision = None
+        if self.on_stall is not None:
+            try:
+                self.on_stall(decision)
+            except Exception as e:  # a report that could not be written must not end the watching
+                print(f"ddp-doctor: could not report the stall: {e!r}")
+        return None
 
     def collect_everything(self, decision: Verdict) -> None:
         """Once decided: every local rank's stacks; the root of several nodes asks the suspected nodes (every
@@ -399,7 +461,7 @@ class Watcher(threading.Thread):
                                                 and tore_down(self.run_dir, v.state.pid))
             ranks[r] = v.state.with_(teardown=teardown, stack=stack, threads=tuple(v.threads), workers=tuple(v.workers),
                                      exit=v.exit, busy=v.busy(), stalled_s=round(now - v.progress_t, 2),
-                                     idle_s=round(v.idle_s(now), 2),
+                                     idle_s=round(v.idle_s(now), 2), outside=v.outside or v.state.outside,
                                      sites_seen=frozenset(v.sites_seen), fatal_stack=fatal)
         lost: tuple = ()
         if self.root is not None:  # ranks no full state came for: what their node's summary says
@@ -410,7 +472,7 @@ class Watcher(threading.Thread):
             lost = tuple(self.root.lost.values())
         limit, how = self.judge.hang_limit(self.views)
         return JobEvidence(self.world_size, dict(sorted(ranks.items())), round(now - self.started, 3), limit, how,
-                           suspicion=self.judge.longest, lost_nodes=lost)
+                           suspicion=self.judge.longest, lost_nodes=lost, stalls=tuple(self.stalls))
 
 
 def _t0() -> float | None:

@@ -28,6 +28,8 @@ class RankView:
         self.stack: tuple[Site, ...] = ()
         self.threads: tuple[ThreadStack, ...] = ()
         self.workers: list[WorkerStack] = []
+        self.outside = None    # what its training thread is blocked in (watcher.outside; read with the stacks)
+        self.queues: tuple | None = None  # its socket's queues at the last look, while it is quiet
         self.remote = False    # fed with another node's full state (``from_detail``), not watched here
 
     @classmethod
@@ -39,6 +41,7 @@ class RankView:
         v.update(state, now)
         v.sites_seen |= set(state.sites_seen)
         v.stack, v.threads, v.workers, v.exit = tuple(state.stack), tuple(state.threads), list(state.workers), state.exit
+        v.outside = state.outside
         if state.stalled_s is not None:
             v.progress_t = now - state.stalled_s
         if state.idle_s is not None:
@@ -85,6 +88,13 @@ class RankView:
         hist.append((now, a))
         while len(hist) > 2 and now - hist[1][0] >= 2 * ACTIVE_WINDOW_S:
             hist.pop(0)
+
+    def note_queues(self, q: tuple | None, now: float) -> None:
+        """The queues of the socket its quiet training thread is blocked on (``watcher.outside.queues``):
+        bytes leaving its send queue or arriving are a sign of life (a throttled upload, a slow reply)."""
+        if q is not None and self.queues is not None and q != self.queues:
+            self.active_t = now
+        self.queues = q
 
     def idle_s(self, now: float) -> float:
         """Seconds since this rank last showed a sign of life."""

@@ -87,6 +87,9 @@
             el("text", {x: x + 2, y: y + laneH - 6, "class": "muted", "font-size": 10}, g, lab);
             lastLabelX = x + 8 + 5.5 * lab.length;
           }
+        } else if (k === "stall") {  // no rank showed a sign of life: a band over the lane, its cause in the tip
+          tip(el("rect", {x: x, y: y + 3, width: Math.max(w, 1.2), height: laneH - 6, fill: "url(#hatch)",
+                          stroke: "var(--stop)", "stroke-dasharray": "4 3", opacity: 0.7}, g), label);
         } else if (k === "stop") {
           var s = el("g", {"class": "stop"}, g);
           el("path", {d: "M" + x + " " + (y + 8) + " l6 7 l-6 7 l-6 -7 z", fill: "var(--stop)"}, s);
