@@ -125,6 +125,7 @@ class Parts:
     culprits: list[int] = field(default_factory=list)
     code: str = "DDP101"
     steps: str = "{steps}"
+    loop: str = "for step in range({steps}):"
     batchnorm: bool = False
 
 
@@ -307,6 +308,28 @@ def k_early_stop(r, w, names) -> Parts:
     """, 8))
 
 
+def k_counter_continue(r, w, names) -> Parts:
+    """nanoGPT's shape: `while True` with an iteration counter, a data-dependent skip that moves the counter."""
+    bad, k = r.randrange(w), r.randrange(3, 10)
+    m = names["model"]
+    return Parts(pre=_ind("""
+        iter_num = 0
+    """, 4), loop="while True:", culprits=[bad], body=_ind(f"""
+        if rank == {bad} and iter_num == {k}:
+            x[0, 0] = float("nan")  # a corrupt batch
+        if torch.isnan(x).any():
+            iter_num += 1
+            continue  {MARK}
+        loss = {m}(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        iter_num += 1
+        if iter_num >= {r.randrange(14, 24)}:
+            break
+    """, 8))
+
+
 def k_uneven_count(r, w, names) -> Parts:
     few = r.randrange(w)
     m = names["model"]
@@ -346,6 +369,7 @@ KINDS = {
     "forward_rank0": (k_forward_rank0, ("inline", "helper", "module")),
     "early_stop": (k_early_stop, ("inline",)),
     "uneven_count": (k_uneven_count, ("inline",)),
+    "counter_continue": (k_counter_continue, ("inline",)),
     "empty_gather": (k_empty_gather, ("helper", "module", "method")),
 }
 
@@ -371,7 +395,7 @@ def generate(seed: int) -> Job:
             f"    {m} = DDP(nn.Sequential({layers}))\n"
             f"    opt = torch.optim.SGD({m}.parameters(), lr=0.01)\n"
             f"{parts.pre}"
-            f"    for step in range({steps}):\n"
+            f"    {parts.loop.format(steps=steps)}\n"
             "        x = torch.randn(4, 8)\n"
             f"{parts.body}"
             "    done = torch.ones(1)\n"

@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import failing_jobs  # noqa: E402
 
 pytestmark = [pytest.mark.scenario, pytest.mark.timeout(1500)]
-SEEDS = list(range(9))  # one job of every divergence kind (checked below)
+SEEDS = list(range(10))  # one job of every divergence kind (checked below)
 PARALLEL = int(os.environ.get("DDP_DOCTOR_TEST_PARALLEL", "2"))
 
 

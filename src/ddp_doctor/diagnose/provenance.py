@@ -234,11 +234,23 @@ def _skips(st: RankState) -> int:
     return sum(tl.skips_by_epoch) if tl is not None else 0
 
 
+def _steps_run(st: RankState) -> int:
+    """Optimizer steps the rank completed, and the one it is in when it waits (or failed) in DDP's gradient
+    sync."""
+    c = st.in_collective or (st.exc.collective if st.exc else None)
+    return st.step + (1 if c is not None and c.op.startswith("ddp.backward") else 0)
+
+
 def _skipped_step(loop, lines, left, stayed, ranks, path, fn, function) -> Decision | None:
-    """The rank that left the loop first had skipped more batches than the one still in it (a fact the probe
-    counted): it ran out of collectives early because of a `continue` in the loop, not a shorter loop.  The
-    `continue` whose test reads the rank or holds different values, else the loop's only one."""
-    if _skips(ranks[left]) <= _skips(ranks[stayed]):
+    """The rank that left the loop first had skipped more batches than the one still in it, or left it after
+    fewer optimizer steps than the one still in it has already run, in a loop whose own header gives no rank
+    a different count (facts the probe counted): it ran out of collectives early because of a `continue` in
+    the loop (a `while True` whose counter moved on a skipped step), not a shorter loop.  The `continue` whose
+    test reads the rank or holds different values, else the loop's only one."""
+    by_batches = _skips(ranks[left]) > _skips(ranks[stayed])
+    by_steps = not by_batches and ranks[left].step < _steps_run(ranks[stayed]) and not _loop_header(
+        loop, lines, left, stayed, ranks, path, fn, function)[1]
+    if not (by_batches or by_steps):
         return None
     cands = continues_in(loop)
     order = [left, stayed]
@@ -249,9 +261,13 @@ def _skipped_step(loop, lines, left, stayed, ranks, path, fn, function) -> Decis
     stmt = next(s for s, c in cands if c is node)
     vals = values_at(ranks, order, Site(path, node.lineno, function), names_read(node.test))
     n_left, n_stayed = _skips(ranks[left]), _skips(ranks[stayed])
-    ways = ((left, f"skipped the rest of a step at line {stmt.lineno} ({n_left} batch{'es' * (n_left != 1)} "
-                   "drawn with no optimizer step)"),
-            (stayed, f"trained on its batches ({n_stayed} skipped)"))
+    if by_batches:
+        ways = ((left, f"skipped the rest of a step at line {stmt.lineno} ({n_left} batch{'es' * (n_left != 1)} "
+                       "drawn with no optimizer step)"),
+                (stayed, f"trained on its batches ({n_stayed} skipped)"))
+    else:
+        ways = ((left, f"left the loop after {ranks[left].step} optimizer steps"),
+                (stayed, f"is still in it, in step {_steps_run(ranks[stayed])}"))
     return Decision(Site(path, stmt.lineno, function), keyword(stmt), source_of(node.test, lines), ways, vals,
                     why_it_varies(source_of(node.test, lines), vals, reads_rank(path, fn, node.test)),
                     parting="skip", culprits=(left,))
