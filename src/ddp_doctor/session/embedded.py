@@ -24,8 +24,11 @@ import threading
 import time
 from typing import Any
 
+from ddp_doctor.store import CLOSED, CLOSING
+
 
 FINAL_WAIT_S = 10.0  # rank 0 finished: how long its report waits for the other ranks' last posts
+LET_GO_S = 2.0       # ... then how long it waits for the ranks still posting to let go of its store
 
 
 def start_in_rank0(address: str, world: int):
@@ -49,17 +52,21 @@ def start_in_rank0(address: str, world: int):
     w.start()
     threading.Thread(target=_warnings, args=(w,), name="ddp-doctor-warn", daemon=True).start()
     _keep.append((store, w))
-    return (lambda: _final_report(w, t0, reported)), port
+    return (lambda: _final_report(w, store, t0, reported)), port
+
+
+def _rank_ended(v) -> bool:
+    return v.state is not None and (v.state.done or v.state.exc is not None or v.state.exit_code is not None)
 
 
 def _ended(w) -> bool:
-    return all(v.state is not None and (v.state.done or v.state.exc is not None or v.state.exit_code is not None)
-               for v in w.views.values())
+    return all(_rank_ended(v) for v in w.views.values())
 
 
-def _final_report(w, t0: float, reported: threading.Event) -> None:
+def _final_report(w, store, t0: float, reported: threading.Event) -> None:
     """Rank 0 finished: once every rank posted its end (at most FINAL_WAIT_S), the job's report, unless the
-    watcher decided (then wait for its report: the process may exit right after this)."""
+    watcher decided (then wait for its report: the process may exit right after this).  Then the ranks still
+    posting let go of the store before this process (and the store with it) ends."""
     end = time.monotonic() + FINAL_WAIT_S
     while w.decision is None and time.monotonic() < end:
         with w.lock:
@@ -76,6 +83,25 @@ def _final_report(w, t0: float, reported: threading.Event) -> None:
         reported.wait(15.0)
         return
     _write_report(w, t0)
+    _let_go(w, store)
+
+
+def _let_go(w, store) -> None:
+    """Ask the ranks that have not ended (their publishers still post) to stop calling the store, and wait
+    (<= LET_GO_S) until they said they did: a call to a store whose server is gone makes torch's client print
+    a C++ stack trace in that rank, after a job that ran clean."""
+    try:
+        with w.lock:
+            w.read_states()
+        posting = sum(1 for r, v in w.views.items() if r != 0 and not _rank_ended(v))
+        if not posting:
+            return
+        store.add(CLOSING, 1)
+        end = time.monotonic() + LET_GO_S
+        while store.add(CLOSED, 0) < posting and time.monotonic() < end:
+            time.sleep(0.05)
+    except Exception:
+        pass
 
 
 def _report_paths() -> dict[str, str | None]:
