@@ -1,6 +1,8 @@
 """A plain DDP script with ddp_doctor.watch(), as under mpirun/srun: `watch_plain.py MODE WHEN [INIT_METHOD]`.
 
-MODE: ok | barrier (rank 0 alone calls a barrier at step 5) | raise (rank 1 raises at step 5).
+MODE: ok | late (ok, and rank 1 goes on alone after the group is gone, past rank 0's end and with it the
+side channel's store: its probe must let go of the store first) | barrier (rank 0 alone calls a barrier at
+step 5) | raise (rank 1 raises at step 5).
 WHEN: top (of the file) | after init_process_group | spawn (torch.multiprocessing.spawn starts both ranks from
 here: the line at the top runs in the launching process and again as each child re-imports the file).
 INIT_METHOD: e.g. tcp://127.0.0.1:PORT (no MASTER_* needed)."""
@@ -19,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 MODE, WHEN = sys.argv[1], sys.argv[2]
 INIT = sys.argv[3] if len(sys.argv) > 3 else "env://"
+LATE_S = 14.0  # > rank 0's wait for the others' ends (session.embedded.FINAL_WAIT_S) + its store's let-go
 
 
 def main(spawned_rank=None):
@@ -45,6 +48,10 @@ def main(spawned_rank=None):
         if step == 5 and MODE == "raise" and rank == 1:
             raise RuntimeError("rank 1 fails")  # expect: raise
     dist.destroy_process_group()
+    if MODE == "late" and rank == 1:
+        import time
+
+        time.sleep(LATE_S)
 
 
 if __name__ == "__main__":
