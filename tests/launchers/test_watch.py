@@ -45,7 +45,9 @@ def test_mp_spawn_watch(procs, tmp_path, mode):
     report = tmp_path / "r.json"
     procs.start([sys.executable, str(PLAIN), mode, "spawn"], rank_env(
         DDP_DOCTOR_REPORT=str(report), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())), cwd=tmp_path)
-    expect(wait_report(report, procs), PLAIN, mode, "torch.multiprocessing")
+    rep = wait_report(report, procs)
+    expect(rep, PLAIN, mode, "torch.multiprocessing")
+    assert rep["command"][-3:] == [str(PLAIN), mode, "spawn"], rep["command"]  # the user's, not the child's
     ended(procs, mode)
 
 

@@ -143,7 +143,7 @@ def _write_report(w, t0: float) -> None:
         w.read_states()
         job = Job.for_report(w, argv=list(sys.argv), script=sys.argv[0] if sys.argv else "", t0=t0)
         report = job.build_report(None, [], time.monotonic())
-        report["command"] = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+        report["command"] = _command()
         report["launcher"] = launcher.detect()
         paths = _report_paths()
         report["report_path"] = paths["DDP_DOCTOR_REPORT"]
@@ -151,6 +151,20 @@ def _write_report(w, t0: float) -> None:
         job.emit(report, True)  # (prints where it wrote the report)
     except Exception as e:  # never let the watcher take the job down silently
         print(f"ddp-doctor: embedded watcher could not write the report: {e!r}", file=sys.stderr)
+
+
+def _command() -> list[str]:
+    """The command the user ran: a spawned rank's own (``mp.spawn``, ddp_spawn: ``-c "from multiprocessing.spawn
+    import spawn_main ..." --multiprocessing-fork``) says nothing, its parent's does."""
+    own = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+    if "--multiprocessing-fork" in own:
+        try:
+            import psutil
+
+            return psutil.Process().parent().cmdline()
+        except Exception:
+            pass
+    return own
 
 
 def _report_and_stop(w, store, t0: float, scratch: str | None, reported: threading.Event) -> None:
