@@ -238,6 +238,12 @@ class SideChannel:
         self._seen_bad: set[tuple[str, bytes]] = set()
         self._logged: set[tuple[str, str]] = set()  # (key, reason) already logged: each kind is said once
         self._log = log if log is not None else (lambda m: print(m, file=sys.stderr))
+        self._closed = False
+
+    def close(self) -> None:
+        """Make no more calls (the store is going away: a call to a closed TCPStore makes torch's client print
+        a C++ stack trace); later calls are dropped and counted."""
+        self._closed = True
 
     @property
     def lost(self) -> bool:
@@ -248,6 +254,9 @@ class SideChannel:
         return self.stats.connected
 
     def _call(self, fn: Callable[[Any], Any], deadline: float | None = None) -> Any:
+        if self._closed:
+            self.stats.dropped += 1
+            raise ChannelDown("side channel closed")
         self.stats.requests += 1
         if self._worker is None:
             if self.stats.lost:

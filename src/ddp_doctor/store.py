@@ -38,6 +38,11 @@ NEWS = "ddpd/news"
 STOP = "ddpd/stop"
 REPORT = "ddpd/report"
 REPORT_READ = "ddpd/report_read"
+# under another launcher rank 0's process hosts the store and is about to end (its report written): a counter
+# the ranks still posting read, and one they count up as they let go of the store (no call to a closed store:
+# torch's client prints a C++ stack trace for each)
+CLOSING = "ddpd/closing"
+CLOSED = "ddpd/closed"
 
 
 NODES = "ddpd/nodes"

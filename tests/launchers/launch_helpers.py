@@ -101,6 +101,28 @@ def wait_report(path: Path, procs: Procs, timeout: float = 150) -> dict:
     return json.loads(path.read_text())
 
 
+# what a healthy job's output must not hold, of ours: c10d's store and socket warnings (a TCPStore call to a
+# closed store prints "[rank1]:[W... TCPStore.cpp:125] [c10d] recvValue failed ..." and a C++ stack trace), a
+# Python traceback, a warning from ddp_doctor's own files.  (Other "[W" lines are the job's: the HF Trainer's
+# DDP warns of its find_unused_parameters=True.)
+NOISE = ("TCPStore", "socket.cpp", "Exception raised from", "Traceback", "ddp_doctor/")
+
+
+def noise(text: str) -> list[str]:
+    return [line for line in text.splitlines() if any(n in line for n in NOISE)]
+
+
+def ended(procs: Procs, mode: str, timeout: float = 90) -> None:
+    """The job ended by itself (its launcher's exit status: 0 when healthy, else not), and a healthy one
+    printed nothing of ours (``NOISE``) on any rank (every rank's output is in the logs)."""
+    codes = procs.wait_all(timeout=timeout)
+    if mode == "ok":
+        assert codes == [0] * len(codes), procs.text()[-4000:]
+        assert noise(procs.text()) == [], noise(procs.text())
+    else:
+        assert all(c != 0 for c in codes), (codes, procs.text()[-4000:])
+
+
 def expect(rep: dict, script: Path, mode: str, launcher: str) -> None:
     """``mode`` "ok": clean; "barrier": rank 0's lone barrier named at its line; "main_only": the line where
     rank 0 alone went on (the others finished); "raise": rank 1's raise."""

@@ -1,12 +1,14 @@
-"""`ddp_doctor.watch()` under every launcher, each a real 2-rank CPU job: a healthy run reported clean, a
-barrier rank 0 alone calls named with its rank and line, a raise on rank 1 named.  The report says which
-launcher started the ranks and lies where the user launched from.  (Ray Train's, slower: test_watch_ray.py.)"""
+"""`ddp_doctor.watch()` at the top of the file under every launcher, each a real 2-rank CPU job: a healthy run
+reported clean, ending 0 with nothing of c10d's, no traceback and no C++ warning in any rank's output; a barrier
+rank 0 alone calls named with its rank and line, and the job stopped; a raise on rank 1 named.  The report
+says which launcher started the ranks and lies where the user launched from.  (Ray Train's, slower:
+test_watch_ray.py.)"""
 from __future__ import annotations
 
 import sys
 
 import pytest
-from launch_helpers import HERE, expect, free_port, rank_env, wait_report
+from launch_helpers import HERE, ended, expect, free_port, rank_env, wait_report
 
 pytestmark = pytest.mark.scenario
 SCRIPTS = HERE / "scripts"
@@ -26,10 +28,34 @@ def _srun_style(procs, tmp_path, args: list[str], **env) -> dict:
     return wait_report(report, procs)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ["late", "barrier", "raise"])
 def test_srun_style_watch(procs, tmp_path, mode):
-    rep = _srun_style(procs, tmp_path, [mode, "before"], MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    expect(rep, PLAIN, mode, "environment")
+    """"late": a healthy job whose rank 1 goes on alone past rank 0's end (and the side channel's store with
+    it): reported clean, and rank 1's probe let go of the store first (no c10d stack trace in its output)."""
+    rep = _srun_style(procs, tmp_path, [mode, "top"], MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    expect(rep, PLAIN, "ok" if mode == "late" else mode, "environment")
+    ended(procs, "ok" if mode == "late" else mode)
+
+
+@pytest.mark.parametrize("mode", ["ok", "barrier"])
+def test_mp_spawn_watch(procs, tmp_path, mode):
+    """`torch.multiprocessing.spawn` from the script: the launching process is no rank (armed, never active);
+    each child re-imports the file (the line runs again, as `__mp_main__`) and becomes a rank only in its
+    `init_process_group(rank=..., world_size=2)`: no RANK or WORLD_SIZE anywhere.  Another service listens on
+    MASTER_PORT + 1 (Ray's took it in CI): activated once the group exists, rank 0 hosts the side channel on
+    a port the OS picks and announces it in torch's store.  (A spawned rank's raise: ddp_spawn's.)"""
+    import socket
+
+    report, port = tmp_path / "r.json", free_port()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port + 1))
+        squatter.listen()
+        procs.start([sys.executable, str(PLAIN), mode, "spawn"], rank_env(
+            DDP_DOCTOR_REPORT=str(report), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)), cwd=tmp_path)
+        rep = wait_report(report, procs)
+    expect(rep, PLAIN, mode, "torch.multiprocessing")
+    assert rep["command"][-3:] == [str(PLAIN), mode, "spawn"], rep["command"]  # the user's, not the child's
+    ended(procs, mode)
 
 
 def test_srun_style_watch_after_init(procs, tmp_path):
@@ -39,35 +65,24 @@ def test_srun_style_watch_after_init(procs, tmp_path):
     assert all(r.get("ddp") for r in rep["ranks"]), rep["ranks"]
 
 
-def test_watch_after_init_with_master_port_plus_one_taken(procs, tmp_path):
-    """Another service listens on MASTER_PORT + 1 (Ray's took it in CI): after init_process_group rank 0
-    hosts the side channel on a port the OS picks and announces it in torch's store."""
-    import socket
-
-    port = free_port()
-    with socket.socket() as squatter:
-        squatter.bind(("127.0.0.1", port + 1))
-        squatter.listen()
-        rep = _srun_style(procs, tmp_path, ["barrier", "after"], MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    expect(rep, PLAIN, "barrier", "environment")
-
-
 def test_mpirun_style_watch_without_master_port(procs, tmp_path):
     """No MASTER_ADDR/MASTER_PORT at all (init_method="tcp://..."): the store joins once the group exists."""
-    rep = _srun_style(procs, tmp_path, ["raise", "before", f"tcp://127.0.0.1:{free_port()}"], OMPI_COMM_WORLD_SIZE="2")
+    rep = _srun_style(procs, tmp_path, ["raise", "top", f"tcp://127.0.0.1:{free_port()}"], OMPI_COMM_WORLD_SIZE="2")
     expect(rep, PLAIN, "raise", "mpirun")
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
 def test_lightning_watch(procs, tmp_path, strategy, mode):
-    """`python train.py`: Lightning starts rank 1 itself (ddp) or spawns both (ddp_spawn)."""
+    """`python train.py`: Lightning starts rank 1 itself (ddp: the started process is no rank until Trainer.fit
+    makes it rank 0) or spawns both (ddp_spawn).  The barrier: a callback's at the end of an epoch, rank 0 only."""
     report = tmp_path / "r.json"
     # (Lightning picks a free MASTER_PORT itself when none is set; the watcher's is that + 1: give it a free pair)
     procs.start([sys.executable, str(LIGHTNING), mode, strategy],
                 rank_env(DDP_DOCTOR_REPORT=str(report), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())),
                 cwd=tmp_path)
     expect(wait_report(report, procs), LIGHTNING, mode, f"lightning ({'subprocess' if strategy == 'ddp' else strategy})")
+    ended(procs, mode)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -76,6 +91,7 @@ def test_accelerate_notebook_launcher_watch(procs, tmp_path, mode):
     procs.start([sys.executable, str(ACCELERATE), mode, "notebook", str(free_port())],
                 rank_env(DDP_DOCTOR_REPORT=str(report)), cwd=tmp_path)
     expect(wait_report(report, procs), ACCELERATE, mode, "accelerate notebook_launcher")
+    ended(procs, mode)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -85,6 +101,7 @@ def test_accelerate_launch_watch(procs, tmp_path, mode):
                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
                  str(free_port()), str(ACCELERATE), mode], rank_env(DDP_DOCTOR_REPORT=str(report)), cwd=tmp_path)
     expect(wait_report(report, procs), ACCELERATE, mode, "accelerate launch")
+    ended(procs, mode)
 
 
 @pytest.mark.parametrize("mode", ["ok", "eval_main_only", "raise"])
@@ -97,3 +114,4 @@ def test_hf_trainer_under_torchrun_watch(procs, tmp_path, mode):
                 rank_env(DDP_DOCTOR_REPORT=str(report)), cwd=tmp_path)
     rep = wait_report(report, procs)
     expect(rep, HF, "main_only" if mode == "eval_main_only" else mode, "torchrun (transformers Trainer)")
+    ended(procs, mode)

@@ -1,4 +1,5 @@
-"""`ddp_doctor.watch()` in a Ray Train TorchTrainer's training function (2 CPU workers on a local Ray).  Its
+"""`ddp_doctor.watch()` at the top of a Ray Train driver's file (2 CPU workers on a local Ray): the driver is no
+rank; the TorchTrainer it makes runs the training function with `watch()` first in each worker.  Its
 own tier (`-m ray`; `make test` runs it): starting Ray costs tens of seconds.  The workers run in Ray's
 working directory; the report lands where the driver was launched (the PWD the workers inherit)."""
 from __future__ import annotations
@@ -6,7 +7,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from launch_helpers import HERE, expect, rank_env, wait_report
+from launch_helpers import HERE, ended, expect, rank_env, wait_report
 
 pytestmark = [pytest.mark.scenario, pytest.mark.ray, pytest.mark.timing]  # Ray's start-up and teardown race a loaded box
 RAY = HERE / "scripts" / "ray_watch.py"
@@ -18,3 +19,4 @@ def test_ray_train_watch(procs, tmp_path, mode):
     rep = wait_report(tmp_path / "ddp-doctor-report.json", procs, timeout=240)
     expect(rep, RAY, mode, "ray train")
     assert rep["report_path"] == str(tmp_path / "ddp-doctor-report.json")
+    ended(procs, mode, timeout=120)

@@ -21,25 +21,38 @@ def _host_watcher(address: str, world_size: int):
 
 def watch() -> bool:
     """Watch this rank: install the probe and join (rank 0: host) the watcher, as ``-m ddp_doctor.probe``
-    does; a no-op under ``ddp-doctor run`` or ``-m ddp_doctor.probe`` (already installed), on a second
-    call, and in a process that is not a rank of a job of several.  Before or after ``init_process_group``.
-    True when this rank is watched."""
-    from ddp_doctor.probe import activate, active, distributed, ending
+    does; a no-op under ``ddp-doctor run`` or ``-m ddp_doctor.probe`` (already installed) and on a second call.
+    Before or after ``init_process_group``.  In a process that is not (yet) a rank of a job of several
+    (Lightning's ``python train.py`` before ``Trainer.fit``, a file ``mp.spawn`` re-imports, a Ray Train
+    driver) it arms itself (:mod:`ddp_doctor.probe.arm`) and activates when the process group forms.
+    True when this rank is watched now."""
+    from ddp_doctor.probe import active, distributed
 
     if active() is not None:
         return True
-    if _reimported_main():
+    if _reimported_main() or not distributed():
+        from ddp_doctor.probe import arm
+
+        if not arm.arm(_activate_with_ending):
+            print("ddp-doctor: watch() has nothing to watch here: torch is not installed", file=sys.stderr)
         return False
-    if not distributed():
-        return False
+    _activate_with_ending()
+    return True
+
+
+def _activate_with_ending() -> None:
+    """The probe, rank 0 hosting the watcher, and the program's end seen (:mod:`ddp_doctor.probe.ending`)."""
+    from ddp_doctor.probe import activate, active, ending
+
+    if active() is not None:
+        return
     probe = activate(_host_watcher)
     ending.install(probe.finish)
-    return True
 
 
 def _reimported_main() -> bool:
     """Called from the top of a script that a spawned child (a DataLoader worker, a ddp_spawn rank before its
-    function runs) re-imports as ``__mp_main__``: not where a rank starts."""
+    function runs) re-imports as ``__mp_main__``: not where a rank starts (it may become one: armed only)."""
     f = sys._getframe(1)
     while f is not None and str(f.f_globals.get("__name__", "")).startswith("ddp_doctor"):
         f = f.f_back

@@ -245,6 +245,44 @@ def no_gc():
             gc.enable()
 
 
+STOP_GRACE_S = 5.0  # a rank that outlives the watcher's SIGTERM this long is killed (see _stop_self)
+
+
+def _stop_self() -> None:
+    """The watcher's stop, in this rank: SIGTERM its children (DataLoader workers, Lightning's other ranks)
+    and itself; a rank whose own handler cannot run (the main thread blocked in a collective: Python handlers
+    run between bytecodes, and Lightning's broadcasts the signal) is killed after ``STOP_GRACE_S``."""
+    import signal
+
+    def family(sig) -> None:
+        try:
+            import psutil
+
+            for c in psutil.Process().children(recursive=True):
+                c.send_signal(sig)
+        except Exception:
+            pass
+
+    family(signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(STOP_GRACE_S)
+    family(signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _once(look_up: Callable[[], tuple[str, int]]) -> Callable[[], tuple[str, int]]:
+    """The side channel's address looked up once (in torch's own store, whose server the user's rank 0
+    owns): a reconnect must not ask it again, it may be gone by then."""
+    found: list[tuple[str, int]] = []
+
+    def where() -> tuple[str, int]:
+        if not found:
+            found.append(look_up())
+        return found[0]
+
+    return where
+
+
 class Publisher(threading.Thread):
     """Daemon thread: connect to the watcher's store, post state, answer stack requests."""
 
@@ -252,7 +290,7 @@ class Publisher(threading.Thread):
         """``address``: host:port, or what looks it up (rank 0's announcement) while the channel connects."""
         super().__init__(name="ddp-doctor-probe", daemon=True)
         self.rec = rec
-        self.where = (lambda: side.split_address(address)) if isinstance(address, str) else address
+        self.where = (lambda: side.split_address(address)) if isinstance(address, str) else _once(address)
         self.store = self._channel()
         self.last_req = 0
         self.stopped = threading.Event()
@@ -303,20 +341,17 @@ class Publisher(threading.Thread):
             self.store.set(side.stack_key(self.rec.rank, req), stacks)
 
     def _check_stop(self) -> None:
-        """Embedded mode: the watcher in rank 0 decided; end this rank (and its loader workers)."""
+        """Embedded mode (the watcher lives in rank 0): it decided, end this rank (and its loader workers); or
+        rank 0's process is about to end, taking the store with it: let go of the store first."""
         if os.environ.get("DDP_DOCTOR_STORE_EMBEDDED") != "1":
             return
+        if self.store.add(side.CLOSING, 0) > 0:
+            self.store.add(side.CLOSED, 1)
+            self.store.close()
+            self.stopped.set()
+            return
         if self.store.check([side.STOP]):
-            import signal
-
-            try:
-                import psutil
-
-                for c in psutil.Process().children(recursive=True):
-                    c.terminate()
-            except Exception:
-                pass
-            os.kill(os.getpid(), signal.SIGTERM)
+            _stop_self()
 
     def flush(self, timeout: float = FLUSH_S) -> None:
         """Post the state now; the calling (rank's) thread waits for it at most ``timeout`` s.

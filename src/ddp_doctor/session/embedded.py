@@ -25,8 +25,11 @@ import threading
 import time
 from typing import Any
 
+from ddp_doctor.store import CLOSED, CLOSING
+
 
 FINAL_WAIT_S = 10.0  # rank 0 finished: how long its report waits for the other ranks' last posts
+LET_GO_S = 2.0       # ... then how long it waits for the ranks still posting to let go of its store
 
 
 def start_in_rank0(address: str, world: int):
@@ -51,17 +54,21 @@ def start_in_rank0(address: str, world: int):
     w.start()
     threading.Thread(target=_warnings, args=(w,), name="ddp-doctor-warn", daemon=True).start()
     _keep.append((store, w))
-    return (lambda: _final_report(w, t0, reported)), port
+    return (lambda: _final_report(w, store, t0, reported)), port
+
+
+def _rank_ended(v) -> bool:
+    return v.state is not None and (v.state.done or v.state.exc is not None or v.state.exit_code is not None)
 
 
 def _ended(w) -> bool:
-    return all(v.state is not None and (v.state.done or v.state.exc is not None or v.state.exit_code is not None)
-               for v in w.views.values())
+    return all(_rank_ended(v) for v in w.views.values())
 
 
-def _final_report(w, t0: float, reported: threading.Event) -> None:
+def _final_report(w, store, t0: float, reported: threading.Event) -> None:
     """Rank 0 finished: once every rank posted its end (at most FINAL_WAIT_S), the job's report, unless the
-    watcher decided (then wait for its report: the process may exit right after this)."""
+    watcher decided (then wait for its report: the process may exit right after this).  Then the ranks still
+    posting let go of the store before this process (and the store with it) ends."""
     end = time.monotonic() + FINAL_WAIT_S
     while w.decision is None and time.monotonic() < end:
         with w.lock:
@@ -78,6 +85,25 @@ def _final_report(w, t0: float, reported: threading.Event) -> None:
         reported.wait(15.0)
         return
     _write_report(w, t0)
+    _let_go(w, store)
+
+
+def _let_go(w, store) -> None:
+    """Ask the ranks that have not ended (their publishers still post) to stop calling the store, and wait
+    (<= LET_GO_S) until they said they did: a call to a store whose server is gone makes torch's client print
+    a C++ stack trace in that rank, after a job that ran clean."""
+    try:
+        with w.lock:
+            w.read_states()
+        posting = sum(1 for r, v in w.views.items() if r != 0 and not _rank_ended(v))
+        if not posting:
+            return
+        store.add(CLOSING, 1)
+        end = time.monotonic() + LET_GO_S
+        while store.add(CLOSED, 0) < posting and time.monotonic() < end:
+            time.sleep(0.05)
+    except Exception:
+        pass
 
 
 def _report_paths() -> dict[str, str | None]:
@@ -119,7 +145,7 @@ def _write_report(w, t0: float) -> None:
         w.read_states()
         job = Job.for_report(w, argv=list(sys.argv), script=sys.argv[0] if sys.argv else "", t0=t0)
         report = job.build_report(None, [], time.monotonic())
-        report["command"] = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+        report["command"] = _command()
         report["launcher"] = launcher.detect()
         paths = _report_paths()
         report["report_path"] = paths["DDP_DOCTOR_REPORT"]
@@ -127,6 +153,20 @@ def _write_report(w, t0: float) -> None:
         job.emit(report, True)  # (prints where it wrote the report)
     except Exception as e:  # never let the watcher take the job down silently
         print(f"ddp-doctor: embedded watcher could not write the report: {e!r}", file=sys.stderr)
+
+
+def _command() -> list[str]:
+    """The command the user ran: a spawned rank's own (``mp.spawn``, ddp_spawn: ``-c "from multiprocessing.spawn
+    import spawn_main ..." --multiprocessing-fork``) says nothing, its parent's does."""
+    own = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+    if "--multiprocessing-fork" in own:
+        try:
+            import psutil
+
+            return psutil.Process().parent().cmdline()
+        except Exception:
+            pass
+    return own
 
 
 def _report_and_stop(w, store, t0: float, scratch: str | None, reported: threading.Event) -> None:

@@ -1,17 +1,18 @@
-"""accelerate on 2 CPU processes with ddp_doctor.watch() in the training function: `accelerate_watch.py MODE
+"""accelerate on 2 CPU processes with ddp_doctor.watch() at the top of the file: `accelerate_watch.py MODE
 [notebook]`: started by `accelerate launch`, or (notebook) through accelerate.notebook_launcher from here.
 
 MODE: ok | barrier (the main process alone waits for everyone at step 5) | raise (process 1 at step 5)."""
+import ddp_doctor
+
+ddp_doctor.watch()
+
 import sys
 
 import torch
 from accelerate import Accelerator, notebook_launcher
 
-import ddp_doctor
-
 
 def train(mode):
-    ddp_doctor.watch()
     accelerator = Accelerator(cpu=True)
     model = torch.nn.Linear(8, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -3,12 +3,14 @@
 
 MODE: ok | eval_main_only (the common hang: evaluate() on the main process only, after training) |
 raise (rank 1 raises at step 5, in a callback)."""
+import ddp_doctor
+
+ddp_doctor.watch()
+
 import sys
 
 import torch
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments
-
-import ddp_doctor
 
 MODE, OUT = sys.argv[1], sys.argv[2]
 
@@ -29,7 +31,6 @@ class RaiseOnRank1(TrainerCallback):
 
 
 def main():
-    ddp_doctor.watch()
     config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=32, max_position_embeddings=16)
     args = TrainingArguments(output_dir=OUT, per_device_train_batch_size=4, per_device_eval_batch_size=4,

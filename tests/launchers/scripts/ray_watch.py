@@ -1,5 +1,9 @@
-"""Ray Train's TorchTrainer, 2 CPU workers on a local Ray, ddp_doctor.watch() in the training function:
+"""Ray Train's TorchTrainer, 2 CPU workers on a local Ray, ddp_doctor.watch() at the top of the file:
 `ray_watch.py MODE STORAGE`.  MODE: ok | barrier (world rank 0 alone at step 5) | raise (rank 1 at step 5)."""
+import ddp_doctor
+
+ddp_doctor.watch()
+
 import sys
 
 import ray
@@ -8,11 +12,8 @@ import torch.distributed as dist
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer, prepare_model
 
-import ddp_doctor
-
 
 def train(config):
-    ddp_doctor.watch()
     model = prepare_model(torch.nn.Linear(8, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     rank = dist.get_rank()
