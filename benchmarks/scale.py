@@ -108,7 +108,7 @@ class SimRank:
         self.encoder = StateEncoder()
 
     def state(self, now: float, sched: Schedule, stalled_at: int | None) -> RankState:
-        sched.upto(self.seq + 2)
+        sched.upto(max(self.seq, stalled_at or 0) + 2)
         in_coll = None
         where = TRAIN
         if self.stuck:
@@ -563,7 +563,78 @@ def run(n_ranks: int, per_node: int, group_size: int, interval: float | None, li
     }
 
 
+def agent_main(argv) -> int:
+    """One node agent as a real process on the wall clock (``tests/run/test_tree_processes.py``): it hosts its
+    group store, says where on the root store, simulates its ranks on the job's clock (``bench/start`` on the
+    root store, wall time) and joins the tree through ``GroupLink``; it leads when its group says so."""
+    from ddp_doctor import store as side
+    from ddp_doctor.watcher.tree import address_of, publish_address
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--node", type=int, required=True)
+    ap.add_argument("--nodes", type=int, required=True)
+    ap.add_argument("--ranks-per-node", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=3)
+    ap.add_argument("--root", required=True, help="host:port of the root store")
+    ap.add_argument("--culprit", type=int, required=True)
+    ap.add_argument("--stall-at", type=float, required=True, help="seconds after the job's start")
+    ap.add_argument("--interval", type=float, default=0.2)
+    a = ap.parse_args(argv)
+    host, port = side.split_address(a.root)
+    own, gport = side.host_store(0, interface="127.0.0.1")
+    rootc = side.join_store(host, port, deadline_s=2.0)
+    publish_address(rootc, a.node, f"127.0.0.1:{gport}")
+    rootc.add(f"{SYNC}ready", 1)
+    reader = SideChannel(side.tcp_client("127.0.0.1", gport, 1.0), secret=own.secret)
+    world = a.nodes * a.ranks_per_node
+    ranks = [SimRank(r, r % a.ranks_per_node, a.node, world)
+             for r in range(a.node * a.ranks_per_node, (a.node + 1) * a.ranks_per_node)]
+    node = SimNode(a.node, ranks)
+    peers: dict[int, SideChannel] = {}
+
+    def connect(j: int) -> SideChannel:
+        addr = None
+        while addr is None:
+            addr = address_of(rootc, j)
+            time.sleep(0 if addr else 0.1)
+        h, p = side.split_address(addr)
+        peers[j] = side.join_store(h, p, timeout_s=5.0, deadline_s=1.0)
+        return peers[j]
+
+    now = 0.0
+    node.link = GroupLink(a.node, group_of(a.node, a.nodes, a.group_size), connect, own, reader,
+                          lambda: Uplink(side.join_store(host, port, deadline_s=2.0)), world, host=f"node{a.node}",
+                          own_views=lambda: node.views, own_detail=lambda req, stacks: node.detail(req, now))
+    node.link.on_failover = node.summarizer.sent.clear
+    start = None
+    while start is None:
+        raw = rootc.peek(f"{SYNC}start")
+        start = float(raw) if raw else None
+        time.sleep(0 if start else 0.05)
+    sched = Schedule()
+    stalled_at = None
+    culprit = next((r for r in ranks if r.rank == a.culprit), None)
+    while not rootc.check([f"{SYNC}stop"]):
+        t = time.time() - start
+        now = time.monotonic()
+        if t >= 0:
+            if stalled_at is None and t >= a.stall_at:
+                stalled_at = int(a.stall_at * STEPS_PER_S) * len(OPS)
+                if culprit is not None:
+                    culprit.stuck = True
+                    culprit.seq = stalled_at
+            for r in ranks:
+                if stalled_at is None:
+                    r.seq = int(t * STEPS_PER_S) * len(OPS)
+            node.tick(now, sched, stalled_at)
+        time.sleep(a.interval)
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["agent"]:
+        return agent_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, action="append", help="simulated ranks (repeat for several runs)")
     ap.add_argument("--ranks-per-node", type=int, default=8)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ddp_doctor import store as side
 from ddp_doctor.diagnose.jobview import JobView, merge_digests
 from ddp_doctor.evidence import Control, NodeDetail, NodeSummary, Pull
 from ddp_doctor.watcher.root import Root
@@ -42,6 +43,20 @@ def group_of(node_rank: int, nnodes: int, size: int = GROUP_SIZE) -> list[int]:
     """The node ranks of ``node_rank``'s group, in the order they lead it."""
     g = node_rank // size
     return list(range(g * size, min(nnodes, (g + 1) * size)))
+
+
+def publish_address(root: Any, node_rank: int, address: str) -> None:
+    """Say on the root store where this node hosts its group store (once, at start)."""
+    root.set(side.group_addr_key(node_rank), address)
+
+
+def address_of(root: Any, node_rank: int) -> str | None:
+    """Where ``node_rank`` hosts its group store (None until it said so)."""
+    try:
+        raw = root.peek(side.group_addr_key(node_rank))
+    except Exception:
+        return None
+    return None if raw is None else raw.decode()
 
 
 class Leader:
@@ -152,7 +167,7 @@ class GroupLink:
 
     def _lead(self) -> Leader:
         if self.leader is None:
-            slot = int(self.store.add("ddpd/nodes", 1)) - 1
+            slot = int(self.store.add(side.NODES, 1)) - 1
             self.leader = Leader(self.store, self.reader, self.make_up(), self.world_size, slot, self.host, self.t0)
         return self.leader
 
