@@ -12,9 +12,10 @@ root store; the root (``watch.root.Root``) reads every leader with one ``multi_g
 decides with the one verdict policy (``diagnose.live.Judge``).  ``--group-size 0``: every node posts to the
 root (the flat layout of issue 16).  The root -- the root store server, ``Root`` and ``Judge`` -- runs in
 this process; every node agent and leader runs in one child process (the group leaders' stores are one
-TCPStore server there, a key prefix per node), in lock step on a simulated clock (leaders first each tick,
-so they read their nodes' posts of the previous interval: one interval per level, as in a real tree); the
-lock step uses keys of its own, not counted.  The stores and every byte on them are real.
+TCPStore server there, a key prefix per node), in lock step on a simulated clock (each tick the nodes post,
+then their leaders read and post, then the root reads: every level reads the posts of the interval they were
+made in, as the flat simulation did; a real tree adds up to one interval per level); the lock step uses keys
+of its own, not counted.  The stores and every byte on them are real.
 
 Scenarios (``--scenario``): ``stall``: after ``--warmup`` s one rank (the culprit, on a node that does not
 lead) stops outside collectives and shows no sign of life; every other rank then waits in the next
@@ -361,9 +362,10 @@ def nodes_process(port: int, secret: str, n_ranks: int, per_node: int, group_siz
                 culprit.stuck = True
         if window is None and now >= 2.0:  # from the first summaries on (registration done)
             window = counts()
-        # the reference node first (its mirrors post its summary), then the leaders (they read the previous
-        # interval's posts), then the other nodes
-        for n in sorted((n for n in nodes if n.node not in dead), key=lambda n: (n.node != ref_k, not leading(n))):
+        # the reference node first (its mirrors post its summary), then the other nodes, then the leaders: each
+        # level reads the posts of the interval they were made in, as the root does (and as the flat simulation
+        # of issue 16 did); a real tree adds up to one interval per level
+        for n in sorted((n for n in nodes if n.node not in dead), key=lambda n: (n.node != ref_k, leading(n))):
             lead = leading(n)
             r0 = n.rank_cpu
             c0 = time.thread_time()

@@ -37,7 +37,7 @@ class Job:
         self.views = {r: RankView(r) for r in range(n)}
         self.nodes = [list(range(k, min(n, k + per_node))) for k in range(0, n, per_node)]
         self.summarizers = [Summarizer(node=i, digests=True) for i in range(len(self.nodes))]
-        self.flat, self.split = Judge(hang_timeout), Judge(hang_timeout)
+        self.flat, self.split, self.tree = Judge(hang_timeout), Judge(hang_timeout), Judge(hang_timeout)
         self.t = self.t0 = 100.0
         self.cpu = {r: 0.0 for r in range(n)}
 
@@ -58,9 +58,15 @@ class Job:
             flat = self.flat.decide(self.views, len(self.views), 1.0, now=self.t)
             sums = [s.summary({r: self.views[r] for r in rs}, self.t, first_state_t=1.0)
                     for s, rs in zip(self.summarizers, self.nodes)]
-            split = self.split.decide_job(JobView(len(self.views), [(s, 0.0) for s in sums]), self.t)
+            group = JobView(len(self.views), [(s, 0.0) for s in sums])
+            split = self.split.decide_job(group, self.t)
             assert (flat and flat.reason, flat and flat.rank) == (split and split.reason, split and split.rank), \
                 (self.t - self.t0, flat, split)
+            # a tree: the nodes' summaries merged by their group leader, the root judging that one summary
+            up = JobView(len(self.views), [(group.summary(0, 1, self.t), 0.0)])
+            tree = self.tree.decide_job(up, self.t)
+            assert (flat and flat.reason, flat and flat.rank) == (tree and tree.reason, tree and tree.rank), \
+                (self.t - self.t0, flat, tree)
             if flat is not None:
                 return flat
         return None
@@ -139,6 +145,28 @@ def test_codes_tell_the_nodes_collectives_apart_and_find_desync_proves_it():
     wide = Collective("world", 7, "all_reduce", ("8",), ("float32",), TRAIN)
     found, proof = _cross({0: ar, 1: ar, 2: wide, 3: wide})
     assert found and proof is not None and proof.kind == "shape"
+
+
+def test_a_group_leader_merges_codes_and_the_root_suspects_across_groups():
+    """Two groups of one node each: each leader's summary carries its node's codes (``merge_digests``); the
+    root's check suspects the two leaders as it would two nodes; a lost node travels up inside its group."""
+    from ddp_doctor.diagnose.jobview import merge_digests
+    from ddp_doctor.evidence import NodeLoss
+
+    ar = Collective("world", 7, "all_reduce", ("4",), ("float32",), TRAIN)
+    ag = Collective("world", 7, "all_gather", ("4",), ("float32",), TRAIN)
+    views = _node_views({0: ar, 1: ar, 2: ag, 3: ag})
+    check = CrossCheck()
+    found = []
+    for g, rs in enumerate(((0, 1), (2, 3))):
+        s = Summarizer(node=0, digests=True).summary({r: views[r] for r in rs}, 2.0)
+        loss = (NodeLoss(5, "h5", (9,), 16.0),) if g else ()
+        merged = JobView(4, [(s, 0.0)], lost=loss).summary(g, 1, 2.0, digests=merge_digests(s.digests))
+        assert merged.digests and merged.ranks == rs
+        found += check.feed(merged)
+        if g:
+            assert merged.lost == loss and JobView(4, [(merged, 0.0)]).lost == loss
+    assert [(f[0], f[2]) for f in found] == [("fingerprint", frozenset({0, 1}))]
 
 
 def test_codes_leave_legal_differences_alone():
@@ -284,3 +312,30 @@ def test_thousands_of_ranks_doing_the_same_are_one_phrase():
     warn = suspicion_text(Suspicion(12.0, {r: c for r in big if r != 5007}, {5007: EVAL}, {5007: 12.0}, 90.0))
     assert "ranks 0-5006, 5008-9999 wait in all_reduce (#12 on world)" in warn and "rank 5007 is outside" in warn
     assert len(warn) < 400
+
+
+def test_a_silent_leaders_ranks_that_a_new_leader_reports_are_neither_late_nor_lost_twice(stores):
+    """Leader A reported ranks 0-7 (its own node 0-3, another node 4-7) and went silent; the other node moved
+    to leader B.  The root keeps A's summary of ranks 0-3 only: late, then lost; 4-7 are B's, counted once."""
+    channel, client = stores
+    root = Root(channel, client(1.0), 8, slot=-1)
+    a, b = Uplink(client()), Uplink(client())
+    views = {r: RankView(r) for r in range(8)}
+    for r in range(8):
+        views[r].update(RankState(rank=r, world_size=8, progress=5, in_collective=barrier(4)), 0.0)
+    both = Summarizer(node=0).summary(views, 0.2, first_state_t=0.0)
+    a.post(both, 0.2)
+    root.read(0.2)
+    t = 0.2
+    while t < 20.0:
+        t = round(t + 0.2, 6)
+        b.post(Summarizer(node=1).summary({r: views[r] for r in range(4, 8)}, t, first_state_t=0.0), t)
+        root.read(t)
+        job = root.job_view(None, t)
+        assert job.seen == 8, (t, job.seen)
+        silent = t - 0.2
+        if silent <= LATE_S:
+            assert not job.late and not job.lost
+        elif silent <= LOST_S:
+            assert job.late == (0,) and not job.lost, t
+    assert [x.ranks for x in job.lost] == [(0, 1, 2, 3)] and not job.late

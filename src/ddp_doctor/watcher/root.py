@@ -178,23 +178,19 @@ class Root:
     def job_view(self, own: NodeSummary | None, now: float) -> JobView:
         nodes: list[tuple[NodeSummary, float]] = [(own, 0.0)] if own is not None else []
         late: list[int] = []
-        heard: set[int] | None = None
-        for k, sl in self.slots.items():
+        slots = [(k, sl) for k, sl in self.slots.items()
+                 if sl.summary is not None and sl.summary.attempt >= self.attempt]  # (ranks not restarted yet)
+        owner = self._owners(own, slots)
+        for k, sl in slots:
             s = sl.summary
-            if s is None or s.attempt < self.attempt:
-                continue  # (a node whose ranks have not restarted yet)
-            silent = now - sl.t
-            if silent > LATE_S:
-                # a group leader lost: its nodes went on to the group's next node, whose summary now holds
-                # their ranks; what is left of this one is the ranks no one else reports (its own node's)
-                if heard is None:
-                    heard = self._heard(own, now)
-                left = [r for r in s.ranks if r not in heard]
-                if not left:
+            if owner is not None:
+                mine = [r for r in s.ranks if owner.get(r) == k]
+                if not mine and s.ranks:
                     self.lost.pop(k, None)
-                    continue
-                if len(left) < len(s.ranks):
-                    s = s.only(left)
+                    continue  # a group leader replaced: its nodes report through the group's next node
+                if len(mine) < len(s.ranks):
+                    s = s.only(mine)
+            silent = now - sl.t
             if silent > self.lost_s and k not in self.lost:
                 self.lost[k] = NodeLoss(k, s.host, s.ranks, round(silent, 1))
             elif LATE_S < silent <= self.lost_s:
@@ -202,13 +198,20 @@ class Root:
             nodes.append((s, max(0.0, now - (s.t + sl.offset))))
         return JobView(self.world_size, nodes, late=tuple(late), lost=tuple(self.lost.values()), desync=self.proof)
 
-    def _heard(self, own: NodeSummary | None, now: float) -> set[int]:
-        """The ranks of the summaries heard from lately (and of this node's own)."""
-        out = set(own.ranks) if own is not None else set()
-        for sl in self.slots.values():
-            if sl.summary is not None and now - sl.t <= LATE_S:
-                out.update(sl.summary.ranks)
-        return out
+    def _owners(self, own: NodeSummary | None, slots) -> dict[int, int] | None:
+        """rank -> the slot that reports it, when some rank is reported by two (None: none is).  A group leader
+        lost, its nodes move on to the group's next node, whose summary then holds their ranks too: a rank
+        counts once, in the summary heard from last (a silent leader keeps only its own node's ranks)."""
+        total = sum(len(sl.summary.ranks) for _, sl in slots) + (len(own.ranks) if own is not None else 0)
+        if total <= self.world_size:
+            return None
+        owner: dict[int, int] = {}
+        for k, sl in sorted(slots, key=lambda x: x[1].t):
+            for r in sl.summary.ranks:
+                owner[r] = k
+        for r in own.ranks if own is not None else ():
+            owner[r] = self.slot
+        return owner
 
     def node_of(self) -> dict[int, int]:
         """rank -> node slot, from the summaries."""
