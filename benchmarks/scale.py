@@ -61,6 +61,7 @@ from ddp_doctor.diagnose.summary import Summarizer  # noqa: E402
 from ddp_doctor.evidence import (Activity, Collective, JobEvidence, NodeDetail, RankState, Site,  # noqa: E402
                                  SiteCount, ThreadStack)
 from ddp_doctor.evidence.compact import StateDecoder, StateEncoder  # noqa: E402
+from ddp_doctor.probe.publisher import INTERVAL as PUBLISH_S  # noqa: E402
 from ddp_doctor.watcher.root import Root, interval_for  # noqa: E402
 from ddp_doctor.watcher.tree import GROUP_SIZE, GroupLink, group_of  # noqa: E402
 from ddp_doctor.watcher.uplink import Uplink  # noqa: E402
@@ -107,6 +108,7 @@ class SimRank:
         self.waiting_since: float | None = None
         self.sites = (SiteCount(OPS[0][0], TRAIN, 1), SiteCount(OPS[1][0], STEP, 2), SiteCount(OPS[3][0], LOSS, 1))
         self.encoder = StateEncoder()
+        self.posted = -1
 
     def state(self, now: float, sched: Schedule, stalled_at: int | None) -> RankState:
         sched.upto(max(self.seq, stalled_at or 0) + 2)
@@ -140,8 +142,13 @@ class SimRank:
             pg_timeout_s=1800.0, where=where, in_collective=in_coll, seq={"world": self.seq}, fingerprints=fps,
             site_counts=self.sites, coll_count=self.seq)
 
-    def post(self, now: float, sched: Schedule, stalled_at: int | None) -> tuple[bytes | None, bytes]:
-        """What the rank's probe posts to its node agent this interval (a base now and then, a delta)."""
+    def post(self, now: float, sched: Schedule, stalled_at: int | None) -> tuple[bytes | None, bytes] | None:
+        """What the rank's probe posts to its node agent (a base now and then, a delta), every
+        ``publisher.INTERVAL`` as the probe does; None when it has not posted since the agent's last look."""
+        k = int(now / PUBLISH_S + 1e-9)
+        if k == self.posted:
+            return None
+        self.posted = k
         return self.encoder.encode(self.state(now, sched, stalled_at), now)
 
 
@@ -163,8 +170,11 @@ class SimNode:
     def tick(self, now: float, sched: Schedule, stalled_at: int | None):
         for r in self.ranks:
             c0 = time.thread_time()
-            base, delta = r.post(now, sched, stalled_at)
+            post = r.post(now, sched, stalled_at)
             self.rank_cpu += time.thread_time() - c0
+            if post is None:
+                continue  # (the agent reads a post once, however often it looks)
+            base, delta = post
             dec = self.decoders[r.rank]
             if base is not None:
                 dec.set_base(base)
@@ -241,7 +251,7 @@ def shifted(s, k: int):
 
 STEPS_PER_S = 5.0
 SYNC = "bench/"          # the benchmark's own lock-step keys (not ddp-doctor traffic; not counted)
-LEADER_LOST_T = 2.0     # the "leader" scenario: when the culprit's group leader is lost
+LEADER_LOST_T = 1.0     # the "leader" scenario: when the culprit's group leader is lost
 ODD = Site("/job/train.py", 61, "eval_step")   # the desync: the culprit's call, at its line
 
 

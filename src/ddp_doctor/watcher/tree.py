@@ -21,7 +21,8 @@ the group's evidence survives its leader.  The root drops the silent leader's su
 reports its ranks, and keeps the rest (the dead leader's own node: late, then lost).
 
 Wiring (which store is where) is the caller's: ``connect(node_rank)`` gives a channel to that node's group
-store, ``up()`` a fresh ``Uplink`` to the root store.  ``ddp-doctor run`` builds it from the rendezvous;
+store, ``up()`` a fresh ``Uplink`` to the root store.  ``connect`` may answer None while the node has not said
+where its store is (no failover for that).  ``ddp-doctor run`` builds it from the rendezvous;
 ``benchmarks/scale.py`` simulates 100,000 ranks with it.
 """
 from __future__ import annotations
@@ -176,7 +177,10 @@ class GroupLink:
             self.ctl = self._lead().tick(summary, self.own_views(), now, self.own_detail)
             return True
         if self.link is None:
-            self.link = Uplink(self.connect(self.group[self.at]))
+            ch = self.connect(self.group[self.at])
+            if ch is None:
+                return False  # (its leader has not said where it is yet: not a failure)
+            self.link = Uplink(ch)
         if self.link.post(summary, now):
             self.ok_t = now
             return True
