@@ -222,9 +222,16 @@ def _fp_line(c: Collective) -> bytes:
                    c.epoch, c.step_in_epoch, int(c.join)])
 
 
-def _fp_of(line: bytes) -> Collective:
-    g, seq, op, sh, dt, site, ep, st, j = json.loads(line)
-    return Collective(g, seq, op, tuple(sh), tuple(dt), Site.from_json(site), None, None, ep, st, bool(j))
+def _fps_of(lines: list[bytes], sites: dict) -> tuple[Collective, ...]:
+    """Fingerprint lines -> records, in one parse; ``sites``: the decoder's Site objects by their list."""
+    out = []
+    for g, seq, op, sh, dt, site, ep, st, j in json.loads(b"[" + b",".join(lines) + b"]"):
+        k = None if site is None else tuple(site)
+        s = sites.get(k)
+        if s is None and k is not None:
+            s = sites[k] = Site.from_json(site)
+        out.append(Collective(g, seq, op, tuple(sh), tuple(dt), s, None, None, ep, st, bool(j)))
+    return tuple(out)
 
 
 class StateEncoder:
@@ -278,6 +285,7 @@ class StateDecoder:
         self.light: dict | None = None
         self.ring: tuple = ()                  # the base's ring
         self.extra: tuple = ()                 # the fingerprints of this base's deltas so far
+        self.sites: dict = {}                  # their call sites, one object each
         self.last: tuple[bytes, Any] | None = None
 
     @staticmethod
@@ -306,7 +314,7 @@ class StateDecoder:
         if len(lines) < len(self.extra):
             self.extra = ()
         if len(lines) > len(self.extra):
-            self.extra += tuple(_fp_of(x) for x in lines[len(self.extra):])
+            self.extra += _fps_of(lines[len(self.extra):], self.sites)
         light = self.light
         if changed:
             light = light.copy()
