@@ -550,8 +550,9 @@ def run(n_ranks: int, per_node: int, group_size: int, interval: float | None, li
         lost = sorted({r for x in job.lost for r in x.ranks})
     sync.set(f"{SYNC}stop", b"1")
     child.join(30)
-    watched_s = t_verdict - t0
-    ticks = max(1, round(watched_s / interval))
+    # the window holds the intervals from the one at t0 to the verdict's, both included
+    ticks = round((t_verdict - t0) / interval) + 1
+    watched_s = ticks * interval
     top = nodes_stats["leaders"] if group_size else n_nodes
     requests = root_requests + nodes_stats["root_requests"]
     return {
