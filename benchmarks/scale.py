@@ -450,7 +450,7 @@ def run_one_node(n_ranks: int, interval: float, limit: float, warmup: float) -> 
         ev = JobEvidence(n_ranks, {st.rank: st for st in node.detail(0, now).ranks}, now, limit, "--hang-timeout")
         _, findings = diagnose(ev, verdict)
         ok = culprit_ok(findings, "stall", culprit.rank)
-    watched = now - t0
+    watched = now - t0 + interval   # (from the interval at t0 to the verdict's, both included)
     return {"ranks": n_ranks, "nodes": 1, "interval_s": interval, "root_requests_per_node_per_interval": 0.0,
             "bytes_per_s": 0, "watcher_cpu_s_per_s": round(cpu / watched, 4), "root_loop_cpu_s_per_s": round(cpu / watched, 4),
             "store_server_cpu_s_per_s": 0.0, "node_agent_cpu_s_per_s": round(cpu / watched, 4), "limit_s": limit,
