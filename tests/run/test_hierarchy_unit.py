@@ -340,3 +340,61 @@ def test_a_silent_leaders_ranks_that_a_new_leader_reports_are_neither_late_nor_l
         elif silent <= LOST_S:
             assert job.late == (0,) and not job.lost, t
     assert [x.ranks for x in job.lost] == [(0, 1, 2, 3)] and not job.late
+
+
+def test_a_leader_passes_a_pull_down_to_the_node_that_holds_the_ranks_or_answers_for_its_own(stores):
+    """The root asks a group leader for ranks' full states: the leader asks only the node of its group that
+    holds them (ranks 4-7), or answers from its own node (ranks 0-3)."""
+    import torch.distributed as dist
+
+    from ddp_doctor import store as side
+    from ddp_doctor.evidence import NodeDetail
+    from ddp_doctor.watcher.tree import Leader
+
+    channel, client = stores
+    root = Root(channel, client(1.0), 8, slot=-1)
+    g = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+
+    def gclient(timeout=10.0):
+        return SideChannel(dist.TCPStore("127.0.0.1", g.port, is_master=False, wait_for_workers=False,
+                                         timeout=timedelta(seconds=timeout)), secret=b"k")
+
+    gch = SideChannel(g, secret=b"k")
+    leader = Leader(gch, gclient(1.0), Uplink(client()), 8, slot=int(gch.add(side.NODES, 1)) - 1)
+    node = Uplink(gclient())
+    views = {r: RankView(r) for r in range(8)}
+    for r in range(8):
+        views[r].update(RankState(rank=r, world_size=8, progress=5, where=TRAIN), 0.0)
+    sums = [Summarizer(node=k, digests=True) for k in range(2)]
+    asked: list[int] = []
+
+    def own_detail(req, stacks):
+        asked.append(req)
+        return NodeDetail(0, req, "h0", tuple(views[r].state for r in range(4)))
+
+    def tick(t):
+        node.post(sums[1].summary({r: views[r] for r in range(4, 8)}, t, first_state_t=0.0), t)
+        ctl = node.control()
+        pull = node.pull_for_me(ctl) if ctl is not None else None
+        if pull is not None:
+            node.answer(NodeDetail(node.slot, pull.req, "h1", tuple(views[r].state for r in range(4, 8))))
+        leader.tick(sums[0].summary({r: views[r] for r in range(4)}, t, first_state_t=0.0), {}, t, own_detail)
+        root.read(t)
+
+    t = 0.0
+    for _ in range(6):
+        t = round(t + 0.2, 6)
+        tick(t)
+    assert root.job_view(None, t).seen == 8
+    for want, expect, own in (((6,), {6}, False), ((2,), {2}, True)):
+        asked.clear()
+        root.request(set(root.slots), stacks=False, ranks=want)
+        for _ in range(12):
+            t = round(t + 0.2, 6)
+            tick(t)
+            root.collect()
+            if not root.wanted:
+                break
+        assert not root.wanted
+        got = {st.rank for d in root.details.values() for st in d.ranks}
+        assert got == expect and bool(asked) == own, (got, asked)

@@ -70,6 +70,7 @@ class Leader:
         self.up = up
         self.host = host
         self.version = 0
+        self.own_ranks: frozenset[int] = frozenset()   # this leader's own node's ranks
         self.job: JobView | None = None
         # a pull from above being answered: (its Pull, the group's own request, slots asked, give up at, own?)
         self.forwarding: tuple[Pull, int, set[int], float, bool] | None = None
@@ -83,6 +84,7 @@ class Leader:
         if own is not None:
             own = own.with_(node=r.slot)
             r.own(own)
+            self.own_ranks = frozenset(own.ranks)
         self.job = job = r.job_view(own, now)
         r.suspect_cycles(job)
         r.confirm(own_views, now)
@@ -106,7 +108,7 @@ class Leader:
         want = set(pull.ranks)
         node = r.node_of()
         slots = {k for k in r.slots if k not in r.lost} if not want else {node[x] for x in want if x in node}
-        own = r.slot in slots or not want
+        own = not want or bool(want & self.own_ranks)
         slots.discard(r.slot)
         req = r.request(slots, pull.stacks, pull.ranks) if slots else 0
         self.forwarding = (pull, req, slots, now + FORWARD_S, own)
