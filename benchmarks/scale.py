@@ -1,32 +1,44 @@
 """Hierarchical watching at scale: N simulated ranks, the real aggregation, encoding and decision code.
 
 No process per rank.  Every simulated rank is a real ``RankState`` (a fingerprint ring of 256 collectives,
-step times, signs of life) fed to its node agent's real ``RankView`` each interval, as the agent would read
-it from its node's store; the agent reduces its views to a summary (``diagnose.summary.Summarizer``) and
-posts it, delta-encoded and signed, through a real ``watch.uplink.Uplink`` to a real in-process TCPStore
-(the root store); the root (``watch.root.Root``) reads every node's summary with one ``multi_get`` per
-interval, checks fingerprint codes across nodes and decides with the one verdict policy
-(``diagnose.live.Judge``).  The root -- the store server, ``Root`` and ``Judge`` -- runs in this process;
-all node agents run in one child process and talk to it over localhost, in lock step on a simulated
-clock (the agents' work for 10,000 ranks does not fit one interval of this 2-core box; the lock step
-uses keys of its own, not counted).  The store and every byte on it are real.
+step times, signs of life) that it encodes as its probe posts it to its node agent (``compact.StateEncoder``:
+a base now and then, a delta of ~150 bytes plus its new fingerprints per interval); the agent decodes it
+(``compact.StateDecoder``) into its real ``RankView`` and reduces its views to a summary
+(``diagnose.summary.Summarizer``).  With ``--group-size G`` (default ``tree.GROUP_SIZE``) the nodes form a
+tree (``watcher.tree``): each agent posts its summary, delta-encoded and signed, to its group's leader (the
+first live node of G) through the group leader's store; each leader reads its group with the real
+``watch.root.Root``, merges (``JobView.summary``) and posts one summary up through a real ``Uplink`` to the
+root store; the root (``watch.root.Root``) reads every leader with one ``multi_get`` per interval and
+decides with the one verdict policy (``diagnose.live.Judge``).  ``--group-size 0``: every node posts to the
+root (the flat layout of issue 16).  The root -- the root store server, ``Root`` and ``Judge`` -- runs in
+this process; every node agent and leader runs in one child process (the group leaders' stores are one
+TCPStore server there, a key prefix per node), in lock step on a simulated clock (each tick the nodes post,
+then their leaders read and post, then the root reads: every level reads the posts of the interval they were
+made in, as the flat simulation did; a real tree adds up to one interval per level); the lock step uses keys
+of its own, not counted.  The stores and every byte on them are real.
 
-After ``--warmup`` seconds of healthy training one rank (the culprit, on a node other than the root's)
-stops outside collectives and shows no sign of life; every other rank then waits in the next all-reduce.
-The run ends at the verdict; the root then pulls the suspected nodes' full states (stacks included) through
-the control message, and ``diagnose()`` must name the culprit (DDP205 at its line).
+Scenarios (``--scenario``): ``stall``: after ``--warmup`` s one rank (the culprit, on a node that does not
+lead) stops outside collectives and shows no sign of life; every other rank then waits in the next
+all-reduce.  ``leader``: the same, and the culprit's group leader is lost 2 s into the run (its node and
+its ranks vanish; its store refuses every call): its group must fail over and the culprit still be named.
+``desync``: at the warm-up one rank issues the next all-reduce with another shape, at another line; every
+rank then waits in it.  The run ends at the verdict; the root then pulls the suspected ranks' full states
+(stacks included) down the tree, and ``diagnose()`` must name the culprit (DDP205, or DDP203) at its line.
 
 A job of one node (8 ranks) is watched in-process, as ``ddp-doctor run`` watches it: no root store.
 
-One JSON line per run: ranks, nodes, interval_s, root_requests_per_node_per_interval (every request the
-root store served while watching -- the nodes' posts and control reads, the root's reads -- per node other
-than the root's own, per interval), bytes_per_s (value bytes written to and read from the root store),
-watcher_cpu_s_per_s (the root process: its decision loop plus the root store server's thread, CPU
-seconds per simulated second, ``time.process_time``; split into root_loop_cpu_s_per_s, the loop's
-``time.thread_time``, and store_server_cpu_s_per_s, the rest), node_agent_cpu_s_per_s (one node agent's summary + encoding + posting, per node), limit_s,
-detect_latency_s (from the stall to the verdict, simulated clock), culprit_ok.
+One JSON line per run (CPU is process or thread CPU time, never wall clock): ranks, nodes, leaders,
+interval_s, root_requests_per_leader_per_interval (every request the root store served: the leaders'
+posts and control reads, the root's reads; per node of that level, i.e. per leader, or per node when
+flat), group_requests_per_node_per_interval (the same at the leaders' stores), bytes_per_s (at the root
+store), watcher_cpu_s_per_s (the root process: its loop plus its store server, ``time.process_time``;
+root_loop_cpu_s_per_s is the loop's ``thread_time``), leader_cpu_s_per_s (one leader: reading, merging,
+posting its group, besides its own node), node_agent_cpu_s_per_s (one node agent of 8 ranks: decoding its
+ranks' posts, its views, its summary, encoding and posting it), rank_post_cpu_s_per_s (one rank: encoding
+its posts), limit_s, detect_latency_s (from the stall to the verdict, simulated clock), culprit_ok.
 
-    PYTHONPATH=src python benchmarks/scale.py --ranks 8 --ranks 512 --ranks 10000
+    PYTHONPATH=src nice -n 10 python benchmarks/scale.py --ranks 1000 --ranks 10000 --ranks 100000
+    PYTHONPATH=src nice -n 10 python benchmarks/scale.py --ranks 100000 --scenario leader --scenario desync
 """
 from __future__ import annotations
 
@@ -43,11 +55,15 @@ sys.path.insert(0, os.path.join(ROOT, "src"))
 
 from ddp_doctor.channel import SECRET_ENV, SideChannel, new_secret  # noqa: E402
 from ddp_doctor.diagnose import diagnose  # noqa: E402
+from ddp_doctor.diagnose.jobview import LOST_S  # noqa: E402
 from ddp_doctor.diagnose.live import Judge  # noqa: E402
 from ddp_doctor.diagnose.summary import Summarizer  # noqa: E402
 from ddp_doctor.evidence import (Activity, Collective, JobEvidence, NodeDetail, RankState, Site,  # noqa: E402
                                  SiteCount, ThreadStack)
+from ddp_doctor.evidence.compact import StateDecoder, StateEncoder  # noqa: E402
+from ddp_doctor.probe.publisher import INTERVAL as PUBLISH_S  # noqa: E402
 from ddp_doctor.watcher.root import Root, interval_for  # noqa: E402
+from ddp_doctor.watcher.tree import GROUP_SIZE, GroupLink, group_of  # noqa: E402
 from ddp_doctor.watcher.uplink import Uplink  # noqa: E402
 from ddp_doctor.watcher.views import RankView  # noqa: E402
 
@@ -88,21 +104,24 @@ class SimRank:
         self.cpu = 0.0
         self.sig = 1
         self.stuck = False
+        self.odd: Collective | None = None    # desync: this rank's call at that position differs
         self.waiting_since: float | None = None
         self.sites = (SiteCount(OPS[0][0], TRAIN, 1), SiteCount(OPS[1][0], STEP, 2), SiteCount(OPS[3][0], LOSS, 1))
+        self.encoder = StateEncoder()
+        self.posted = -1
 
     def state(self, now: float, sched: Schedule, stalled_at: int | None) -> RankState:
-        sched.upto(self.seq + 2)
+        sched.upto(max(self.seq, stalled_at or 0) + 2)
         in_coll = None
         where = TRAIN
         if self.stuck:
             where = STUCK
         elif stalled_at is not None:
-            self.seq = stalled_at + 1          # entered the collective the culprit never reaches
+            self.seq = stalled_at + 1          # entered the collective the culprit never reaches (or the odd one)
             if self.waiting_since is None:
                 self.waiting_since = now
                 self.sig += 1
-            f = sched.fps[stalled_at]
+            f = self.odd or sched.fps[stalled_at]
             in_coll = Collective(f.group, f.seq, f.op, f.shapes, f.dtypes, f.site, "user",
                                  round(now - self.waiting_since, 3))
         else:
@@ -113,6 +132,8 @@ class SimRank:
                 in_coll = Collective(f.group, f.seq, f.op, f.shapes, f.dtypes, f.site, "user", 0.01)
         step = self.seq // len(OPS)
         fps = sched.upto(self.seq) if self.seq else ()
+        if self.odd is not None:
+            fps = tuple(self.odd if f.seq == self.odd.seq else f for f in fps)
         return RankState(
             rank=self.rank, local_rank=self.local_rank, host=f"node{self.node}", pid=1000 + self.rank,
             world_size=self.world, epoch=step // STEPS_PER_EPOCH, step=step, step_in_epoch=step % STEPS_PER_EPOCH,
@@ -121,32 +142,58 @@ class SimRank:
             pg_timeout_s=1800.0, where=where, in_collective=in_coll, seq={"world": self.seq}, fingerprints=fps,
             site_counts=self.sites, coll_count=self.seq)
 
+    def post(self, now: float, sched: Schedule, stalled_at: int | None) -> tuple[bytes | None, bytes] | None:
+        """What the rank's probe posts to its node agent (a base now and then, a delta), every
+        ``publisher.INTERVAL`` as the probe does; None when it has not posted since the agent's last look."""
+        k = int(now / PUBLISH_S + 1e-9)
+        if k == self.posted:
+            return None
+        self.posted = k
+        return self.encoder.encode(self.state(now, sched, stalled_at), now)
+
 
 class SimNode:
-    """A node agent: its ranks' views, its summarizer, its link to the root."""
+    """A node agent: its ranks' posts decoded into its views, its summarizer, its link up (an ``Uplink`` to
+    the root, or a ``GroupLink`` into the tree)."""
 
-    def __init__(self, node: int, ranks: list[SimRank], channel: SideChannel | None) -> None:
+    def __init__(self, node: int, ranks: list[SimRank], link=None) -> None:
         self.node = node
         self.ranks = ranks
         self.views = {r.rank: RankView(r.rank) for r in ranks}
+        self.decoders = {r.rank: StateDecoder() for r in ranks}
         self.summarizer = Summarizer(node=node, digests=True)
-        self.uplink = Uplink(channel) if channel is not None else None
+        self.link = link
         self.first_t: float | None = None
         self.summary = None
+        self.rank_cpu = 0.0      # the ranks' own encoding (not the agent's work)
 
     def tick(self, now: float, sched: Schedule, stalled_at: int | None):
         for r in self.ranks:
-            self.views[r.rank].update(r.state(now, sched, stalled_at), now)
+            c0 = time.thread_time()
+            post = r.post(now, sched, stalled_at)
+            self.rank_cpu += time.thread_time() - c0
+            if post is None:
+                continue  # (the agent reads a post once, however often it looks)
+            base, delta = post
+            dec = self.decoders[r.rank]
+            if base is not None:
+                dec.set_base(base)
+            st = dec.decode(delta)
+            if st is not None:
+                self.views[r.rank].update(st, now)
         self.first_t = self.first_t if self.first_t is not None else now
         self.summary = self.summarizer.summary(self.views, now, first_state_t=self.first_t, host=f"node{self.node}")
-        if self.uplink is not None:
-            self.uplink.post(self.summary, now)
-            ctl = self.uplink.control()
-            if ctl is not None:
-                pull = self.uplink.pull_for_me(ctl)
-                if pull is not None:
-                    self.uplink.answer(self.detail(pull.req, now))
+        if self.link is not None:
+            self.link.post(self.summary, now)
+            self.obey(now)
         return self.summary
+
+    def obey(self, now: float) -> None:
+        ctl = self.link.control()
+        if ctl is not None:
+            pull = self.link.pull_for_me(ctl)
+            if pull is not None:
+                self.link.answer(self.detail(pull.req, now))
 
     def detail(self, req: int, now: float) -> NodeDetail:
         """What the agent sends when pulled: every rank's full state with its stack (simulated frames)."""
@@ -154,6 +201,8 @@ class SimNode:
         for r in self.ranks:
             v = self.views[r.rank]
             st = v.state
+            if st is None:
+                continue
             frames = (Site("/job/train.py", 90, "<module>"), st.where or TRAIN)
             out.append(st.with_(stack=frames, threads=(ThreadStack("MainThread", True, frames),), busy=v.busy(now),
                                 stalled_s=round(now - v.progress_t, 2), idle_s=round(v.idle_s(now), 2),
@@ -161,8 +210,49 @@ class SimNode:
         return NodeDetail(self.node, req, f"node{self.node}", tuple(out))
 
 
+class MirrorNode(SimNode):
+    """A healthy node past ``--full-nodes``: its summary is the reference node's (a full node, healthy, at the
+    same position) with its own ranks, host and slot -- so 100,000 ranks fit this box.  What it posts (its own
+    delta encoding, signed, to its own leader) and everything above it are real; a node agent's own cost
+    does not depend on the job's size and is measured on the full nodes."""
+
+    def __init__(self, node: int, ranks: list[SimRank], ref: SimNode, link=None) -> None:
+        super().__init__(node, ranks, link)
+        self.ref = ref
+        self.shift = ranks[0].rank - ref.ranks[0].rank
+
+    def tick(self, now: float, sched: Schedule, stalled_at: int | None):
+        self.summary = shifted(self.ref.summary, self.shift).with_(node=self.node, host=f"node{self.node}")
+        if self.link is not None:
+            self.link.post(self.summary, now)
+            self.obey(now)
+        return self.summary
+
+    def detail(self, req: int, now: float) -> NodeDetail:
+        d = self.ref.detail(req, now)
+        return NodeDetail(self.node, req, f"node{self.node}",
+                          tuple(st.with_(rank=st.rank + self.shift, host=f"node{self.node}") for st in d.ranks))
+
+
+def shifted(s, k: int):
+    """A summary with every rank number moved by ``k`` (the mirror nodes' own ranks)."""
+    from ddp_doctor.evidence import Finished, Outside, Waiting
+
+    def rs(xs):
+        return tuple(r + k for r in xs)
+
+    return s.with_(ranks=rs(s.ranks), live=rs(s.live), failed=rs(s.failed), busy=rs(s.busy),
+                   finished=tuple(Finished(f.seq, rs(f.ranks)) for f in s.finished),
+                   waiting=tuple(Waiting(w.coll, rs(w.ranks)) for w in s.waiting),
+                   outside=tuple(Outside(o.rank + k, o.where, o.idle_s) for o in s.outside),
+                   deadline=None if s.deadline is None else s.deadline.__class__(s.deadline.rank + k, s.deadline.coll,
+                                                                                 s.deadline.timeout_s))
+
+
 STEPS_PER_S = 5.0
 SYNC = "bench/"          # the benchmark's own lock-step keys (not ddp-doctor traffic; not counted)
+LEADER_LOST_T = 1.0     # the "leader" scenario: when the culprit's group leader is lost
+ODD = Site("/job/train.py", 61, "eval_step")   # the desync: the culprit's call, at its line
 
 
 def _client(port: int, timeout_s: float = 600.0):
@@ -172,9 +262,33 @@ def _client(port: int, timeout_s: float = 600.0):
                          timeout=timedelta(seconds=timeout_s))
 
 
-def nodes_process(port: int, secret: str, n_ranks: int, per_node: int, interval: float, warmup: float,
-                  culprit_rank: int) -> None:
-    """The child: every node agent of the job, ticking on the simulated clock in lock step with the root."""
+class Gone(Exception):
+    """A lost node's store: every call refused (the simulated death of a group leader)."""
+
+
+class _Gate:
+    """One node's group store as its peers reach it (a key prefix on the child's group-store server), and
+    its death: once the node is in ``dead`` every call raises, as a closed port would."""
+
+    def __init__(self, store, node: int, dead: set[int]) -> None:
+        self.store, self.node, self.dead = store, node, dead
+
+    def __getattr__(self, name):
+        fn = getattr(self.store, name)
+
+        def call(*a, **kw):
+            if self.node in self.dead:
+                raise Gone(f"node {self.node} is lost")
+            return fn(*a, **kw)
+        return call
+
+
+def nodes_process(port: int, secret: str, n_ranks: int, per_node: int, group_size: int, interval: float,
+                  warmup: float, culprit_rank: int, scenario: str, full_nodes: int) -> None:
+    """The child: every node agent (and group leader) of the job, ticking on the simulated clock in lock step
+    with the root."""
+    import torch.distributed as dist
+
     os.environ[SECRET_ENV] = secret
     sync = _client(port)
     client = _client(port, 30.0)
@@ -182,12 +296,63 @@ def nodes_process(port: int, secret: str, n_ranks: int, per_node: int, interval:
     sched = Schedule()
     ranks = [SimRank(r, r % per_node, r // per_node, n_ranks) for r in range(n_ranks)]
     culprit = ranks[culprit_rank]
-    nodes = [SimNode(k, ranks[k * per_node:(k + 1) * per_node], SideChannel(client, secret=secret.encode()))
-             for k in range(n_nodes)]
-    channels = [n.uplink.channel for n in nodes]
+    key = secret.encode()
+    root_channels: list[SideChannel] = []
+    group_channels: list[SideChannel] = []
+    dead: set[int] = set()
+
+    def up() -> Uplink:
+        ch = SideChannel(client, secret=key)
+        root_channels.append(ch)
+        return Uplink(ch)
+
+    # full nodes: the first ``full_nodes`` and the culprit's group; the others mirror node 1 (healthy, never
+    # a leader's node in a tree, never the culprit's)
+    culprit_group = set(group_of(culprit.node, n_nodes, group_size)) if group_size else {culprit.node}
+    ref_k = 1
+
+    def make(k: int, link=None) -> SimNode:
+        rs = ranks[k * per_node:(k + 1) * per_node]
+        if k < max(2, full_nodes) or k in culprit_group:
+            return SimNode(k, rs, link)
+        return MirrorNode(k, rs, nodes[ref_k], link)
+
+    nodes: list[SimNode] = []
+    if group_size:
+        gserver = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+        gclient = _client(gserver.port, 30.0)
+
+        def group_store(j: int) -> SideChannel:
+            ch = SideChannel(_Gate(dist.PrefixStore(f"n{j}/", gclient), j, dead), secret=key)
+            group_channels.append(ch)
+            return ch
+
+        for k in range(n_nodes):
+            own = group_store(k)
+            node = make(k)
+            node.link = GroupLink(k, group_of(k, n_nodes, group_size), group_store, own, own, up, n_ranks,
+                                  host=f"node{k}", own_views=(lambda n=node: n.views),
+                                  own_detail=(lambda req, stacks, n=node: n.detail(req, now)))
+            node.link.on_failover = node.summarizer.sent.clear  # the new leader gets the last window's codes
+            nodes.append(node)
+    else:
+        for k in range(n_nodes):
+            nodes.append(make(k, up()))
+    lost_node = None
+    if scenario == "leader":  # the culprit's group leader
+        lost_node = group_of(culprit.node, n_nodes, group_size)[0]
     now, stalled_at, k = 0.0, None, 0
-    window = None          # (requests, bytes) at the start of the measured window
-    node_cpu = 0.0
+    window = None          # (root requests, group requests, bytes) at the start of the measured window
+    node_cpu = leader_cpu = rank_cpu = 0.0
+    node_ticks = leader_ticks = full_ranks_ticks = 0
+
+    def counts():
+        return (sum(c.stats.requests for c in root_channels), sum(c.stats.requests for c in group_channels),
+                sum(c.stats.bytes_in + c.stats.bytes_out for c in root_channels))
+
+    def leading(n: SimNode) -> bool:
+        return isinstance(n.link, GroupLink) and n.link.leading
+
     while True:
         k += 1
         now = round(now + interval, 6)
@@ -195,55 +360,65 @@ def nodes_process(port: int, secret: str, n_ranks: int, per_node: int, interval:
         for r in ranks:
             if stalled_at is None and not r.stuck:
                 r.seq = pos
+        if lost_node is not None and now >= LEADER_LOST_T and lost_node not in dead:
+            dead.add(lost_node)
         if stalled_at is None and now >= warmup:
-            culprit.stuck = True
             stalled_at = culprit.seq
+            if scenario == "desync":
+                f = sched.upto(stalled_at + 1)[-1]
+                culprit.odd = Collective(f.group, f.seq, f.op, ("3",), f.dtypes, ODD, epoch=f.epoch,
+                                         step_in_epoch=f.step_in_epoch)
+            else:
+                culprit.stuck = True
         if window is None and now >= 2.0:  # from the first summaries on (registration done)
-            window = (sum(c.stats.requests for c in channels),
-                      sum(c.stats.bytes_in + c.stats.bytes_out for c in channels))
-        c0 = time.thread_time()
-        for n in nodes:
+            window = counts()
+        # the reference node first (its mirrors post its summary), then the other nodes, then the leaders: each
+        # level reads the posts of the interval they were made in, as the root does (and as the flat simulation
+        # of issue 16 did); a real tree adds up to one interval per level
+        for n in sorted((n for n in nodes if n.node not in dead), key=lambda n: (n.node != ref_k, leading(n))):
+            lead = leading(n)
+            r0 = n.rank_cpu
+            c0 = time.thread_time()
             n.tick(now, sched, stalled_at)
-        if window is not None:
-            node_cpu += time.thread_time() - c0
+            spent = time.thread_time() - c0 - (n.rank_cpu - r0)
+            if window is not None and not isinstance(n, MirrorNode):
+                rank_cpu += n.rank_cpu - r0
+                full_ranks_ticks += len(n.ranks)
+                if lead:
+                    leader_cpu += spent
+                    leader_ticks += 1
+                else:
+                    node_cpu += spent
+                    node_ticks += 1
         sync.set(f"{SYNC}tick/{k}", json.dumps([now]))
         sync.wait([f"{SYNC}go/{k}"])
         if sync.get(f"{SYNC}go/{k}") != b"on":
             break
-    stats = {"requests": sum(c.stats.requests for c in channels) - window[0],
-             "bytes": sum(c.stats.bytes_in + c.stats.bytes_out for c in channels) - window[1],
-             "node_cpu": node_cpu}
+    end = counts()
+    leaders = [n for n in nodes if n.node not in dead and leading(n)]
+    stats = {"root_requests": end[0] - window[0], "group_requests": end[1] - window[1], "bytes": end[2] - window[2],
+             "node_cpu_per_tick": node_cpu / max(1, node_ticks), "leader_cpu_per_tick": leader_cpu / max(1, leader_ticks),
+             "rank_cpu_per_tick": rank_cpu / max(1, full_ranks_ticks), "leaders": len(leaders),
+             "full_nodes": sum(not isinstance(n, MirrorNode) for n in nodes),
+             "failovers": sum(n.link.failovers for n in nodes if isinstance(n.link, GroupLink))}
     sync.set(f"{SYNC}stats", json.dumps(stats))
-    # the pull: every node reads the control message (as on its next intervals) and answers what it is asked
+    # the pull: the leaders keep ticking (they pass the root's pull down and the answers up), every other
+    # node reads its control message as on its next intervals and answers what it is asked
     while not sync.check([f"{SYNC}stop"]):
         now = round(now + interval, 6)
         for n in nodes:
-            ctl = n.uplink.control()
-            pull = n.uplink.pull_for_me(ctl) if ctl is not None else None
-            if pull is not None:
-                n.uplink.answer(n.detail(pull.req, now))
-        time.sleep(0.05)
+            if n.node in dead:
+                continue
+            if leading(n):
+                n.tick(now, sched, stalled_at)
+            else:
+                n.obey(now)
+        time.sleep(0.02)
 
 
 def warmup_tick(now: float, warmup: float, interval: float) -> float:
     """The simulated time of the first tick at or after the warm-up: the stall."""
     return round(math.ceil(warmup / interval - 1e-9) * interval, 6)
-
-
-def state_parse_s() -> tuple[int, float]:
-    """(bytes, seconds) of parsing one rank's full posted state, as a node agent reads it from its store (a
-    ring of 256 fingerprints, 50 step times): the part of the agent's work the simulation does not do."""
-    from ddp_doctor.evidence import rank_state_from_wire, to_wire
-
-    sched = Schedule()
-    r = SimRank(3, 3, 0, 8)
-    r.seq = 4000
-    raw = to_wire(r.state(10.0, sched, None).with_(step_times=tuple(0.2 + i * 1e-4 for i in range(200))))
-    n = 200
-    t = time.thread_time()
-    for _ in range(n):
-        rank_state_from_wire(raw)
-    return len(raw), (time.thread_time() - t) / n
 
 
 def run_one_node(n_ranks: int, interval: float, limit: float, warmup: float) -> dict:
@@ -264,33 +439,49 @@ def run_one_node(n_ranks: int, interval: float, limit: float, warmup: float) -> 
                 r.seq = int(now * STEPS_PER_S) * len(OPS)
         if stalled_at is None and now >= warmup:
             culprit.stuck, stalled_at = True, culprit.seq
-        c0 = time.thread_time()
+        c0, r0 = time.thread_time(), node.rank_cpu
         s = node.tick(now, sched, stalled_at)
         verdict = judge.decide_job(JobView(n_ranks, [(s, 0.0)]), now)
         if now >= 2.0:
             t0 = now if t0 is None else t0
-            cpu += time.thread_time() - c0
-    culprit_ok = False
+            cpu += time.thread_time() - c0 - (node.rank_cpu - r0)   # (the ranks' own encoding: theirs)
+    ok = False
     if verdict is not None:
         ev = JobEvidence(n_ranks, {st.rank: st for st in node.detail(0, now).ranks}, now, limit, "--hang-timeout")
         _, findings = diagnose(ev, verdict)
-        culprit_ok = bool(findings) and findings[0].code == "DDP205" and findings[0].ranks == [culprit.rank]
-    watched = now - t0
+        ok = culprit_ok(findings, "stall", culprit.rank)
+    watched = now - t0 + interval   # (from the interval at t0 to the verdict's, both included)
     return {"ranks": n_ranks, "nodes": 1, "interval_s": interval, "root_requests_per_node_per_interval": 0.0,
             "bytes_per_s": 0, "watcher_cpu_s_per_s": round(cpu / watched, 4), "root_loop_cpu_s_per_s": round(cpu / watched, 4),
             "store_server_cpu_s_per_s": 0.0, "node_agent_cpu_s_per_s": round(cpu / watched, 4), "limit_s": limit,
             "detect_latency_s": None if verdict is None else round(now - warmup_tick(0.0, warmup, interval), 2),
-            "verdict": None if verdict is None else verdict.reason, "culprit": culprit.rank, "culprit_ok": culprit_ok,
-            "pulled_nodes": 0}
+            "verdict": None if verdict is None else verdict.reason, "culprit": culprit.rank, "culprit_ok": ok,
+            "pulled": 0, "scenario": "stall"}
 
 
-def run(n_ranks: int, per_node: int, interval: float | None, limit: float, warmup: float) -> dict:
+def culprit_ok(findings, scenario: str, culprit: int) -> bool:
+    """The diagnosis names the culprit first, at its line: DDP205 at the stuck line, or DDP203 at the odd call."""
+    if not findings:
+        return False
+    f = findings[0]
+    code, line = ("DDP203", ODD.line) if scenario == "desync" else ("DDP205", STUCK.line)
+    return f.code == code and culprit in f.ranks and f.location is not None and f.location.line == line
+
+
+def run(n_ranks: int, per_node: int, group_size: int, interval: float | None, limit: float, warmup: float,
+        scenario: str = "stall", full_nodes: int = 10 ** 9) -> dict:
     import multiprocessing as mp
 
     import torch.distributed as dist
 
     n_nodes = math.ceil(n_ranks / per_node)
-    interval = interval or interval_for(n_nodes)
+    group_size = group_size if n_nodes > 1 else 0
+    if scenario == "leader":
+        # the policy never stops a job while one of its nodes is late: the lost leader's own node has to be
+        # declared lost (LOST_S after its last word) before the stall's limit runs out
+        warmup = max(warmup, LEADER_LOST_T + LOST_S - limit + 1.0)
+    n_top = math.ceil(n_nodes / group_size) if group_size else n_nodes   # the nodes the root reads
+    interval = interval or interval_for(n_top)
     if n_nodes == 1:
         return run_one_node(n_ranks, interval, limit, warmup)
     secret = os.environ.get(SECRET_ENV) or new_secret()
@@ -299,9 +490,14 @@ def run(n_ranks: int, per_node: int, interval: float | None, limit: float, warmu
     root_channel = SideChannel(server, secret=secret.encode())
     reader = SideChannel(_client(port, 1.0), secret=secret.encode())
     sync = _client(port)
-    culprit = (n_nodes // 2) * per_node + per_node - 1 if n_nodes > 1 else n_ranks - 1
+    # the culprit: the last rank of a middle node that does not lead its group
+    node = n_nodes // 2
+    if group_size and node % group_size == 0:
+        node += 1
+    culprit = min(n_ranks - 1, node * per_node + per_node - 1)
     child = mp.get_context("spawn").Process(target=nodes_process, daemon=True,
-                                            args=(port, secret, n_ranks, per_node, interval, warmup, culprit))
+                                            args=(port, secret, n_ranks, per_node, group_size, interval, warmup,
+                                                  culprit, scenario, full_nodes))
     child.start()
     # the root: no node of its own here (the child simulates every node, the root's included, and all of
     # them post: one request more per interval than a real root node, whose own summary stays in-process)
@@ -339,54 +535,137 @@ def run(n_ranks: int, per_node: int, interval: float | None, limit: float, warmu
         sync.set(f"{SYNC}go/{k}", b"off")
     sync.wait([f"{SYNC}stats"])
     nodes_stats = json.loads(sync.get(f"{SYNC}stats"))
-    # the diagnosis: the suspected nodes' full states and stacks, the other ranks from their summaries
-    culprit_ok, pulled = False, set()
+    # the diagnosis: the suspected ranks' full states and stacks (down the tree), the others from the summaries
+    ok, pulled, lost = False, set(), []
     if verdict is not None:
         pulled = root.suspected(verdict, job)
-        root.request(pulled, stacks=True)
+        root.request(pulled, stacks=True, ranks=root.suspected_ranks(verdict, job))
         root.wait(pulled, 60.0)
         states = root.light_states()
         for v in root.remote_views(now).values():
             states[v.rank] = v.state.with_(stack=v.stack, threads=v.threads, sites_seen=frozenset(v.sites_seen))
         ev = JobEvidence(n_ranks, dict(sorted(states.items())), now, limit, "--hang-timeout")
         _, findings = diagnose(ev, verdict)
-        culprit_ok = bool(findings) and findings[0].code == "DDP205" and findings[0].ranks == [culprit] \
-            and findings[0].location is not None and findings[0].location.line == STUCK.line
+        ok = culprit_ok(findings, scenario, culprit)
+        lost = sorted({r for x in job.lost for r in x.ranks})
     sync.set(f"{SYNC}stop", b"1")
     child.join(30)
-    watched_s = t_verdict - t0
-    ticks = max(1, round(watched_s / interval))
-    requests = root_requests + nodes_stats["requests"]
+    # the window holds the intervals from the one at t0 to the verdict's, both included
+    ticks = round((t_verdict - t0) / interval) + 1
+    watched_s = ticks * interval
+    top = nodes_stats["leaders"] if group_size else n_nodes
+    requests = root_requests + nodes_stats["root_requests"]
     return {
-        "ranks": n_ranks, "nodes": n_nodes, "interval_s": interval,
+        "ranks": n_ranks, "nodes": n_nodes, "group_size": group_size, "leaders": nodes_stats["leaders"],
+        "scenario": scenario, "interval_s": interval,
+        "root_requests_per_leader_per_interval": round(requests / top / ticks, 3),
         "root_requests_per_node_per_interval": round(requests / n_nodes / ticks, 3),
+        "group_requests_per_node_per_interval": round(nodes_stats["group_requests"] / n_nodes / ticks, 3),
         "bytes_per_s": round((root_bytes + nodes_stats["bytes"]) / watched_s),
         "watcher_cpu_s_per_s": round(process_cpu / watched_s, 4),
         "root_loop_cpu_s_per_s": round(root_cpu / watched_s, 4),
         "store_server_cpu_s_per_s": round((process_cpu - main_cpu) / watched_s, 4),
-        "node_agent_cpu_s_per_s": round(nodes_stats["node_cpu"] / n_nodes / watched_s, 4),
-        "limit_s": limit, "detect_latency_s": None if verdict is None else round(t_verdict - t_stall, 2),
-        "verdict": None if verdict is None else verdict.reason, "culprit": culprit, "culprit_ok": culprit_ok,
-        "pulled_nodes": len(pulled),
+        "leader_cpu_s_per_s": round(nodes_stats["leader_cpu_per_tick"] / interval, 4) if group_size else None,
+        "node_agent_cpu_s_per_s": round(nodes_stats["node_cpu_per_tick"] / interval, 4),
+        "rank_post_cpu_s_per_s": round(nodes_stats["rank_cpu_per_tick"] / interval, 5),
+        "full_nodes": nodes_stats["full_nodes"],
+        "limit_s": limit, "warmup_s": warmup,
+        "detect_latency_s": None if verdict is None else round(t_verdict - t_stall, 2),
+        "verdict": None if verdict is None else verdict.reason, "culprit": culprit, "culprit_ok": ok,
+        "pulled": len(pulled), "failovers": nodes_stats["failovers"], "lost_ranks": len(lost),
     }
 
 
+def agent_main(argv) -> int:
+    """One node agent as a real process on the wall clock (``tests/run/test_tree_processes.py``): it hosts its
+    group store, says where on the root store, simulates its ranks on the job's clock (``bench/start`` on the
+    root store, wall time) and joins the tree through ``GroupLink``; it leads when its group says so."""
+    from ddp_doctor import store as side
+    from ddp_doctor.watcher.tree import address_of, publish_address
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--node", type=int, required=True)
+    ap.add_argument("--nodes", type=int, required=True)
+    ap.add_argument("--ranks-per-node", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=3)
+    ap.add_argument("--root", required=True, help="host:port of the root store")
+    ap.add_argument("--culprit", type=int, required=True)
+    ap.add_argument("--stall-at", type=float, required=True, help="seconds after the job's start")
+    ap.add_argument("--interval", type=float, default=0.2)
+    a = ap.parse_args(argv)
+    host, port = side.split_address(a.root)
+    own, gport = side.host_store(0, interface="127.0.0.1")
+    rootc = side.join_store(host, port, deadline_s=2.0)
+    publish_address(rootc, a.node, f"127.0.0.1:{gport}")
+    rootc.add(f"{SYNC}ready", 1)
+    reader = SideChannel(side.tcp_client("127.0.0.1", gport, 1.0), secret=own.secret)
+    world = a.nodes * a.ranks_per_node
+    ranks = [SimRank(r, r % a.ranks_per_node, a.node, world)
+             for r in range(a.node * a.ranks_per_node, (a.node + 1) * a.ranks_per_node)]
+    node = SimNode(a.node, ranks)
+    peers: dict[int, SideChannel] = {}
+
+    def connect(j: int) -> SideChannel:
+        addr = None
+        while addr is None:
+            addr = address_of(rootc, j)
+            time.sleep(0 if addr else 0.1)
+        h, p = side.split_address(addr)
+        peers[j] = side.join_store(h, p, timeout_s=5.0, deadline_s=1.0)
+        return peers[j]
+
+    now = 0.0
+    node.link = GroupLink(a.node, group_of(a.node, a.nodes, a.group_size), connect, own, reader,
+                          lambda: Uplink(side.join_store(host, port, deadline_s=2.0)), world, host=f"node{a.node}",
+                          own_views=lambda: node.views, own_detail=lambda req, stacks: node.detail(req, now))
+    node.link.on_failover = node.summarizer.sent.clear
+    start = None
+    while start is None:
+        raw = rootc.peek(f"{SYNC}start")
+        start = float(raw) if raw else None
+        time.sleep(0 if start else 0.05)
+    sched = Schedule()
+    stalled_at = None
+    culprit = next((r for r in ranks if r.rank == a.culprit), None)
+    while not rootc.check([f"{SYNC}stop"]):
+        t = time.time() - start
+        now = time.monotonic()
+        if t >= 0:
+            if stalled_at is None and t >= a.stall_at:
+                stalled_at = int(a.stall_at * STEPS_PER_S) * len(OPS)
+                if culprit is not None:
+                    culprit.stuck = True
+                    culprit.seq = stalled_at
+            for r in ranks:
+                if stalled_at is None:
+                    r.seq = int(t * STEPS_PER_S) * len(OPS)
+            node.tick(now, sched, stalled_at)
+        time.sleep(a.interval)
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["agent"]:
+        return agent_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, action="append", help="simulated ranks (repeat for several runs)")
     ap.add_argument("--ranks-per-node", type=int, default=8)
+    ap.add_argument("--group-size", type=int, default=GROUP_SIZE, help="nodes per group leader (0: flat, every "
+                    "node posts to the root)")
+    ap.add_argument("--scenario", action="append", choices=("stall", "leader", "desync"),
+                    help="what goes wrong (repeat for several runs; default: stall)")
     ap.add_argument("--interval", type=float, default=None,
-                    help="seconds between summaries (default: ddp-doctor's own for the number of nodes)")
+                    help="seconds between summaries (default: ddp-doctor's own for the nodes the root reads)")
+    ap.add_argument("--full-nodes", type=int, default=200, help="nodes whose ranks are simulated one by one (and "
+                    "the culprit's group); the other nodes post the summary of a healthy full node, relabelled")
     ap.add_argument("--limit", type=float, default=10.0, help="the hang limit (--hang-timeout, s)")
     ap.add_argument("--warmup", type=float, default=5.0, help="healthy training before the stall (s)")
     a = ap.parse_args(argv)
-    size, parse = state_parse_s()
     for n in a.ranks or [8]:
-        r = run(n, a.ranks_per_node, a.interval, a.limit, a.warmup)
-        # what the simulation leaves out on each node: parsing its ranks' JSON states every poll
-        r["rank_state_bytes"] = size
-        r["node_state_parse_cpu_s_per_s"] = round(min(n, a.ranks_per_node) * parse / r["interval_s"], 4)
-        print(json.dumps(r), flush=True)
+        for sc in a.scenario or ["stall"]:
+            r = run(n, a.ranks_per_node, a.group_size, a.interval, a.limit, a.warmup, sc, a.full_nodes)
+            print(json.dumps(r), flush=True)
     return 0
 
 

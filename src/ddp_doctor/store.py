@@ -23,6 +23,10 @@ ranks, which post under ``local_key(local_rank)``; on the root store (node 0's, 
 - ``node_base_key(n)``          node n's base summary
 - ``CTL``                       the root's control message to every node (evidence.Control)
 - ``detail_key(n, req)``        node n's full states answering pull ``req`` (0: its last word at the end)
+- ``group_addr_key(k)``         a tree of watchers (``watcher.tree``): where node rank k hosts its group store
+
+A group leader's store (``watcher.tree``) holds the same keys for its group (``NODES``, ``node_key``, ``CTL``,
+``detail_key``): to its nodes a leader is the root.
 
 Files in the run directory (``DDP_DOCTOR_DIR``), for what a process can no longer post: ``stack_file`` (its
 faulthandler's stacks on SIGUSR1 or a fatal signal) and ``teardown_file``.
@@ -59,6 +63,10 @@ def node_key(node: int) -> str:
 
 def node_base_key(node: int) -> str:
     return f"ddpd/node/{node}/base"
+
+
+def group_addr_key(node_rank: int) -> str:
+    return f"ddpd/addr/{node_rank}"
 
 
 def detail_key(node: int, req: int) -> str:

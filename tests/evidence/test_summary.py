@@ -92,3 +92,32 @@ def test_a_delta_for_a_base_the_root_does_not_hold_is_not_misread():
     enc2.base_id = 7
     _, other = enc2.encode(_summary(2), now=0.0)
     assert dec.decode(Decoder.base_of(other)[1]) is None   # another base id
+
+
+def test_a_ranks_compact_posts_rebuild_its_state_even_when_the_agent_misses_some():
+    """compact.StateEncoder / StateDecoder: a base, then deltas of the changed fields and the fingerprints
+    issued since the base; the agent reads only every third post and still holds the rank's exact state."""
+    from ddp_doctor.evidence import Activity, Collective, Site
+    from ddp_doctor.evidence.compact import StateDecoder, StateEncoder
+
+    site = Site("/u/t.py", 9, "step")
+    ring: list = []
+    enc, dec = StateEncoder(), StateDecoder()
+    for k in range(1, 700):
+        ring.append(Collective("world", k - 1, "all_reduce", ("4",), ("float32",), site, epoch=k // 100))
+        st = RankState(rank=3, step=k, progress=2 * k, cpu_s=k / 10, activity=Activity(k / 10, 0, 0.0, k),
+                       seq={"world": k}, fingerprints=tuple(ring[-256:]), where=site if k % 7 else None)
+        base, delta = enc.encode(st, k * 0.2)
+        if base is not None:
+            dec.set_base(base)
+        if k % 3 == 0 or base is not None:
+            got = dec.decode(delta)
+            assert got == st, k
+            assert len(delta) < 400 + 90 * 256
+    assert enc.base_id >= 3   # (the ring moved on: new bases now and then)
+
+
+def test_a_pull_names_its_ranks_on_the_wire():
+    ctl = Control(3, None, {2: Pull(4, True, (16, 17, 18, 40))})
+    assert Control.from_json(ctl.to_json()) == ctl
+    assert Control.from_json({"version": 1, "pulls": {"2": [4, 1]}}).pulls[2] == Pull(4, True)

@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 OWN_USAGE = """usage: ddp-doctor run [--hang-timeout S] [--stop-on-stall] [--report PATH] [--html PATH] [--no-lint]
-                      [--watch-port PORT] [torchrun options] SCRIPT|-m MODULE [ARGS...]
+                      [--watch-port PORT] [--watch-group N] [torchrun options] SCRIPT|-m MODULE [ARGS...]
 
 ddp-doctor options (before the script; everything else is torchrun's):
   --hang-timeout S   diagnose a stall when no rank shows a sign of life for S seconds (default 90):
@@ -22,10 +22,12 @@ ddp-doctor options (before the script; everything else is torchrun's):
   --html PATH        write the HTML report to PATH
   --no-lint          do not lint the script before launching
   --watch-port PORT  port of the side-channel store (multi-node; default: rdzv port + 1)
+  --watch-group N    a tree of watchers (very large jobs): nodes report to a leader per N nodes, the
+                     leaders to the root (docs/scale.md); each node hosts a group store on PORT + 1
   --stop-grace S     seconds between SIGTERM and SIGKILL when stopping the job (default 3)
 """
 
-OWN_VALUE_OPTS = {"--hang-timeout", "--report", "--html", "--watch-port", "--stop-grace"}
+OWN_VALUE_OPTS = {"--hang-timeout", "--report", "--html", "--watch-port", "--watch-group", "--stop-grace"}
 OWN_FLAGS = {"--no-lint", "--quiet", "--stop-on-stall"}
 
 

@@ -6,6 +6,10 @@ merged eagerly in one pass over the nodes; who waits where and who is outside co
 policy asks (a warning is due, or a rank finished): the root's cost per interval stays a few
 microseconds per node.
 
+A level of the tree of watchers (``watcher.tree``) is the same merge applied again: a group leader makes a
+JobView of its group's node summaries and posts :meth:`JobView.summary` of it up as one summary; the root
+merges the leaders' summaries as it would nodes'.  A node a leader lost or finds late travels up inside it.
+
 Ages: a summary's ages are as of when its node made it; the root adds the time since it first read that
 version of the summary (``age``), so a node it has not heard from ages honestly.  A node that is *late*
 (no new summary for a while) must not look stalled: the policy does not stop on "no sign of life" while
@@ -20,7 +24,8 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from ddp_doctor.evidence import Collective, NodeLoss, NodeSummary, Outside, Verdict
+from ddp_doctor.evidence import (Collective, Deadline, Digests, Finished, NodeLoss, NodeSummary, Outside, Verdict,
+                                 Waiting)
 
 PG_MARGIN_S = 5.0     # a collective is due this long before its process group's timeout (5% of short ones)
 
@@ -56,8 +61,9 @@ class JobView:
                  lost: tuple[NodeLoss, ...] = (), desync: Verdict | None = None) -> None:
         self.world_size = world_size
         self.nodes = nodes
-        self.late = late
-        self.lost = lost
+        # a summary of a group whose leader finds nodes late or lost: late / lost here too
+        self.late = late + tuple(s.node for s, _ in nodes if s.late)
+        self.lost = lost + tuple(x for s, _ in nodes for x in s.lost)
         self.desync = desync
         seen = live = 0
         failed: list[int] = []
@@ -151,6 +157,61 @@ class JobView:
 
     def busy(self) -> tuple[int, ...]:
         return tuple(sorted(r for s, _ in self.nodes for r in s.busy))
+
+    def summary(self, node: int, version: int, now: float, host: str | None = None,
+                digests: tuple[Digests, ...] = ()) -> NodeSummary:
+        """These nodes merged back into one summary, as of ``now`` (a group leader's post to the root): every
+        age counts from ``now``, so the level above ages it as it ages a node's.  ``digests``: the codes its
+        nodes sent since the leader's previous summary (``merge_digests``)."""
+        ranks: list[int] = []
+        live: list[int] = []
+        progress = 0
+        attempt, world = 0, None
+        for s, _ in self.nodes:
+            ranks += s.ranks
+            live += s.live
+            progress += s.progress
+            attempt = max(attempt, s.attempt)
+            world = world if world is not None else s.world_size
+        by_seq: dict[tuple, list[int]] = {}
+        for r, seq in self.finished():
+            by_seq.setdefault(tuple(sorted(seq.items())), []).append(r)
+        d = self.deadline
+        return NodeSummary(
+            node=node, version=version, t=round(now, 3), host=host, attempt=attempt, world_size=world,
+            ranks=tuple(sorted(ranks)), live=tuple(sorted(live)), failed=self.failed,
+            finished=tuple(Finished(dict(k), tuple(rs)) for k, rs in by_seq.items()),
+            waiting=tuple(Waiting(c, tuple(sorted(rs))) for c, rs in self.waiting().values()),
+            outside=tuple(self.outside()), busy=self.busy(),
+            progress_age_s=_r(self.progress_age), active_age_s=_r(self.active_age),
+            first_t=None if self.first_age is None else round(now - self.first_age, 3), progress=progress,
+            deadline=None if d is None else Deadline(d.rank, d.coll, d.timeout_s),
+            step_p90_s=self.step_p90, step_n=self.step_n, desync=self.desync, digests=digests,
+            lost=self.lost, late=len(self.late))
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def merge_digests(ds) -> tuple[Digests, ...]:
+    """Several nodes' digests as one summary carries them: per group and position the union of the codes
+    (one code where the nodes agree), consecutive positions in one record."""
+    book: dict[str, dict[int, set[int]]] = {}
+    for d in ds:
+        g = book.setdefault(d.group, {})
+        for i, codes in enumerate(d.codes):
+            g.setdefault(d.first + i, set()).update(codes)
+    out: list[Digests] = []
+    for group in sorted(book, key=str):
+        seqs = sorted(book[group])
+        start = 0
+        for i in range(1, len(seqs) + 1):
+            if i == len(seqs) or seqs[i] != seqs[i - 1] + 1:
+                run = seqs[start:i]
+                out.append(Digests(group, run[0], tuple(tuple(sorted(book[group][q])) for q in run)))
+                start = i
+    return tuple(out)
 
 
 def _later(a, b) -> bool:

@@ -20,7 +20,7 @@ import struct
 from dataclasses import fields
 from typing import Any
 
-from ddp_doctor.evidence.job import Verdict
+from ddp_doctor.evidence.job import NodeLoss, Verdict
 from ddp_doctor.evidence.records import Collective, Site
 from ddp_doctor.evidence.summary import (Deadline, Digests, Finished, NodeSummary, Outside, Waiting, ranges,
                                          unranges)
@@ -92,7 +92,8 @@ class Encoder:
              ranges(s.busy), _r(s.progress_age_s), _r(s.active_age_s), _r(s.first_t), s.progress,
              None if s.deadline is None else [s.deadline.rank, *self._coll(s.deadline.coll), s.deadline.timeout_s],
              _r(s.step_p90_s, 5), s.step_n, None if s.desync is None else s.desync.to_json(),
-             [[d.group, d.first, pack_codes(d.codes)] for d in s.digests]]
+             [[d.group, d.first, pack_codes(d.codes)] for d in s.digests],
+             [x.to_json() for x in s.lost], s.late]
         v.append([list(x) for x in self.sites])
         return v
 
@@ -140,6 +141,7 @@ _DECODE = {
     "deadline": lambda v, t: None if v is None else Deadline(int(v[0]), _coll_of(v[1:], t), float(v[7])),
     "desync": lambda v, t: Verdict.from_json(v),
     "digests": lambda v, t: tuple(Digests(g, int(first), unpack_codes(c)) for g, first, c in v),
+    "lost": lambda v, t: tuple(NodeLoss.from_json(x) for x in v),
 }
 
 
@@ -208,3 +210,115 @@ class Decoder:
             objs[name] = fn(v, table) if fn is not None else v
         self.summary = NodeSummary(**objs)
         return self.summary
+
+
+# -- a rank's posts to its node agent -----------------------------------------------------------------------
+RING_DELTA = 256      # fingerprints a delta may carry before the rank posts a new base
+STATE_REBASE_S = 30.0
+
+
+def _fp_line(c: Collective) -> bytes:
+    return _dumps([c.group, c.seq, c.op, list(c.shapes), list(c.dtypes), None if c.site is None else c.site.to_list(),
+                   c.epoch, c.step_in_epoch, int(c.join)])
+
+
+def _fps_of(lines: list[bytes], sites: dict) -> tuple[Collective, ...]:
+    """Fingerprint lines -> records, in one parse; ``sites``: the decoder's Site objects by their list."""
+    out = []
+    for g, seq, op, sh, dt, site, ep, st, j in json.loads(b"[" + b",".join(lines) + b"]"):
+        k = None if site is None else tuple(site)
+        s = sites.get(k)
+        if s is None and k is not None:
+            s = sites[k] = Site.from_json(site)
+        out.append(Collective(g, seq, op, tuple(sh), tuple(dt), s, None, None, ep, st, bool(j)))
+    return tuple(out)
+
+
+class StateEncoder:
+    """A rank's side of its posts to its node agent: a *base* (the full state, as ``to_wire``) now and then,
+    and per interval a *delta*: the top-level wire fields that differ from the base's (a few counters,
+    ~150 bytes), then one line per fingerprint issued since the base -- never the ring of 256 again.
+
+    Wire: base ``[base_id, {full state}]``; delta ``[base_id, {changed fields}]`` + ``\n``-separated
+    fingerprint lines.  A delta's lines only grow until the next base, so the agent parses only the lines
+    it has not seen (``StateDecoder``) and a post it missed loses nothing."""
+
+    def __init__(self) -> None:
+        self.base_id = 0
+        self.light: dict | None = None        # the base's wire fields without its ring
+        self.top: tuple | None = None         # (group, seq) of the newest fingerprint posted
+        self.lines: list[bytes] = []          # the fingerprints issued since the base, encoded once
+        self.base_t = 0.0
+
+    def encode(self, st, now: float) -> tuple[bytes | None, bytes]:
+        ring = st.fingerprints
+        new: tuple | None = ()
+        if self.top is not None and ring and (ring[-1].group, ring[-1].seq) != self.top:
+            for i in range(len(ring) - 1, -1, -1):
+                if (ring[i].group, ring[i].seq) == self.top:
+                    new = ring[i + 1:]
+                    break
+            else:
+                new = None  # the newest posted fell off the ring: a new base
+        light = st.with_(fingerprints=()).to_json()
+        if self.light is None or new is None or len(self.lines) + len(new) > RING_DELTA \
+                or now - self.base_t >= STATE_REBASE_S:
+            self.base_id += 1
+            self.light, self.lines, self.base_t = light, [], now
+            self.top = (ring[-1].group, ring[-1].seq) if ring else None
+            return _dumps([self.base_id, st.to_json()]), _dumps([self.base_id, {}])
+        if new:
+            self.lines += [_fp_line(c) for c in new]
+            self.top = (new[-1].group, new[-1].seq)
+        base = self.light
+        head = _dumps([self.base_id, {k: v for k, v in light.items() if base.get(k) != v}])
+        return None, b"\n".join([head, *self.lines])
+
+
+class StateDecoder:
+    """The node agent's side, one per rank: deltas -> ``RankState``, against the base it holds.  It parses a
+    delta's changed fields and only the fingerprint lines it has not seen; an unchanged delta gives the
+    previous state back."""
+
+    def __init__(self) -> None:
+        self.base_id: int | None = None
+        self.light: dict | None = None
+        self.ring: tuple = ()                  # the base's ring
+        self.extra: tuple = ()                 # the fingerprints of this base's deltas so far
+        self.sites: dict = {}                  # their call sites, one object each
+        self.last: tuple[bytes, Any] | None = None
+
+    @staticmethod
+    def base_of(delta: bytes) -> int:
+        return int(json.loads(delta[:delta.index(b",")] + b"]")[0])
+
+    def set_base(self, raw: bytes) -> int:
+        from ddp_doctor.evidence.rank import RankState
+
+        bid, full = json.loads(raw)
+        st = RankState.from_json(full)
+        self.base_id, self.ring, self.extra, self.last = int(bid), st.fingerprints, (), None
+        self.light = {**full, "fingerprints": []}
+        return self.base_id
+
+    def decode(self, raw: bytes):
+        """The state of a delta; None when it needs a base this decoder does not hold."""
+        from ddp_doctor.evidence.rank import RankState
+
+        if self.last is not None and self.last[0] == raw:
+            return self.last[1]
+        head, *lines = raw.split(b"\n")
+        bid, changed = json.loads(head)
+        if self.light is None or int(bid) != self.base_id:
+            return None
+        if len(lines) < len(self.extra):
+            self.extra = ()
+        if len(lines) > len(self.extra):
+            self.extra += _fps_of(lines[len(self.extra):], self.sites)
+        light = self.light
+        if changed:
+            light = light.copy()
+            light.update(changed)
+        st = RankState.from_json(light, (self.ring + self.extra)[-256:] if self.extra else self.ring)
+        self.last = (raw, st)
+        return st

@@ -144,7 +144,8 @@ class RankState:
         return d
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "RankState":
+    def from_json(cls, d: Mapping[str, Any], fingerprints: tuple | None = None) -> "RankState":
+        """(``fingerprints``: the ring, already decoded -- ``compact.StateDecoder``'s deltas.)"""
         sites = [Site.from_json(s) for s in d.get("sites") or ()]
 
         def at(i):
@@ -166,8 +167,9 @@ class RankState:
             where=Site.from_json(d.get("where")), in_collective=Collective.from_json(d.get("in_collective")),
             last_collective=Collective.from_json(d.get("last_collective")),
             in_data_wait=DataWait.from_json(d.get("in_data_wait")), seq=dict(d.get("seq") or {}),
-            fingerprints=tuple(Collective(g, s, op, tuple(sh), tuple(dt), at(si), None, None, ep, st, bool(j and j[0]))
-                               for g, s, op, sh, dt, si, ep, st, *j in d.get("fingerprints") or ()),
+            fingerprints=fingerprints if fingerprints is not None else tuple(
+                Collective(g, s, op, tuple(sh), tuple(dt), at(si), None, None, ep, st, bool(j and j[0]))
+                for g, s, op, sh, dt, si, ep, st, *j in d.get("fingerprints") or ()),
             site_counts=tuple(SiteCount(op, at(si), n) for op, si, n in d.get("site_counts") or ()),
             not_member=tuple(SiteCount(op, at(si), n) for op, si, n in d.get("not_member") or ()),
             mesh_dims=dict(d.get("mesh_dims") or {}),

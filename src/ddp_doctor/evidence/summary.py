@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
-from ddp_doctor.evidence.job import Verdict
+from ddp_doctor.evidence.job import NodeLoss, Verdict
 from ddp_doctor.evidence.rank import RankState
 from ddp_doctor.evidence.records import Collective, Site
 
@@ -146,6 +146,10 @@ class NodeSummary:
     step_n: int = 0                    # how many step times that p90 is of
     desync: Verdict | None = None      # proven among this node's own ranks
     digests: tuple[Digests, ...] = ()  # positions reached since the previous summary (and a few before)
+    # a summary of summaries (a group leader's, ``JobView.summary``): the nodes below it that it stopped
+    # hearing from (lost: their ranks' last known times stand), and how many of them are late right now
+    lost: tuple[NodeLoss, ...] = ()
+    late: int = 0
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {}
@@ -168,17 +172,34 @@ class NodeSummary:
             tuple(Outside.from_json(x) for x in d.get("outside") or ()), tuple(d.get("busy") or ()),
             d.get("progress_age_s"), d.get("active_age_s"), d.get("first_t"), int(d.get("progress") or 0),
             Deadline.from_json(d.get("deadline")), d.get("step_p90_s"), int(d.get("step_n") or 0),
-            Verdict.from_json(d.get("desync")), tuple(Digests.from_json(x) for x in d.get("digests") or ()))
+            Verdict.from_json(d.get("desync")), tuple(Digests.from_json(x) for x in d.get("digests") or ()),
+            tuple(NodeLoss.from_json(x) for x in d.get("lost") or ()), int(d.get("late") or 0))
 
     def with_(self, **kw) -> "NodeSummary":
         return replace(self, **kw)
 
+    def only(self, ranks) -> "NodeSummary":
+        """This summary of ``ranks`` alone: what the root keeps of a silent group leader's last summary once a
+        new leader reports the rest of its ranks (a rank is never counted twice, nor waited for twice)."""
+        keep = set(ranks)
+
+        def rs(xs):
+            return tuple(r for r in xs if r in keep)
+
+        return replace(self, ranks=rs(self.ranks), live=rs(self.live), failed=rs(self.failed), busy=rs(self.busy),
+                       finished=tuple(Finished(f.seq, rs(f.ranks)) for f in self.finished if rs(f.ranks)),
+                       waiting=tuple(Waiting(w.coll, rs(w.ranks)) for w in self.waiting if rs(w.ranks)),
+                       outside=tuple(o for o in self.outside if o.rank in keep),
+                       deadline=self.deadline if self.deadline is not None and self.deadline.rank in keep else None)
+
 
 @dataclass(frozen=True, slots=True)
 class Pull:
-    """The root asks a node for its ranks' full states (``stacks``: take every rank's stack first)."""
+    """The root asks a node for its ranks' full states (``stacks``: take every rank's stack first).  ``ranks``:
+    the ranks wanted (empty: all); a group leader asks only the nodes of its group that hold them."""
     req: int
     stacks: bool = False
+    ranks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,14 +211,15 @@ class Control:
 
     def to_json(self) -> dict[str, Any]:
         return {"version": self.version, "stop": self.stop,
-                "pulls": {str(n): [p.req, int(p.stacks)] for n, p in self.pulls.items()}}
+                "pulls": {str(n): [p.req, int(p.stacks), ranges(p.ranks)] for n, p in self.pulls.items()}}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> "Control | None":
         if not isinstance(d, Mapping):
             return None
         return cls(int(d.get("version") or 0), d.get("stop"),
-                   {int(n): Pull(int(p[0]), bool(p[1])) for n, p in (d.get("pulls") or {}).items()})
+                   {int(n): Pull(int(p[0]), bool(p[1]), unranges(p[2] if len(p) > 2 else ()))
+                    for n, p in (d.get("pulls") or {}).items()})
 
 
 @dataclass(frozen=True, slots=True)

@@ -146,12 +146,58 @@ class Job:
         from ddp_doctor.watcher.uplink import Uplink
 
         local_world = max(1, int(torchrun.determine_local_world_size(self.args.nproc_per_node)))
-        common = {"local_world": local_world, "poll": interval_for(self.nnodes)}
+        group = int(self.own.get("--watch-group") or 0)
+        tree = 0 < group < self.nnodes - 1
+        n_top = -(-(self.nnodes - 1) // group) if tree else self.nnodes
+        common = {"local_world": local_world, "poll": interval_for(n_top)}
         if not is_host:
-            return {**common, "uplink": Uplink(self.store), "on_stop": self.stop}
+            link = self._group_link(group) if tree else Uplink(self.store)
+            return {**common, "uplink": link, "on_stop": self.stop}
         slot = int(self.store.add(side.NODES, 1)) - 1
         reader = side.reader_channel(int(self.root_addr.rpartition(":")[2]))
         return {**common, "root": Root(self.store, reader, _world_size_hint(self.args), slot, t0=self.t0)}
+
+    def _group_link(self, group: int):
+        """A tree of watchers (``--watch-group N``): this node hosts a group store (watch port + 1; a free
+        port if taken), says where on the root store, and reports to its group's leader (``watcher.tree``).
+        The root's node (node rank 0) leads no group: groups are of node ranks 1.., N at a time."""
+        import socket
+
+        from ddp_doctor.watcher.tree import GroupLink, address_of, group_of, publish_address
+        from ddp_doctor.watcher.uplink import Uplink
+
+        from ddp_doctor.channel import SideChannel, job_secret
+
+        key = job_secret()  # (now: the ranks' environment gets their node's own secret later)
+        wport = int(self.root_addr.rpartition(":")[2])
+        try:
+            gstore, gport = side.host_store(wport + 1, secret=key)
+        except Exception:
+            gstore, gport = side.host_store(0, secret=key)
+        me = int(self.args.node_rank)
+        publish_address(self.store, me, f"{os.environ.get('DDP_DOCTOR_HOST') or socket.gethostname()}:{gport}")
+
+        def connect(j: int):
+            addr = address_of(self.store, j)
+            if addr is None:
+                return None
+            h, p = side.split_address(addr)
+            return SideChannel(connect=lambda: side.tcp_client(h, p, 10.0), secret=key, deadline=2.0, give_up_s=10.0)
+
+        def own_detail(req: int, stacks: bool):
+            w = self.watcher
+            if stacks:
+                w.collect_stacks()
+                w.ack_all()
+            return w.node_detail(req)
+
+        members = [k + 1 for k in group_of(me - 1, self.nnodes - 1, group)]
+        reader = SideChannel(side.tcp_client("127.0.0.1", gport, 1.0), secret=key)
+        link = GroupLink(me, members, connect, gstore, reader, lambda: Uplink(self.store),
+                         _world_size_hint(self.args), host=socket.gethostname(), t0=self.t0,
+                         own_views=lambda: self.watcher.views, own_detail=own_detail)
+        link.on_failover = lambda: self.watcher.summarizer.sent.clear()
+        return link
 
     # -- stopping --------------------------------------------------------------------
     def on_decision(self, decision: Verdict) -> None:

@@ -406,8 +406,8 @@ class Watcher(threading.Thread):
         pulled: set[int] = set()
         if self.root is not None and self.job is not None:
             pulled = self.root.suspected(decision, self.job)
-            if pulled:
-                self.root.request(pulled, stacks=True)
+            if pulled:  # (a tree's leaders ask only their nodes that hold the ranks wanted)
+                self.root.request(pulled, stacks=True, ranks=self.root.suspected_ranks(decision, self.job))
         self.collect_stacks()
         self.ack_all()
         if pulled:

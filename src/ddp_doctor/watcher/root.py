@@ -75,6 +75,8 @@ class Root:
         self.lost: dict[int, NodeLoss] = {}
         self.attempt = 0                          # torch's restart count of the ranks being judged
         self.t0 = t0                              # the wall-clock start this node's ranks count their times from
+        self.fresh: list | None = None            # a group leader's: the digests its nodes sent since it last took them
+        self.lost_s = LOST_S
 
     def begin_attempt(self, attempt: int) -> None:
         """torch's agents restarted the ranks (``--max-restarts``): what was known of the failed attempt goes."""
@@ -153,10 +155,14 @@ class Root:
         if s is None:
             return
         sl.raw, sl.summary, sl.t = raw, s, now
-        sl.offset = now - s.t if sl.offset is None else min(sl.offset, now - s.t)
+        if sl.offset is None or (before is not None and before.host != s.host):  # (a new leader's clock)
+            sl.offset = now - s.t
+        sl.offset = min(sl.offset, now - s.t)
         self.lost.pop(k, None)
         if before is None or s.digests is not before.digests:
             self._suspect(self.cross.feed(s))
+            if self.fresh is not None:
+                self.fresh += s.digests
 
     def _suspect(self, found) -> None:
         for sus in found:
@@ -166,26 +172,51 @@ class Root:
     def own(self, s: NodeSummary) -> None:
         """This node's own summary, made in-process (its codes go into the cross-node check too)."""
         self._suspect(self.cross.feed(s))
+        if self.fresh is not None:
+            self.fresh += s.digests
 
     def job_view(self, own: NodeSummary | None, now: float) -> JobView:
         nodes: list[tuple[NodeSummary, float]] = [(own, 0.0)] if own is not None else []
         late: list[int] = []
-        for k, sl in self.slots.items():
+        slots = [(k, sl) for k, sl in self.slots.items()
+                 if sl.summary is not None and sl.summary.attempt >= self.attempt]  # (ranks not restarted yet)
+        owner = self._owners(own, slots)
+        for k, sl in slots:
             s = sl.summary
-            if s is None or s.attempt < self.attempt:
-                continue  # (a node whose ranks have not restarted yet)
+            if owner is not None:
+                mine = [r for r in s.ranks if owner.get(r) == k]
+                if not mine and s.ranks:
+                    self.lost.pop(k, None)
+                    continue  # a group leader replaced: its nodes report through the group's next node
+                if len(mine) < len(s.ranks):
+                    s = s.only(mine)
             silent = now - sl.t
-            if silent > LOST_S and k not in self.lost:
+            if silent > self.lost_s and k not in self.lost:
                 self.lost[k] = NodeLoss(k, s.host, s.ranks, round(silent, 1))
-            elif LATE_S < silent <= LOST_S:
+            elif LATE_S < silent <= self.lost_s:
                 late.append(k)
             nodes.append((s, max(0.0, now - (s.t + sl.offset))))
         return JobView(self.world_size, nodes, late=tuple(late), lost=tuple(self.lost.values()), desync=self.proof)
 
+    def _owners(self, own: NodeSummary | None, slots) -> dict[int, int] | None:
+        """rank -> the slot that reports it, when some rank is reported by two (None: none is).  A group leader
+        lost, its nodes move on to the group's next node, whose summary then holds their ranks too: a rank
+        counts once, in the summary heard from last (a silent leader keeps only its own node's ranks)."""
+        total = sum(len(sl.summary.ranks) for _, sl in slots) + (len(own.ranks) if own is not None else 0)
+        if total <= self.world_size:
+            return None
+        owner: dict[int, int] = {}
+        for k, sl in sorted(slots, key=lambda x: x[1].t):
+            for r in sl.summary.ranks:
+                owner[r] = k
+        for r in own.ranks if own is not None else ():
+            owner[r] = self.slot
+        return owner
+
     def node_of(self) -> dict[int, int]:
         """rank -> node slot, from the summaries."""
         out = {}
-        for k, sl in self.slots.items():
+        for k, sl in sorted(self.slots.items(), key=lambda x: x[1].t):  # (the newest report of a rank wins)
             if sl.summary is not None:
                 for r in sl.summary.ranks:
                     out[r] = k
@@ -198,12 +229,13 @@ class Root:
         except Exception:
             pass
 
-    def request(self, slots, stacks: bool) -> int:
-        """Ask ``slots`` for their ranks' full states (``stacks``: take every stack first)."""
+    def request(self, slots, stacks: bool, ranks=()) -> int:
+        """Ask ``slots`` for their ranks' full states (``stacks``: take every stack first; ``ranks``: only
+        these, where a slot is a group leader's)."""
         self.req += 1
         pulls = {k: p for k, p in self.ctl.pulls.items() if k in self.wanted}
         for k in slots:
-            pulls[k] = Pull(self.req, stacks)
+            pulls[k] = Pull(self.req, stacks, tuple(sorted(ranks)))
             self.wanted[k] = self.req
         self.ctl = Control(self.ctl.version + 1, self.ctl.stop, pulls)
         self._post_ctl()
@@ -316,6 +348,14 @@ class Root:
         if self.world_size <= DETAIL_ALL:
             return {k for k in self.slots if k not in self.lost}
         node = self.node_of()
+        out = {node[r] for r in sorted(self.suspected_ranks(decision, job)) if r in node and node[r] not in self.lost}
+        return set(sorted(out)[:SUSPECTS_MAX])
+
+    def suspected_ranks(self, decision: Verdict, job: JobView) -> set[int]:
+        """The ranks whose full states the diagnosis of ``decision`` needs (a large job): the failed, the
+        ones outside collectives, the ones not at the most common position and one that is."""
+        if self.world_size <= DETAIL_ALL:
+            return set()
         ranks: set[int] = set(job.failed) | set(decision.calls)
         if decision.rank is not None:
             ranks.add(decision.rank)
@@ -327,8 +367,7 @@ class Root:
             for c, rs in waiting.values():
                 if c is not common[0]:
                     ranks |= set(rs[:4])
-        out = {node[r] for r in sorted(ranks) if r in node and node[r] not in self.lost}
-        return set(sorted(out)[:SUSPECTS_MAX])
+        return ranks
 
     def remote_views(self, now: float) -> dict[int, RankView]:
         """Views of the ranks whose full states arrived from other nodes."""

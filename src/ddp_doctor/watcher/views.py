@@ -59,8 +59,12 @@ class RankView:
         self._note_activity(state.activity, now)
         self.samples.append((now, state.cpu_s, state.where))
         self.samples = [s for s in self.samples if now - s[0] <= 3.0]
-        for c in state.fingerprints:
-            self.fps[(c.group, c.seq)] = c
+        fps = self.fps
+        for c in reversed(state.fingerprints):  # newest first: the ring only grows at its end, and a
+            k = (c.group, c.seq)                  # fingerprint never changes once posted
+            if k in fps:
+                break
+            fps[k] = c
         if len(self.fps) > 4000:
             for k in sorted(self.fps, key=lambda k: k[1])[: len(self.fps) - 3000]:
                 del self.fps[k]
