@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import os
-import re
 from dataclasses import replace
 
 from ddp_doctor.evidence import DdpParam, RankState, Site
@@ -21,9 +20,10 @@ from ddp_doctor.diagnose.decision import Decision, user_stack, values_at, why_it
 from ddp_doctor.diagnose.collectives import NOT_MEMBER
 from ddp_doctor.diagnose.grad_sync import sync_choice
 from ddp_doctor.diagnose.joined import JOIN_SHADOW
+from ddp_doctor.diagnose.rankbranch import branch_in, caller_branch
 from ddp_doctor.diagnose.unused import ddp_site_of, unused_branch
 from ddp_doctor.diagnose.stepexit import loader_counts, skipped_syncs, sync_skip_exit, trains
-from ddp_doctor.diagnose.source import (LOOPS, RANK_WORDS, arm, call_sites, continues_in, exits_in, function_at,
+from ddp_doctor.diagnose.source import (LOOPS, arm, continues_in, exits_in, function_at,
                                          keyword, names_read, own_nodes, parse_file, pick_test, reads_rank,
                                          set_on_some_ranks, source_of, within)
 
@@ -60,61 +60,6 @@ def locate(fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
     # a branch on the rank there, the outermost first -- the function's own decorator that runs it on some
     # ranks only (``@main_process_only``) before the branch inside that decorator's wrapper
     return branch_in(sa[i:], [a], ranks)
-
-
-def branch_in(frames: list[Site], inside: list[int], ranks: dict[int, RankState]) -> Decision | None:
-    """The outermost rank branch among a rank's ``frames`` (outermost first) taken by ranks ``inside`` only --
-    or, when that branch is in a decorator's wrapper, the decoration of the function it wraps."""
-    for k, frame in enumerate(frames):
-        got = rank_branch(frame, inside, ranks)
-        if got is not None and k + 1 < len(frames):
-            got = _decorated(frame, frames[k + 1], inside, ranks) or got
-        if got is not None:
-            return got
-    return None
-
-
-def _decorated(wrapper: Site, inner: Site, inside: list[int], ranks: dict[int, RankState]) -> Decision | None:
-    """``wrapper`` is the closure of a decorator (a def inside a def) and ``inner``'s function is decorated with
-    that decorator: the decoration is where the user chose to run it on some ranks only, whatever its name."""
-    outer_parsed, inner_parsed = parse_file(wrapper.path), parse_file(inner.path)
-    if outer_parsed is None or inner_parsed is None:
-        return None
-    fn = function_at(outer_parsed[0], wrapper.function, wrapper.line)
-    outer = next((d.name for d in ast.walk(outer_parsed[0]) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
-                  and fn in d.body), None)
-    target = function_at(inner_parsed[0], inner.function, inner.line)
-    for dec in getattr(target, "decorator_list", ()):
-        name = ast.unparse(dec.func if isinstance(dec, ast.Call) else dec)
-        if outer is not None and name.split(".")[-1] == outer:
-            ways = tuple((r, f"ran {inner.function}()") for r in inside) + tuple(
-                (r, "skipped it") for r in sorted(ranks) if r not in inside)
-            return Decision(Site(inner.path, dec.lineno, inner.function), "decorator", name, ways, (),
-                            f"`@{name}` runs {inner.function}() on some ranks only (its wrapper tests the rank), so "
-                            "everything inside it must be rank-local: no collective, no barrier, no DDP forward.")
-    return None
-
-
-def rank_branch(frame: Site, inside: list[int], ranks: dict[int, RankState]) -> Decision | None:
-    """The `if` on the rank whose arm holds ``frame``'s line, taken by ranks ``inside`` only (the others are
-    elsewhere or gone): without the others' values only a test that reads the rank itself is the decision."""
-    parsed = parse_file(frame.path)
-    if parsed is None:
-        return None
-    tree, lines = parsed
-    fn = function_at(tree, frame.function, frame.line)
-    cands = [n for n in own_nodes(fn) if isinstance(n, ast.If) and arm(n, frame.line) in ("body", "orelse")
-             and reads_rank(frame.path, fn, n.test)]
-    if not cands:
-        return _rank_decorator(fn, frame, inside, ranks)
-    node = min(cands, key=lambda n: n.lineno)
-    function = fn.name if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else "<module>"
-    site = Site(frame.path, node.lineno, function)
-    names, cond = names_read(node.test), source_of(node.test, lines)
-    order = list(inside) + [r for r in sorted(ranks) if r not in inside]
-    way = "went into it" if arm(node, frame.line) == "body" else "took its `else`"
-    ways = tuple((r, way) for r in inside) + tuple((r, "did not") for r in sorted(ranks) if r not in inside)
-    return Decision(site, "if", cond, ways, values_at(ranks, order, site, names), why_it_varies(cond, (), True))
 
 
 def _parted_in(path, function, line, a, b, ranks, sa, sb, depth) -> Decision | None:
@@ -177,19 +122,6 @@ def _branch(fn, lines, line, a, b, ranks, path, function) -> Decision | None:
         and all(w == "went past it" for r, w in ways if r not in inside) else ()
     return Decision(site_of(node), "if", cond, tuple(ways), vals, why_it_varies(cond, vals, reads_rank(path, fn, node.test)),
                     alone)
-
-
-def _rank_decorator(fn: ast.AST, frame: Site, inside: list[int], ranks) -> Decision | None:
-    """``@rank_zero_only`` (Lightning), ``@on_main_process`` (accelerate): the function runs on some ranks only."""
-    for dec in getattr(fn, "decorator_list", ()):
-        name = ast.unparse(dec.func if isinstance(dec, ast.Call) else dec)
-        if RANK_WORDS.search(name) or re.search(r"main_process|rank_zero|local_main", name):
-            ways = tuple((r, f"ran {frame.function}()") for r in inside) + tuple(
-                (r, "skipped it") for r in sorted(ranks) if r not in inside)
-            return Decision(Site(frame.path, dec.lineno, frame.function), "decorator", name, ways, (),
-                            f"`{name}` runs {frame.function}() on some ranks only, so everything inside it must be "
-                            "rank-local: no collective, no barrier, no DDP forward.")
-    return None
 
 
 def _loop_exit(fn, lines, line, a, b, ranks, path, function, sure: bool = False) -> Decision | None:
@@ -424,17 +356,6 @@ def group_choice(site: Site, fault: list[int], ranks: dict[int, RankState]) -> D
     return Decision(at, "value", source_of(node, lines), ways, values_at(ranks, order, at, names),
                     "The group is picked from a rank-dependent value; on the ranks not in the group it picked, "
                     "new_group() had returned a placeholder and torch skips the collective.")
-
-
-def caller_branch(site: Site, fault: list[int], ranks: dict[int, RankState], depth: int = 0) -> Decision | None:
-    """The rank branch around the one place the file calls ``site``'s function, or around that caller's one
-    call, three deep: where the ranks parted when no stack showed the callers (``if rank == 0:
-    evaluate(model)``, the rank failing before its stack was taken)."""
-    files = tuple(sorted({fr.path for st in ranks.values() for fr in user_stack(st)}))  # the job's own files
-    calls = call_sites(site.path, site.function, files) if depth < 3 else []
-    if len(calls) != 1:
-        return None
-    return rank_branch(calls[0], fault, ranks) or caller_branch(calls[0], fault, ranks, depth + 1)
 
 
 def _recoded(f: Finding, d: Decision, ranks: dict[int, RankState]) -> Finding:
