@@ -49,6 +49,9 @@ def start_in_rank0(address: str, world: int):
     t0 = time.time()
     w = Watcher(store, world_size=world, hang_timeout=float(ht) if ht else None, run_dir=run_dir, is_host=True,
                 stop_on_stall=os.environ.get("DDP_DOCTOR_STOP_ON_STALL", "") not in ("", "0"))
+    from ddp_doctor.session.lint_job import LintJob
+
+    w.lint_job = LintJob(_script())  # beside the job, in a child process: the decision lines lint gives run
     reported = threading.Event()
     w.on_decision = lambda decision: _report_and_stop(w, store, t0, run_dir if own_dir else None, reported)
     w.start()
@@ -144,7 +147,8 @@ def _write_report(w, t0: float) -> None:
 
         w.read_states()
         job = Job.for_report(w, argv=list(sys.argv), script=sys.argv[0] if sys.argv else "", t0=t0)
-        report = job.build_report(None, [], time.monotonic())
+        lint = w.lint_job.findings() if getattr(w, "lint_job", None) is not None else []
+        report = job.build_report(None, lint, time.monotonic())
         report["command"] = _command()
         report["launcher"] = launcher.detect()
         paths = _report_paths()
@@ -153,6 +157,14 @@ def _write_report(w, t0: float) -> None:
         job.emit(report, True)  # (prints where it wrote the report)
     except Exception as e:  # never let the watcher take the job down silently
         print(f"ddp-doctor: embedded watcher could not write the report: {e!r}", file=sys.stderr)
+
+
+def _script() -> str | None:
+    """The user's training script: this process's own, else (a spawned rank) its parent's."""
+    for arg in [*(sys.argv[:1]), *_command()]:
+        if isinstance(arg, str) and arg.endswith(".py") and os.path.isfile(arg):
+            return os.path.abspath(arg)
+    return None
 
 
 def _command() -> list[str]:
