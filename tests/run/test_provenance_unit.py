@@ -166,7 +166,10 @@ def test_a_lint_located_continue_gets_its_condition_and_values(tmp_path):
     f = Finding("DDP101", "Rank 1 ran fewer steps.", "fix", location=Location(path, dec, None), ranks=[1])
     provenance.with_decisions([f], ranks)
     assert f.location.line == dec and f.evidence["decision"]["kind"] == "continue"
-    assert f.message.startswith("The ranks parted at `continue` under `if batch is None:`")
+    # lint located it, no stack showed the ranks part there: the message says so, and claims no rank's way
+    assert f.message.startswith("No stack shows where the ranks parted; ddp-doctor lint located a rank-local "
+                                "`continue` under `if batch is None:`")
+    assert f.evidence["decision"]["by_lint"] is True
     assert "empty or missing batch" in f.evidence["decision"]["why"] and "showed_at" not in f.evidence
 
 

@@ -33,6 +33,7 @@ class Decision:
     parting: str = "branch"      # what the ranks did there: "skip" (some skipped a training step the others
     #                              ran), "loop" (some left a training loop the others stayed in), "branch"
     culprits: tuple[int, ...] = ()  # the ranks that took the odd way, when the recorded facts say so
+    by_lint: bool = False        # no stack showed it: the line lint located as a rank-local decision
 
     def text(self) -> str:
         """"The ranks parted at `if val_loss < best:` (train.py:57): rank 0 went into it, ...; values ..."."""
@@ -44,7 +45,9 @@ class Decision:
         for r, w in self.ways:
             by_way.setdefault(w, []).append(r)
         ways = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} {w}" for w, rs in by_way.items())
-        out = f"The ranks parted at {what} ({os.path.basename(self.site.path)}:{self.site.line}): {ways}."
+        at = f"{what} ({os.path.basename(self.site.path)}:{self.site.line})"
+        out = (f"No stack shows where the ranks parted; ddp-doctor lint located a rank-local {at} that "
+               f"explains it." if self.by_lint else f"The ranks parted at {at}: {ways}.")
         if self.values:
             vals = "; ".join(f"rank {r}: " + ", ".join(f"{k}={v}" for k, v in kv) for r, kv in self.values)
             out += f" Values there when the job was diagnosed: {vals}."
@@ -53,7 +56,8 @@ class Decision:
     def to_json(self) -> dict:
         return {"site": self.site.to_json(), "kind": self.kind, "condition": self.condition,
                 "ways": {str(r): w for r, w in self.ways},
-                "values": {str(r): dict(kv) for r, kv in self.values}, "why": self.why, "parting": self.parting}
+                "values": {str(r): dict(kv) for r, kv in self.values}, "why": self.why, "parting": self.parting,
+                **({"by_lint": True} if self.by_lint else {})}
 
 
 # -- the ranks' frames --------------------------------------------------------------------------

@@ -304,7 +304,7 @@ def explain_at(site: Site, fault: list[int], ranks: dict[int, RankState]) -> Dec
             why = set_on_some_ranks(site.path, fn, node.test) or why_it_varies(
                 source_of(node.test, lines), vals, reads_rank(site.path, fn, node.test))
             return Decision(Site(site.path, site.line, function), keyword(stmt), source_of(node.test, lines), ways, vals,
-                            why)
+                            why, by_lint=True)
     return None
 
 
