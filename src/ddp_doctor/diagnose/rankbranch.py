@@ -37,12 +37,17 @@ def _decorated(wrapper: Site, inner: Site, inside: list[int], ranks: dict[int, R
     for dec in getattr(target, "decorator_list", ()):
         name = ast.unparse(dec.func if isinstance(dec, ast.Call) else dec)
         if outer is not None and name.split(".")[-1] == outer:
-            ways = tuple((r, f"ran {inner.function}()") for r in inside) + tuple(
-                (r, "skipped it") for r in sorted(ranks) if r not in inside)
-            return Decision(Site(inner.path, dec.lineno, inner.function), "decorator", name, ways, (),
-                            f"`@{name}` runs {inner.function}() on some ranks only (its wrapper tests the rank), so "
-                            "everything inside it must be rank-local: no collective, no barrier, no DDP forward.")
+            return _decoration(inner, dec.lineno, name, inside, ranks, " (its wrapper tests the rank)")
     return None
+
+
+def _decoration(frame: Site, line: int, name: str, inside: list[int], ranks, how: str = "") -> Decision:
+    """The decoration ``@name`` at ``line`` of ``frame``'s function, run by ranks ``inside`` only."""
+    ways = tuple((r, f"ran {frame.function}()") for r in inside) + tuple(
+        (r, "skipped it") for r in sorted(ranks) if r not in inside)
+    return Decision(Site(frame.path, line, frame.function), "decorator", name, ways, (),
+                    f"`@{name}` runs {frame.function}() on some ranks only{how}, so everything inside it must be "
+                    "rank-local: no collective, no barrier, no DDP forward.")
 
 
 def rank_branch(frame: Site, inside: list[int], ranks: dict[int, RankState]) -> Decision | None:
@@ -72,11 +77,7 @@ def _rank_decorator(fn: ast.AST, frame: Site, inside: list[int], ranks) -> Decis
     for dec in getattr(fn, "decorator_list", ()):
         name = ast.unparse(dec.func if isinstance(dec, ast.Call) else dec)
         if RANK_WORDS.search(name) or re.search(r"main_process|rank_zero|local_main", name):
-            ways = tuple((r, f"ran {frame.function}()") for r in inside) + tuple(
-                (r, "skipped it") for r in sorted(ranks) if r not in inside)
-            return Decision(Site(frame.path, dec.lineno, frame.function), "decorator", name, ways, (),
-                            f"`{name}` runs {frame.function}() on some ranks only, so everything inside it must be "
-                            "rank-local: no collective, no barrier, no DDP forward.")
+            return _decoration(frame, dec.lineno, name, inside, ranks)
     return None
 
 
