@@ -127,6 +127,7 @@ class Parts:
     steps: str = "{steps}"
     loop: str = "for step in range({steps}):"
     batchnorm: bool = False
+    fsdp2: bool = False  # the model is sharded with FSDP2 (`fully_shard`) instead of wrapped in DDP
 
 
 def _ind(text: str, n: int) -> str:
@@ -308,6 +309,46 @@ def k_early_stop(r, w, names) -> Parts:
     """, 8))
 
 
+FSDP2_CALLS = {
+    "eval": "{m}.eval()\n    print(\"val\", {m}(x).mean().item(), flush=True)\n    {m}.train()",
+    "clip": "norm = torch.nn.utils.clip_grad_norm_({m}.parameters(), 1.0)\n"
+            "    print(\"grad norm\", norm.to_local().item(), flush=True)",
+    "state_dict": "sd = get_model_state_dict({m}, options=StateDictOptions(full_state_dict=True))\n"
+                  "    print(len(sd), \"tensors to save\", flush=True)",
+}
+
+
+def k_fsdp2_rank0(r, w, names, placement) -> Parts:
+    """A collective API of an FSDP2 model (its forward, clip_grad_norm_ of its DTensor gradients, a full state
+    dict) called on rank 0 only: DDP201 at the rank-0 branch."""
+    k, what = r.randrange(2, 8), r.choice(sorted(FSDP2_CALLS))
+    m, fn = names["model"], names["eval_fn"]
+    call = FSDP2_CALLS[what].format(m="model" if placement == "helper" else m)
+    imports = ("from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict\n"
+               if what == "state_dict" else "")
+    train = _ind(f"""
+        loss = {m}(x).pow(2).mean()
+        loss.backward()
+    """, 8)
+    if placement == "inline":
+        body = " " * 8 + f"if rank == 0 and step == {k}:  {MARK}\n" + textwrap.indent(
+            textwrap.dedent("    " + call), " " * 12) + "\n"
+        helpers = ""
+    else:
+        body = _ind(f"""
+            if rank == 0 and step == {k}:  {MARK}
+                {fn}({m}, x)
+        """, 8)
+        helpers = f"def {fn}(model, x):\n    {call}\n"
+    step = _ind("""
+        opt.step()
+        opt.zero_grad()
+    """, 8)
+    # clip_grad_norm_ needs this step's gradients: between backward and the optimizer step
+    return Parts(helpers=helpers, imports=imports, body=train + body + step, code="DDP201", culprits=[0],
+                 fsdp2=True)
+
+
 def k_counter_continue(r, w, names) -> Parts:
     """nanoGPT's shape: `while True` with an iteration counter, a data-dependent skip that moves the counter."""
     bad, k = r.randrange(w), r.randrange(3, 10)
@@ -370,6 +411,7 @@ KINDS = {
     "early_stop": (k_early_stop, ("inline",)),
     "uneven_count": (k_uneven_count, ("inline",)),
     "counter_continue": (k_counter_continue, ("inline",)),
+    "fsdp2_rank0": (k_fsdp2_rank0, ("inline", "helper")),
     "empty_gather": (k_empty_gather, ("helper", "module", "method")),
 }
 
@@ -388,11 +430,17 @@ def generate(seed: int) -> Job:
     layers = "nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 1)" if parts.batchnorm else \
         "nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)"
     steps = parts.steps.format(steps=r.randrange(14, 24))
-    main = (f"{HEADER}{parts.imports}\n\n{parts.helpers}\n\ndef main():\n"
+    fsdp = ("from torch.distributed.device_mesh import init_device_mesh\n"
+            "from torch.distributed.fsdp import fully_shard\n") if parts.fsdp2 else ""
+    main = (f"{HEADER}{fsdp}{parts.imports}\n\n{parts.helpers}\n\ndef main():\n"
             "    dist.init_process_group(\"gloo\", timeout=datetime.timedelta(seconds=60))\n"
             "    rank = dist.get_rank()\n"
             "    torch.manual_seed(1234 + rank)\n"
-            f"    {m} = DDP(nn.Sequential({layers}))\n"
+            + (f"    {m} = nn.Sequential({layers})\n"
+               "    mesh = init_device_mesh(\"cpu\", (dist.get_world_size(),))\n"
+               f"    for layer in {m}:\n        if isinstance(layer, nn.Linear):\n"
+               "            fully_shard(layer, mesh=mesh)\n"
+               f"    fully_shard({m}, mesh=mesh)\n" if parts.fsdp2 else f"    {m} = DDP(nn.Sequential({layers}))\n") +
             f"    opt = torch.optim.SGD({m}.parameters(), lr=0.01)\n"
             f"{parts.pre}"
             f"    {parts.loop.format(steps=steps)}\n"

@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import failing_jobs  # noqa: E402
 
 pytestmark = [pytest.mark.scenario, pytest.mark.timeout(1500)]
-SEEDS = list(range(10))  # one job of every divergence kind (checked below)
+SEEDS = list(range(11))  # one job of every divergence kind (checked below)
 PARALLEL = int(os.environ.get("DDP_DOCTOR_TEST_PARALLEL", "2"))
 
 
@@ -24,10 +24,12 @@ def test_the_sample_covers_every_kind():
 
 
 def test_every_generated_job_marks_one_decision_line():
-    for seed in range(60):
+    for seed in range(300):
         job = failing_jobs.generate(seed)
         marks = sum(text.count(failing_jobs.MARK) for text in job.files.values())
         assert marks == 1 and job.truth_line > 0, (seed, job.kind, job.placement)
+        for rel, text in job.files.items():
+            compile(text, rel, "exec")  # every generated file is a valid program
 
 
 def test_generated_failing_jobs_are_diagnosed_at_their_decision(tmp_path):

@@ -7,6 +7,7 @@ from ddp_doctor.apis import collective_why
 from ddp_doctor.evidence import GROUP_CREATION, Collective, RankState, Site
 
 from ddp_doctor.diagnose.common import lint_flagged, where
+from ddp_doctor.diagnose.decision import user_stack
 from ddp_doctor.diagnose.source import under_rank_branch
 
 
@@ -133,7 +134,7 @@ def more_often(calls: dict[int, Collective | None], ranks: dict[int, RankState])
             continue
         if not all(any(k == key for _op, k in ranks[o].sites_seen) for o in others):
             continue  # a line the others never ran: a rank-conditional call, not a longer loop
-        if any(under_rank_branch(known[o].site) for o in others):
+        if any(under_rank_branch(f) for o in others for f in [known[o].site, *user_stack(ranks[o])]):
             continue  # another went into a branch on the rank: that one went alone, not this one on longer
         mine = _count_at(ranks[r], c.op, key)
         if mine and all(_count_at(ranks[o], c.op, key) < mine for o in others):
