@@ -136,3 +136,21 @@ def test_architecture_names_every_package():
     names += [p.name for p in SRC.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
     missing = [n for n in names if n not in doc]
     assert not missing, missing
+
+
+def test_what_a_rank_imports_to_be_watched_is_light():
+    """The probe, ``watch()`` and the watcher rank 0 runs under it (with the live judge it asks every poll)
+    load no lint, report or diagnosis module: those load only when a job is diagnosed or linted."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys; import ddp_doctor.probe, ddp_doctor.probe.__main__, ddp_doctor.watcher, "
+            "ddp_doctor.diagnose.live; print(json.dumps(sorted(m for m in sys.modules if m.startswith('ddp_doctor'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    heavy = [m for m in loaded if m.startswith(("ddp_doctor.lint", "ddp_doctor.report", "ddp_doctor.session",
+                                                "ddp_doctor.diagnose.core", "ddp_doctor.diagnose.provenance"))]
+    assert not heavy, heavy
+    assert len(loaded) <= 30, loaded  # 24 today
