@@ -263,3 +263,29 @@ def test_a_rank_without_a_stack_stands_where_it_waits_and_left_the_loop_at_its_b
     out = provenance.with_decisions([f], ranks)[0]
     assert out.location.line == _line(path, "break")
     assert out.code == "DDP101" and out.ranks == [0]
+
+
+def test_a_rank_that_finished_with_fewer_steps_left_the_loop_through_its_skip(tmp_path):
+    """nanoGPT's `while True` with a counter: rank 0's skip moved the counter without a step, it finished
+    (no stack), rank 1 is in the backward of a step rank 0 never ran: the `continue`, not the `break`."""
+    path = _script(tmp_path, """
+        def main(model, opt, batches):
+            it = 0
+            while True:
+                x = batches(it)
+                if bad(x):
+                    it += 1
+                    continue
+                model(x).sum().backward()
+                opt.step()
+                it += 1
+                if it >= 14:
+                    break
+    """)
+    back = Collective("world", 14, "ddp.backward(allreduce_grads)", (), (), Site(path, _line(path, "backward"), "main"))
+    ranks = {0: RankState(rank=0, step=13, done=True),
+             1: RankState(rank=1, step=13, stack=(Site(path, _line(path, "backward"), "main"),), in_collective=back)}
+    f = Finding("DDP101", "m", "", location=Location(path, _line(path, "break"), "main"), ranks=[0])
+    out = provenance.with_decisions([f], ranks)[0]
+    assert out.location.line == _line(path, "continue")
+    assert "left the loop after 13 optimizer steps" in out.message and "in step 14" in out.message

@@ -43,7 +43,7 @@ def locate(fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
     """The decision the ranks ``fault`` parted from the others at, found from where each rank is now."""
     a = next((r for r in fault if r in ranks and user_stack(ranks[r])), None)
     if a is None:
-        return None
+        return _finished_left(fault, ranks)
     sa = user_stack(ranks[a])
     # another rank not at fault; when every rank is (a mismatch), one that stands somewhere else
     others = [r for r in sorted(ranks) if r not in fault] or [r for r in sorted(ranks) if r != a]
@@ -60,6 +60,27 @@ def locate(fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
     # a branch on the rank there, the outermost first -- the function's own decorator that runs it on some
     # ranks only (``@main_process_only``) before the branch inside that decorator's wrapper
     return branch_in(sa[i:], [a], ranks)
+
+
+def _finished_left(fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
+    """A rank at fault finished its program after training steps (no stack: it is gone) while another is
+    still in a training loop: it left every loop, so the loop the other is in -- its exit, or the skip that
+    made it leave early -- is where they parted, judged as for a rank standing past the loop's end."""
+    a = next((r for r in fault if r in ranks and ranks[r].finished and ranks[r].step > 0), None)
+    b = next((r for r in sorted(ranks) if r not in fault and user_stack(ranks[r])), None)
+    if a is None or b is None:
+        return None
+    for frame in user_stack(ranks[b]):  # the outermost frame inside a loop
+        parsed = parse_file(frame.path)
+        if parsed is None:
+            continue
+        tree, lines = parsed
+        fn = function_at(tree, frame.function, frame.line)
+        if any(isinstance(n, LOOPS) and within(n, frame.line) for n in own_nodes(fn)):
+            past = (getattr(fn, "end_lineno", None) or len(lines)) + 1
+            return _loop_exit(fn, lines, {a: past, b: frame.line}, a, b, ranks, frame.path, frame.function or
+                              "<module>", sure=True)
+    return None
 
 
 def _parted_in(path, function, line, a, b, ranks, sa, sb, depth) -> Decision | None:
