@@ -216,7 +216,7 @@ def _skipped_step(loop, lines, left, stayed, ranks, path, fn, function) -> Decis
     n_left, n_stayed = _skips(ranks[left]), _skips(ranks[stayed])
     if by_batches:
         ways = ((left, f"skipped the rest of a step at line {stmt.lineno} ({n_left} batch{'es' * (n_left != 1)} "
-                       "drawn with no optimizer step)"),
+                       "drawn with no optimizer step in the whole run)"),
                 (stayed, f"trained on its batches ({n_stayed} skipped)"))
     else:
         ways = ((left, f"left the loop after {ranks[left].step} optimizer steps"),
