@@ -79,8 +79,8 @@ def _other_file(ctx: Context, site: GuardedCall, scope: Scope, what: str):
     root = site.call.func
     while isinstance(root, ast.Attribute):
         root = root.value
-    if not isinstance(root, ast.Name) or root.id not in m.import_from:
-        return None  # not something imported: no other file to look at
+    if not isinstance(root, ast.Name) or (root.id not in m.import_from and not isinstance(site.call.func, ast.Attribute)):
+        return None  # not something imported nor a method of an object: no other file to look at
     if m.project.resolve_call(m, site.call.func, scope) is None:
         return None
     if not (scope.rank_guarded_all or m.rank_conds(site.conds, scope)):
