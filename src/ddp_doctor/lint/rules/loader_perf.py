@@ -6,7 +6,7 @@ import ast
 
 from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import ModuleModel
-from ddp_doctor.lint.names import arg_or_kw, dotted, final_name, has_star_kwargs
+from ddp_doctor.lint.names import arg_or_kw, dotted, final_name
 from ddp_doctor.lint.rules.base import Context, Rule
 from ddp_doctor.lint.rules.devices import is_dist_script
 from ddp_doctor.lint.rules.loader_facts import (
@@ -19,8 +19,9 @@ class DataBound(Rule):
 
     def check(self, ctx: Context) -> None:
         m = ctx.model
-        for call, uses in training_loader_uses(m).items():
-            if has_star_kwargs(call):
+        for orig, uses in training_loader_uses(m).items():
+            call = m.expand_star_kwargs(orig, uses[0].loader_scope)  # options in a `**loader_kwargs` dict
+            if call is None:
                 continue
             nw, val = num_workers_arg(call)
             if val != 0:
@@ -41,7 +42,7 @@ class DataBound(Rule):
             how = "no `num_workers`" if nw is None else "`num_workers=0`"
             what = "may be" if cost.why.startswith("dataset type unknown") else "is"
             ctx.report(
-                self.code, call,
+                self.code, orig,
                 f"the training DataLoader has {how} and its dataset {what} expensive to load ({cost.why}): every "
                 f"batch is loaded and transformed in the training process itself, so the GPU waits for the "
                 f"data at every step (and in DDP the slowest rank's loading stalls all ranks).",
@@ -100,8 +101,9 @@ class LoaderWithoutPinMemory(Rule):
 
     def check(self, ctx: Context) -> None:
         m = ctx.model
-        for call, uses in training_loader_uses(m).items():
-            if has_star_kwargs(call):
+        for orig, uses in training_loader_uses(m).items():
+            call = m.expand_star_kwargs(orig, uses[0].loader_scope)
+            if call is None:
                 continue
             if not _in_ddp_program(m):
                 return
@@ -111,7 +113,7 @@ class LoaderWithoutPinMemory(Rule):
             if not any(_moves_batches_to_cuda(m, u) for u in uses):
                 continue
             ctx.report(
-                self.code, call,
+                self.code, orig,
                 "batches from this loader are copied to the GPU but the loader does not pin memory: each "
                 "host-to-device copy goes through pageable memory and cannot overlap with compute.",
                 "Pass `pin_memory=True` to the DataLoader and copy with `.to(device, non_blocking=True)` "
@@ -126,9 +128,9 @@ class WorkersNotPersistent(Rule):
         m = ctx.model
         if not m.is_distributed:
             return
-        for use_call, uses in self._epoch_loaders(m).items():
-            call = use_call
-            if has_star_kwargs(call):
+        for orig, uses in self._epoch_loaders(m).items():
+            call = m.expand_star_kwargs(orig, uses[0].loader_scope)
+            if call is None:
                 continue
             nw, val = num_workers_arg(call)
             if nw is None or val == 0 or (isinstance(val, int) and val <= 0):
@@ -137,7 +139,7 @@ class WorkersNotPersistent(Rule):
             if pw is not None and A.literal(pw) is not False:
                 continue
             ctx.report(
-                self.code, call,
+                self.code, orig,
                 "this DataLoader has worker processes but not `persistent_workers=True`: they are shut down at "
                 "the end of every epoch and started again (re-importing, re-opening files, re-building the "
                 "dataset copy) at the start of the next, stalling every rank for that time.",

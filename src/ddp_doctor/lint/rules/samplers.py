@@ -184,7 +184,10 @@ class ShuffleWithSampler(Rule):
 
     def check(self, ctx: Context) -> None:
         m = ctx.model
-        for call, _scope in all_calls(m, m.is_dataloader_call):
+        for orig, scope in all_calls(m, m.is_dataloader_call):
+            call = m.expand_star_kwargs(orig, scope)  # `shuffle=True` in a `**loader_kwargs` dict
+            if call is None:
+                continue
             shuffle = dl_arg(call, "shuffle")
             if A.literal(shuffle) is not True:
                 continue
@@ -192,10 +195,12 @@ class ShuffleWithSampler(Rule):
             if is_none(sampler) and is_none(bsampler):
                 continue
             which = "sampler" if not is_none(sampler) else "batch_sampler"
-            kw = next((k for k in call.keywords if k.arg == "shuffle"), None)
+            kw = next((k for k in orig.keywords if k.arg == "shuffle"), None)  # --fix edits only this call
+            star = next((k.value for k in orig.keywords if k.arg is None), None)
+            through = f" (`shuffle=True` through `**{ctx.text(star, 30)}`)" if kw is None and star is not None else ""
             ctx.report(
-                self.code, call,
-                f"DataLoader gets both `shuffle=True` and `{which}=`: it raises `ValueError: {which} option is "
+                self.code, orig,
+                f"DataLoader gets both `shuffle=True` and `{which}=`{through}: it raises `ValueError: {which} option is "
                 f"mutually exclusive with shuffle` when it is built (shuffling belongs to the sampler; a "
                 f"DistributedSampler shuffles by itself).",
                 "Drop `shuffle=True` (shuffle in the sampler: `DistributedSampler(ds, shuffle=True)`), or use "
