@@ -255,7 +255,25 @@ def _shuffling_sampler_of(m: "ModuleModel", loader: ast.Call, scope: Scope) -> a
             if isinstance(shuffle, ast.Name) and not m.values_of(shuffle, scope) and any(
                     isinstance(a, ast.Constant) and a.value is True for a, _s in m.param_args(shuffle, scope)):
                 return c  # `shuffle=train`, with `_loader(train_set, True)` for the training loader here
+            if isinstance(shuffle, ast.Name) and not m.values_of(shuffle, scope) and \
+                    _param_default(scope.node, shuffle.id) is True and not any(
+                    isinstance(a, ast.Constant) and a.value is False for a, _s in m.param_args(shuffle, scope)):
+                return c  # `def build_loader(ds, shuffle=True)`: it shuffles unless a caller says otherwise
     return None
+
+
+def _param_default(fn: ast.AST, name: str):
+    """The constant default of parameter ``name`` of ``fn`` (``...`` when it has none or it is not a constant)."""
+    args = getattr(fn, "args", None)
+    if args is None:
+        return ...
+    pos = [*args.posonlyargs, *args.args]
+    pairs = list(zip(pos[len(pos) - len(args.defaults):], args.defaults)) + \
+        [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+    for a, d in pairs:
+        if a.arg == name:
+            return d.value if isinstance(d, ast.Constant) else ...
+    return ...
 
 
 def _is_sampler_value(m: "ModuleModel", v: ast.expr, scope: Scope, depth: int = 0) -> bool:

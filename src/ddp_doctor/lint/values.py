@@ -192,6 +192,8 @@ class ValueFlow:
         q = self.qual(call.func)
         if q in DIST_SAMPLERS or (q is None and final_name(call.func) == "DistributedSampler"):
             return True
+        if isinstance(call.func, ast.Subscript):  # `SAMPLERS[cfg.sampler](dataset)`: a registry of classes
+            return any(self._is_sampler_class(b) for b in self._registry_values(call.func.value, self.scope))
         return isinstance(call.func, ast.Name) and q is None and call.func.id in self._sampler_aliases()
 
     def _is_sampler_class(self, node: ast.AST) -> bool:

@@ -54,30 +54,54 @@ class SamplerEpochNotSet(Rule):
         m = ctx.model
         done = set()
         for scope in m.scopes.values():
-            training = A.training_loops(m, scope)
-            for loop, _conds, outer in scope.loops:
-                if loop not in training or not isinstance(loop, (ast.For, ast.AsyncFor)):
+            for origin, where, related in self._epoch_walks(ctx, scope):
+                call = origin.value if isinstance(origin, ast.Subscript) else origin
+                if call in done:
                     continue
-                if not (outer or A._called_in_loop(m, scope)):
-                    continue  # a single pass: no epoch to set
-                for origin in _origin_calls(m, A.unwrap_iter(loop.iter), scope):
-                    call = origin.value if isinstance(origin, ast.Subscript) else origin
-                    if call in done:
-                        continue
-                    sampler = m.call_result_facts(origin, scope).get("shuffled_sampler")
-                    if sampler is None:
-                        continue
-                    done.add(call)
-                    ctx.report(
-                        self.code, call,
-                        f"the loader that `{ctx.text(call.func)}()` returns{_element(origin)} shuffles with a "
-                        f"DistributedSampler ({sampler.where}), and this file iterates it over training epochs "
-                        f"(line {loop.lineno}) without ever calling `set_epoch()`: every epoch replays the same permutation on every "
-                        f"rank (no reshuffling between epochs, which hurts convergence).",
-                        "Call `loader.sampler.set_epoch(epoch)` at the start of every epoch, before iterating "
-                        "the loader.",
-                        related=[sampler],
-                    )
+                sampler = m.call_result_facts(origin, scope).get("shuffled_sampler")
+                if sampler is None:
+                    continue
+                done.add(call)
+                ctx.report(
+                    self.code, call,
+                    f"the loader that `{ctx.text(call.func)}()` returns{_element(origin)} shuffles with a "
+                    f"DistributedSampler ({sampler.where}), and {where} iterates it over training epochs "
+                    f"without ever calling `set_epoch()`: every epoch replays the same permutation on every "
+                    f"rank (no reshuffling between epochs, which hurts convergence).",
+                    "Call `loader.sampler.set_epoch(epoch)` at the start of every epoch, before iterating "
+                    "the loader.",
+                    related=[sampler, *related],
+                )
+
+    @staticmethod
+    def _epoch_walks(ctx: Context, scope: Scope):
+        """(origin call of a loader, who walks it, related) for each loader of ``scope`` iterated over training
+        epochs: by a loop of this file, or by a function or class of another project file it is handed to
+        (``Trainer(model, build_loader(...)).fit()`` with the epoch loop in engine.py) that sets no epoch."""
+        m = ctx.model
+        training = A.training_loops(m, scope)
+        for loop, _conds, outer in scope.loops:
+            if loop not in training or not isinstance(loop, (ast.For, ast.AsyncFor)):
+                continue
+            if not (outer or A._called_in_loop(m, scope)):
+                continue  # a single pass: no epoch to set
+            for origin in _origin_calls(m, A.unwrap_iter(loop.iter), scope):
+                yield origin, f"this file (line {loop.lineno})", ()
+        for site in scope.sites:
+            if not site.call.args and not site.call.keywords or m.resolve_function(site.call.func, scope):
+                continue
+            summ = m.project.summary_of_call(m, site.call.func, scope)
+            if summ is None or not summ.iterates or summ.sets_epoch:
+                continue
+            for i, pname in enumerate(summ.params):
+                if pname not in summ.iterates:
+                    continue
+                related, trains = summ.iterates[pname]
+                arg = arg_or_kw(site.call, i, pname)
+                if arg is None or not trains or not (pname in summ.iterated_over_epochs or site.loops):
+                    continue
+                for origin in _origin_calls(m, arg, scope):
+                    yield origin, f"`{ctx.text(site.call.func)}()` ({related.where})", (related,)
 
     @staticmethod
     def _sets_epoch_of(m: ModuleModel, site, sampler: ast.Call, uses) -> bool:
