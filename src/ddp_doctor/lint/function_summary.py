@@ -108,6 +108,13 @@ def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummar
                 not (guarded := is_guarded()):
             quiet = A.in_no_grad(m, scope, call.lineno)
             s.forwards[target.id] = (Related(m.path, call.lineno, f"`{target.id}(...)` in `{fn.name}`"), quiet)
+        elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and \
+                target.value.id == "self" and scope.cls is not None and (key := f"self.{target.attr}") not in \
+                s.forwards and not is_guarded():
+            # a method that runs the model its object holds (`self.model(x)` in a mixin's `validate`):
+            # the caller's `self.model` says whether it is the DDP model
+            quiet = A.in_no_grad(m, scope, call.lineno)
+            s.forwards[key] = (Related(m.path, call.lineno, f"`{key}(...)` in `{fn.name}`"), quiet)
         if m.resolve_function(call.func, scope) is not None:
             callee = m.resolve_function(call.func, scope)
             if callee is not fn and s.backward is None and any(

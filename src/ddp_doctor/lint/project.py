@@ -308,6 +308,8 @@ class Project:
         root = func
         while isinstance(root, ast.Attribute):
             root = root.value
+        if isinstance(root, ast.Name) and root.id == "self" and root is func.value:
+            return self._resolve_method(model, func, scope)
         if not isinstance(root, ast.Name) or root.id in scope.params:
             return None
         if root.id not in model.import_from:
@@ -322,6 +324,17 @@ class Project:
         project file (``saver = Checkpointer(out)``): that class's method (its own or a base class's of
         the same file)."""
         if not isinstance(func, ast.Attribute):
+            return None
+        if isinstance(func.value, ast.Name) and func.value.id == "self" and scope.cls is not None:
+            # `self.validate()` inherited from a base class of another project file (a trainer's mixin)
+            if func.attr in model.methods.get(scope.cls, {}):
+                return None  # its own method: the same-file analysis has it
+            for b in scope.cls.bases:
+                got = self.resolve_expr(model, b) if isinstance(b, (ast.Name, ast.Attribute)) else None
+                if got is not None and isinstance(got[1], ast.ClassDef):
+                    meth = got[0].methods.get(got[1], {}).get(func.attr)
+                    if meth is not None:
+                        return got[0], meth
             return None
         for v in model.values_of(func.value, scope)[:4]:
             # the class is named by an import (`Checkpointer(...)`, `ckpt.Checkpointer(...)`), never by

@@ -499,9 +499,37 @@ class ValueFlow:
                 return False
             if self.sharded_in_place(expr, scope):
                 return True
-            return any(self.is_ddp_value(v, scope, depth + 1) for v in self.reaching_values(expr, scope)
-                       if v is not expr)
+            vals = [v for v in self.reaching_values(expr, scope) if v is not expr]
+            if any(self.is_ddp_value(v, scope, depth + 1) for v in vals):
+                return True
+            # `self.model = model` in a constructor: what the callers pass, here or in another file
+            # (`Trainer(DDP(net, ...), loader).fit()` in the launching script)
+            params = [(v, self.scope_of_value(v, scope)) for v in vals if isinstance(v, ast.Name)]
+            if isinstance(expr, ast.Name) and not vals:
+                params.append((expr, scope))
+            return any(p.id in sc.params and self._ddp_from_callers(p.id, sc, depth) for p, sc in params)
         return False
+
+    def _ddp_from_callers(self, name: str, scope: Scope, depth: int) -> bool:
+        """Parameter ``name`` of ``scope``'s function receives a DDP model from a caller of this file or,
+        when it has none here, of another project file."""
+        fn = scope.node
+        key = ("ddp_param", fn, name)
+        if key in self._cache:
+            return self._cache[key]
+        self._cache[key] = False  # recursion guard
+        args = getattr(fn, "args", None)
+        res = False
+        if args is not None and depth < 3 and name in [a.arg for a in (*args.posonlyargs, *args.args)]:
+            got = [(a, sc) for a, sc in self.param_args(ast.Name(id=name), scope)]
+            if not got and self.project is not None:
+                idx = scope.params.index(name)
+                if scope.cls is not None and args.args and args.args[0].arg in ("self", "cls"):
+                    idx -= 1
+                got = self.project.caller_args(self, fn, idx, name) if idx >= 0 else []
+            res = any(sc.module.is_ddp_value(a, sc, depth + 1) for a, sc in got[:8])
+        self._cache[key] = res
+        return res
 
 
 def _is_true(node: ast.expr | None) -> bool:

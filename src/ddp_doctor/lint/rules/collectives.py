@@ -178,10 +178,15 @@ class DDPForwardOnSubset(Rule):
                     return None
                 summ = _other_file(ctx, site, scope, "forward")
                 if summ is not None and summ.forwards:
-                    for i, pname in enumerate(summ.params):
+                    on_self = isinstance(site.call.func, ast.Attribute) and isinstance(site.call.func.value, ast.Name) \
+                        and site.call.func.value.id == "self"
+                    attrs = [(-1, p) for p in summ.forwards if p.startswith("self.")] if on_self else []
+                    for i, pname in [*enumerate(summ.params), *attrs]:
                         if pname not in summ.forwards:
                             continue
-                        arg = arg_or_kw(site.call, i, pname)
+                        arg = arg_or_kw(site.call, i, pname) if i >= 0 else ast.copy_location(
+                            ast.Attribute(value=ast.Name(id="self", ctx=ast.Load()), attr=pname[5:], ctx=ast.Load()),
+                            site.call)
                         if arg is None or not m.is_ddp_value(arg, scope):
                             continue
                         r, quiet = summ.forwards[pname]

@@ -8,7 +8,7 @@ from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import ModuleModel
 from ddp_doctor.lint.names import arg_or_kw, dotted, final_name
 from ddp_doctor.lint.rules.base import Context, Rule
-from ddp_doctor.lint.rules.devices import is_dist_script
+from ddp_doctor.lint.rules.devices import in_ddp_program
 from ddp_doctor.lint.rules.loader_facts import (
     LoadCost, dataset_unknown, dl_arg, expensive_dataset, num_workers_arg, training_loader_uses,
 )
@@ -26,7 +26,7 @@ class DataBound(Rule):
             nw, val = num_workers_arg(call)
             if val != 0:
                 continue
-            if not _in_ddp_program(m):
+            if not in_ddp_program(m):
                 return
             ds = dl_arg(call, "dataset")
             cost = expensive_dataset(m, ds, uses[0].loader_scope)
@@ -50,15 +50,6 @@ class DataBound(Rule):
                 "with `pin_memory=True` and `persistent_workers=True`; `ddp-doctor run` measures the data wait.",
                 related=[cost.related] if cost.related is not None else [],
             )
-
-
-def _in_ddp_program(m: ModuleModel) -> bool:
-    """Wraps DDP itself, or is a module of the training engine that a DDP script of the project imports
-    (asked only once a loader would be reported: the importers are costly to find)."""
-    if m.uses_ddp:
-        return True
-    return A._cached(m, "in_ddp_program", lambda: m.project is not None and
-                     m.project.importer_shows(m, "dist_script", is_dist_script) is not None)
 
 
 def _moves_batches_to_cuda(m: ModuleModel, use: A.LoaderUse) -> bool:
@@ -105,7 +96,7 @@ class LoaderWithoutPinMemory(Rule):
             call = m.expand_star_kwargs(orig, uses[0].loader_scope)
             if call is None:
                 continue
-            if not _in_ddp_program(m):
+            if not in_ddp_program(m):
                 return
             pm = dl_arg(call, "pin_memory")
             if pm is not None and A.literal(pm) is not False:
