@@ -55,6 +55,7 @@ class DataBound(Rule):
 def _moves_batches_to_cuda(m: ModuleModel, use: A.LoaderUse) -> bool:
     """Inside the loop, something that is not the model is sent to a CUDA device."""
     loop, scope = use.loop, use.scope
+    m = scope.module  # the loop may be another file's (a caller of this file's loader factory)
     mentions_cuda = "cuda" in m.source
     for site in scope.sites:
         if loop not in site.loops:

@@ -9,6 +9,7 @@ from ddp_doctor.lint.model import ModuleModel
 from ddp_doctor.lint.names import alternatives, arg_or_kw, final_name, has_star_kwargs
 from ddp_doctor.lint.scopes import Scope
 from ddp_doctor.lint.rules.base import Context, Rule
+from ddp_doctor.lint.rules.devices import in_ddp_program
 from ddp_doctor.lint.rules.loader_facts import (
     all_calls, dataset_is_iterable_or_sharded, dl_arg, is_none, training_loader_uses, uses_wrapper_loaders,
 )
@@ -32,7 +33,7 @@ class SamplerEpochNotSet(Rule):
             # the loaders that use this sampler, and whether they are iterated over epochs
             # only loaders that drive training epochs: a validation loader's order does not matter
             drivers = [use for use in uses if use.epochs and use.training and not use.sets_epoch and
-                       _loader_sampler_is(m, use.loader, use.loader_scope, call)]
+                       not use.returned and _loader_sampler_is(m, use.loader, use.loader_scope, call)]
             if not drivers:
                 continue
             ctx.report(
@@ -127,6 +128,14 @@ class SamplerEpochNotSet(Rule):
         if not known:
             return True  # `s = train_sampler if cond else None`, built by a helper, ...: assume it is
         return sampler in known
+
+
+def _none_here(m: ModuleModel, expr: ast.expr | None, scope: Scope) -> bool:
+    """No argument, ``None``, or a name that is None on every assignment (``sampler = None`` and no other)."""
+    if is_none(expr):
+        return True
+    vals = m.values_of(expr, scope) if isinstance(expr, ast.Name) and expr.id not in scope.params else []
+    return bool(vals) and all(is_none(v) for v in vals)
 
 
 def _on_dataset(func: ast.expr) -> bool:
@@ -238,18 +247,22 @@ class LoaderWithoutDistributedSampler(Rule):
 
     def check(self, ctx: Context) -> None:
         m = ctx.model
-        if not m.uses_ddp or uses_wrapper_loaders(m):
+        if not m.is_distributed or uses_wrapper_loaders(m):
             return
         for call, uses in training_loader_uses(m).items():
             if has_star_kwargs(call) or any(isinstance(a, ast.Starred) for a in call.args):
                 continue
-            if not is_none(dl_arg(call, "sampler")) or not is_none(dl_arg(call, "batch_sampler")):
-                continue
             scope = uses[0].loader_scope
+            if not _none_here(m, dl_arg(call, "sampler"), scope) or \
+                    not _none_here(m, dl_arg(call, "batch_sampler"), scope):
+                continue
             if dataset_is_iterable_or_sharded(m, dl_arg(call, "dataset"), scope):
                 continue
             if A.loader_passed_to_wrapper(m, call, scope):
                 continue
+            # a DDP script, or a data module whose loaders a DDP script walks (asked last: it costs)
+            if not in_ddp_program(m):
+                return
             ctx.report(
                 self.code, call,
                 "this training DataLoader has no DistributedSampler in a DDP script: every rank iterates the "
