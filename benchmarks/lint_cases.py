@@ -1203,12 +1203,12 @@ def _303_other(n, rng, fixed):
 
 
 def {n.save_fn}(model, path):
-    torch.save(model.module.state_dict(), path){fb(fixed, "", "  " + MARK)}
+    torch.save(model.module.state_dict(), path)
 '''
     save = fb(fixed, ded(f'''
         if dist.get_rank() == 0:
             {n.save_fn}({n.model}, f"{{{n.cfg}.out}}/epoch_{{epoch}}.pt")''', 8),
-                ded(f'{n.save_fn}({n.model}, f"{{{n.cfg}.out}}/epoch_{{epoch}}.pt")', 8))
+                ded(f'{n.save_fn}({n.model}, f"{{{n.cfg}.out}}/epoch_{{epoch}}.pt")  {MARK}', 8))
     return project(n, Slots(imports=f"from {n.pkg}.checkpoint import {n.save_fn}\n", save=save),
                    {f"{n.pkg}/checkpoint.py": mod})
 
