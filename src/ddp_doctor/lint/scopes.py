@@ -59,6 +59,8 @@ class Scope:
     stmts: list[tuple[ast.stmt, tuple[Cond, ...], tuple[ast.stmt, ...]]] = field(default_factory=list)
     decorators: list[ast.expr] = field(default_factory=list)
     _rank_guarded: bool | None = None
+    # the project decorator that makes it so: (its name, the wrapper's guarded call as a Related)
+    guard_hop: tuple | None = None
 
     @property
     def rank_guarded_all(self) -> bool:
@@ -67,7 +69,13 @@ class Scope:
         decorator's file, known only once the project is)."""
         if self._rank_guarded is None:
             self._rank_guarded = False  # a decorator that decorates itself ends here
-            self._rank_guarded = any(self.module.is_rank_decorator(d) for d in self.decorators)
+            for d in self.decorators:
+                got = self.module.is_rank_decorator(d)
+                if got:
+                    self._rank_guarded = True
+                    if got is not True:
+                        self.guard_hop = (final_name(d.func if isinstance(d, ast.Call) else d), got)
+                    break
         return self._rank_guarded
 
     @property
@@ -183,25 +191,25 @@ class ScopeIndex:
         body = node.body
         self._walk(scope, body, (), ())
 
-    def is_rank_decorator(self, dec: ast.expr) -> bool:
+    def is_rank_decorator(self, dec: ast.expr):
         """``dec`` runs the function it decorates on some ranks only: a known name (``rank_zero_only``,
         ``main_process_only``, ...), or a decorator of this file or another project file whose wrapper
-        calls the decorated function only under a rank condition (``if get_rank() == 0: return fn(...)``)."""
+        calls the decorated function only under a rank condition (``if get_rank() == 0: return fn(...)``).
+        True for a known name; for a project decorator, the wrapper's guarded call (a ``Related``); else False."""
         target = dec.func if isinstance(dec, ast.Call) else dec
-        if final_name(target) in RANK_DECORATORS:
-            return True
+        known = final_name(target) in RANK_DECORATORS
         if isinstance(target, ast.Name) and target.id in self.functions:
             owner, fn = self, self.functions[target.id][-1]
         elif self.project is not None and (got := self.project.resolve_expr(self, target)) is not None and \
                 got[1] is not None and not isinstance(got[1], ast.ClassDef):
             owner, fn = got
         else:
-            return False
-        return owner.wrapper_guards_rank(fn)
+            return known
+        return owner.wrapper_guards_rank(fn) or known
 
-    def wrapper_guards_rank(self, fn: ast.AST) -> bool:
+    def wrapper_guards_rank(self, fn: ast.AST):
         """``fn`` is a decorator whose inner function calls the decorated one (its first parameter) only
-        under a rank condition, and at least once."""
+        under a rank condition, and at least once: that call (a ``Related``), else False."""
         key = ("wrapper_guards_rank", fn)
         if key in self._cache:
             return self._cache[key]
@@ -215,7 +223,13 @@ class ScopeIndex:
                      self.def_parent.get(node) is fn]
             calls = [(site, s) for s in inner for site in s.sites
                      if isinstance(site.call.func, ast.Name) and site.call.func.id == wrapped]
-            res = bool(calls) and all(self.rank_conds(site.conds, s) for site, s in calls)
+            if calls and all(self.rank_conds(site.conds, s) for site, s in calls):
+                from ddp_doctor.lint.function_summary import Related
+
+                site, s = calls[0]
+                cond = ast.unparse(self.rank_conds(site.conds, s)[-1].test)
+                res = Related(self.path, site.call.lineno,
+                              f"`{getattr(fn, 'name', '?')}` calls the function only where `{cond}` holds")
         self._cache[key] = res
         return res
 

@@ -13,6 +13,9 @@ from ddp_doctor.lint.rules.base import Context, Rule
 
 def _guard_text(ctx: Context, site: GuardedCall, conds: list[Cond]) -> str:
     if site.scope.rank_guarded_all and not conds:
+        if site.scope.guard_hop is not None:
+            name, hop = site.scope.guard_hop
+            return f"`{site.scope.name}` is decorated with `@{name}`, which runs it only on some ranks ({hop.where})"
         return f"`{site.scope.name}` is decorated to run on rank 0 only"
     c = conds[-1]
     t = ctx.text(c.test, 50)
@@ -25,9 +28,10 @@ def _guard_text(ctx: Context, site: GuardedCall, conds: list[Cond]) -> str:
 
 def _rank_source(ctx: Context, site: GuardedCall, conds: list[Cond]) -> tuple[Related, ...]:
     """The other file's line where the condition's rank comes from (the launcher passing it to a
-    constructor, the helper returning it), as a related location."""
+    constructor, the helper returning it; the wrapper of a project decorator), as a related location."""
     if not conds:
-        return ()
+        hop = site.scope.guard_hop if site.scope.rank_guarded_all else None
+        return (hop[1],) if hop is not None and hop[1].path != ctx.model.path else ()
     got = ctx.model.rank_origin(conds[-1].test, site.scope)
     if got is None:
         return ()
