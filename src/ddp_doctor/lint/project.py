@@ -308,7 +308,7 @@ class Project:
         root = func
         while isinstance(root, ast.Attribute):
             root = root.value
-        if isinstance(root, ast.Name) and root.id == "self" and root is func.value:
+        if isinstance(root, ast.Name) and root.id == "self" and isinstance(func, ast.Attribute) and root is func.value:
             return self._resolve_method(model, func, scope)
         if not isinstance(root, ast.Name) or root.id in scope.params:
             return None
