@@ -1188,6 +1188,68 @@ if __name__ == "__main__":
     return files
 
 
+# ----- DDP206 launch outside the entry
+@template("DDP206", "constructor")
+def _206_constructor(n, rng, fixed):
+    m = n.model
+    mod = f'''import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .models import build_model
+
+
+class {n.trainer}:
+    def __init__(self, rank, world_size):
+{fb(fixed, "", "        dist.init_process_group('nccl', rank=rank, world_size=world_size)  " + MARK + chr(10))}        torch.cuda.set_device(rank)
+        self.rank = rank
+        self.model = DDP(build_model().cuda(), device_ids=[rank])
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    def step(self, x, y):
+        loss = F.mse_loss(self.model(x.cuda(non_blocking=True)), y.cuda(non_blocking=True))
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+'''
+    text = f'''import os
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from {n.pkg}.{n.engine} import {n.trainer}
+
+
+def worker(rank, world_size):
+{fb(fixed, "    dist.init_process_group('nccl', rank=rank, world_size=world_size)" + chr(10), "")}    trainer = {n.trainer}(rank, world_size)
+    data = TensorDataset(torch.randn(4096, 16), torch.randn(4096, 1))
+    {n.sampler} = DistributedSampler(data)
+    {n.loader} = DataLoader(data, batch_size=32, sampler={n.sampler}, num_workers=4, pin_memory=True,
+                            persistent_workers=True)
+    for epoch in range(10):
+        {n.sampler}.set_epoch(epoch)
+        for x, y in {n.loader}:
+            trainer.step(x, y)
+    if rank == 0:
+        torch.save(trainer.model.module.state_dict(), "final.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    n_gpus = torch.cuda.device_count()
+    mp.spawn(worker, args=(n_gpus,), nprocs=n_gpus)
+'''
+    files = base_files(n)
+    files[f"{n.pkg}/{n.engine}.py"] = mod
+    files[entry(n)] = text
+    return files
+
+
 # ----- DDP303 torch.save on every rank
 @template("DDP303", "inline")
 def _303_inline(n, rng, fixed):
