@@ -191,7 +191,6 @@ def loader_uses(model: ModuleModel) -> list[LoaderUse]:
                         uses.append(LoaderUse(call, lscope, loop, scope, loop in tl, epochs))
             if model.project is not None and _makes_loaders(model):
                 uses.extend(_uses_in_other_files(model, scope))
-                uses.extend(_uses_by_callers(model, scope))
         return uses
     return _cached(model, "loader_uses", compute)
 
@@ -263,6 +262,16 @@ def _uses_in_other_files(model: ModuleModel, scope: Scope) -> list[LoaderUse]:
                 epochs = bool(site.loops) or _called_in_loop(model, scope) or pname in summ.iterated_over_epochs
                 out.append(LoaderUse(call, lscope, site.stmt, scope, training, epochs, related, summ.sets_epoch))
     return out
+
+
+def returned_loader_uses(model: ModuleModel, loader: ast.Call, scope: Scope) -> list[LoaderUse]:
+    """The uses of ``loader`` (a DataLoader call of ``scope``) in the callers of other files, when
+    ``scope``'s function returns it (see :func:`_uses_by_callers`).  Asked per loader, by the rules that
+    would report it (finding the callers costs: they are parsed)."""
+    if model.project is None:
+        return []
+    uses = _cached(model, ("returned_uses", scope.node), lambda: _uses_by_callers(model, scope))
+    return [u for u in uses if u.loader is loader]
 
 
 def _uses_by_callers(model: ModuleModel, scope: Scope) -> list[LoaderUse]:

@@ -10,7 +10,7 @@ from ddp_doctor.lint.names import arg_or_kw, dotted, final_name
 from ddp_doctor.lint.rules.base import Context, Rule
 from ddp_doctor.lint.rules.devices import in_ddp_program
 from ddp_doctor.lint.rules.loader_facts import (
-    LoadCost, dataset_unknown, dl_arg, expensive_dataset, num_workers_arg, training_loader_uses,
+    LoadCost, dataset_unknown, dl_arg, expanded_test, expensive_dataset, num_workers_arg, training_loader_uses,
 )
 
 
@@ -19,7 +19,7 @@ class DataBound(Rule):
 
     def check(self, ctx: Context) -> None:
         m = ctx.model
-        for orig, uses in training_loader_uses(m).items():
+        for orig, uses in training_loader_uses(m, expanded_test(m, _no_workers)).items():
             call = m.expand_star_kwargs(orig, uses[0].loader_scope)  # options in a `**loader_kwargs` dict
             if call is None:
                 continue
@@ -93,7 +93,7 @@ class LoaderWithoutPinMemory(Rule):
 
     def check(self, ctx: Context) -> None:
         m = ctx.model
-        for orig, uses in training_loader_uses(m).items():
+        for orig, uses in training_loader_uses(m, expanded_test(m, _unpinned)).items():
             call = m.expand_star_kwargs(orig, uses[0].loader_scope)
             if call is None:
                 continue
@@ -146,4 +146,22 @@ class WorkersNotPersistent(Rule):
         for use in A.loader_uses(m):
             if use.epochs:
                 out.setdefault(use.loader, []).append(use)
+        # a factory's loader walked over epochs by a caller of another file (training loops only there)
+        for call, uses in training_loader_uses(m, expanded_test(m, _workers_not_persistent), epochs=True).items():
+            out.setdefault(call, uses)
         return out
+
+
+def _no_workers(call: ast.Call) -> bool:
+    return num_workers_arg(call)[1] == 0
+
+
+def _unpinned(call: ast.Call) -> bool:
+    pm = dl_arg(call, "pin_memory")
+    return pm is None or A.literal(pm) is False
+
+
+def _workers_not_persistent(call: ast.Call) -> bool:
+    _nw, val = num_workers_arg(call)
+    pw = arg_or_kw(call, 99, "persistent_workers")
+    return isinstance(val, int) and val > 0 and (pw is None or A.literal(pw) is False)

@@ -249,7 +249,10 @@ class LoaderWithoutDistributedSampler(Rule):
         m = ctx.model
         if not m.is_distributed or uses_wrapper_loaders(m):
             return
-        for call, uses in training_loader_uses(m).items():
+        def candidate(call: ast.Call, scope: Scope) -> bool:
+            return _none_here(m, dl_arg(call, "sampler"), scope) and _none_here(m, dl_arg(call, "batch_sampler"), scope)
+
+        for call, uses in training_loader_uses(m, candidate).items():
             if has_star_kwargs(call) or any(isinstance(a, ast.Starred) for a in call.args):
                 continue
             scope = uses[0].loader_scope
