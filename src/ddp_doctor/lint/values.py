@@ -504,9 +504,9 @@ class ValueFlow:
                 return True
             # `self.model = model` in a constructor: what the callers pass, here or in another file
             # (`Trainer(DDP(net, ...), loader).fit()` in the launching script)
-            params = [(v, self.scope_of_value(v, scope)) for v in vals if isinstance(v, ast.Name)]
-            if isinstance(expr, ast.Name) and not vals:
-                params.append((expr, scope))
+            # (only for an attribute: a plain parameter's callers ask the helper's summary themselves)
+            params = [(v, self.scope_of_value(v, scope)) for v in vals if isinstance(v, ast.Name)] \
+                if isinstance(expr, ast.Attribute) else []
             return any(p.id in sc.params and self._ddp_from_callers(p.id, sc, depth) for p, sc in params)
         return False
 

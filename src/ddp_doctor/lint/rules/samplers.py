@@ -88,6 +88,8 @@ class SamplerEpochNotSet(Rule):
                 continue  # a single pass: no epoch to set
             for origin in _origin_calls(m, A.unwrap_iter(loop.iter), scope):
                 yield origin, f"this file (line {loop.lineno})", ()
+        if not m.uses_ddp:
+            return  # the launching script (it wraps the model) is where a loader is handed to a trainer
         for site in scope.sites:
             if not site.call.args and not site.call.keywords or m.resolve_function(site.call.func, scope):
                 continue
