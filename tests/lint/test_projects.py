@@ -159,3 +159,14 @@ def test_a_summary_is_computed_once_per_content(tmp_path, monkeypatch):
     res = lint_paths([tmp_path])
     assert [f.code for f in res.findings] == ["DDP201"] * 3
     assert calls == ["synchronize"]
+
+
+def test_an_object_calling_itself_is_no_method_of_another_file(tmp_path):
+    # `self()` has no attribute to look up in a base class (torch._dynamo calls its own instances so)
+    (tmp_path / "base.py").write_text("class Base:\n    pass\n")
+    (tmp_path / "engine.py").write_text(
+        "import torch.distributed as dist\nfrom base import Base\n\n\nclass Engine(Base):\n"
+        "    def run(self, rank):\n        if rank == 0:\n            self()\n            self.step()\n\n"
+        "    def __call__(self):\n        dist.init_process_group('gloo')\n")
+    res = lint_paths([tmp_path])
+    assert res.errors == []

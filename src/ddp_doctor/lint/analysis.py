@@ -166,6 +166,9 @@ class LoaderUse:
     epochs: bool  # iterated again and again (nested in an outer loop, or its function is called in a loop)
     via: object = None  # Related: the loop in another project file, when the loader is passed to it
     sets_epoch: bool = False  # that other file's function (or class) calls `set_epoch()` itself
+    # the loop is a caller's, in another file, over what a factory of this file returns (DDP102 reports
+    # those at the caller's call, which brings the loader in)
+    returned: bool = False
 
 
 def loader_uses(model: ModuleModel) -> list[LoaderUse]:
@@ -259,6 +262,60 @@ def _uses_in_other_files(model: ModuleModel, scope: Scope) -> list[LoaderUse]:
                 epochs = bool(site.loops) or _called_in_loop(model, scope) or pname in summ.iterated_over_epochs
                 out.append(LoaderUse(call, lscope, site.stmt, scope, training, epochs, related, summ.sets_epoch))
     return out
+
+
+def returned_loader_uses(model: ModuleModel, loader: ast.Call, scope: Scope) -> list[LoaderUse]:
+    """The uses of ``loader`` (a DataLoader call of ``scope``) in the callers of other files, when
+    ``scope``'s function returns it (see :func:`_uses_by_callers`).  Asked per loader, by the rules that
+    would report it (finding the callers costs: they are parsed)."""
+    if model.project is None:
+        return []
+    uses = _cached(model, ("returned_uses", scope.node), lambda: _uses_by_callers(model, scope))
+    return [u for u in uses if u.loader is loader]
+
+
+def _uses_by_callers(model: ModuleModel, scope: Scope) -> list[LoaderUse]:
+    """``loader, sampler = build_loader(...)`` in another project file that walks the loader in its training
+    loop: the uses of the loaders a factory function of this file returns (alone, in a tuple or a dict)."""
+    from ddp_doctor.lint.function_summary import Related
+
+    fn = scope.node
+    if scope.is_module or model.def_parent.get(fn) is not model.tree:
+        return []
+    made = []
+    for r in model.returns_of(fn):
+        v = r.value
+        parts = v.elts if isinstance(v, (ast.Tuple, ast.List)) else v.values if isinstance(v, ast.Dict) else [v]
+        for part in parts:
+            if part is not None:
+                made += resolve_loaders(model, part, scope)
+    if not made:
+        return []
+    out = []
+    for caller in model.project.callers_of(model, fn):
+        cm, site = caller.model, caller.site
+        cs = site.scope
+        training = training_loops(cm, cs)
+        for loop, _conds, outer in cs.loops:
+            if not isinstance(loop, (ast.For, ast.AsyncFor)) or not _flows_from(cm, loop.iter, cs, site.call):
+                continue
+            epochs = bool(outer) or _called_in_loop(cm, cs)
+            via = Related(cm.path, loop.lineno, f"the loop over what `{getattr(fn, 'name', '?')}()` returns")
+            for call, lscope in made:
+                out.append(LoaderUse(call, lscope, loop, cs, loop in training, epochs, via, returned=True))
+    return out
+
+
+def _flows_from(model: ModuleModel, expr: ast.expr, scope: Scope, call: ast.Call, depth: int = 0) -> bool:
+    """``expr`` holds what ``call`` returned, or an element of it (through names, tuple unpacking, keys)."""
+    if depth > 4:
+        return False
+    expr = unwrap_iter(expr)
+    if any(n is call for n in ast.walk(expr)):
+        return True
+    names = [n for n in ast.walk(expr) if isinstance(n, (ast.Name, ast.Attribute))][:4]
+    return any(_flows_from(model, v, scope, call, depth + 1)
+               for n in names for v in model.values_of(n, scope)[:4] if v is not expr)
 
 
 def _called_in_loop(model: ModuleModel, scope: Scope) -> bool:

@@ -108,6 +108,13 @@ def summarise(project: Project, m: "ModuleModel", fn: ast.AST) -> FunctionSummar
                 not (guarded := is_guarded()):
             quiet = A.in_no_grad(m, scope, call.lineno)
             s.forwards[target.id] = (Related(m.path, call.lineno, f"`{target.id}(...)` in `{fn.name}`"), quiet)
+        elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and \
+                target.value.id == "self" and scope.cls is not None and (key := f"self.{target.attr}") not in \
+                s.forwards and not is_guarded():
+            # a method that runs the model its object holds (`self.model(x)` in a mixin's `validate`):
+            # the caller's `self.model` says whether it is the DDP model
+            quiet = A.in_no_grad(m, scope, call.lineno)
+            s.forwards[key] = (Related(m.path, call.lineno, f"`{key}(...)` in `{fn.name}`"), quiet)
         if m.resolve_function(call.func, scope) is not None:
             callee = m.resolve_function(call.func, scope)
             if callee is not fn and s.backward is None and any(
@@ -255,7 +262,25 @@ def _shuffling_sampler_of(m: "ModuleModel", loader: ast.Call, scope: Scope) -> a
             if isinstance(shuffle, ast.Name) and not m.values_of(shuffle, scope) and any(
                     isinstance(a, ast.Constant) and a.value is True for a, _s in m.param_args(shuffle, scope)):
                 return c  # `shuffle=train`, with `_loader(train_set, True)` for the training loader here
+            if isinstance(shuffle, ast.Name) and not m.values_of(shuffle, scope) and \
+                    _param_default(scope.node, shuffle.id) is True and not any(
+                    isinstance(a, ast.Constant) and a.value is False for a, _s in m.param_args(shuffle, scope)):
+                return c  # `def build_loader(ds, shuffle=True)`: it shuffles unless a caller says otherwise
     return None
+
+
+def _param_default(fn: ast.AST, name: str):
+    """The constant default of parameter ``name`` of ``fn`` (``...`` when it has none or it is not a constant)."""
+    args = getattr(fn, "args", None)
+    if args is None:
+        return ...
+    pos = [*args.posonlyargs, *args.args]
+    pairs = list(zip(pos[len(pos) - len(args.defaults):], args.defaults)) + \
+        [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+    for a, d in pairs:
+        if a.arg == name:
+            return d.value if isinstance(d, ast.Constant) else ...
+    return ...
 
 
 def _is_sampler_value(m: "ModuleModel", v: ast.expr, scope: Scope, depth: int = 0) -> bool:

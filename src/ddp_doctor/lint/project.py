@@ -32,7 +32,9 @@ _DIST_TEXT = re.compile(r"torch\.distributed|import distributed|DistributedDataP
                         r"\blightning|accelerate|deepspeed|horovod|torch\.multiprocessing")
 _SUMMARY_TEXT = re.compile(r"distributed|Distributed|backward|torch\.save|DataLoader|Sampler|rank|barrier|all_reduce|"
                            r"all_gather|broadcast|lightning|accelerat|fabric|deepspeed|horovod|register_buffer|"
-                           r"BatchNorm|Dataset|set_device|device_mesh|DeviceMesh|setup\(|^from \.|^\s+from \.", re.M)
+                           r"BatchNorm|Dataset|set_device|device_mesh|DeviceMesh|setup\(|^from \.|^\s+from \.|"
+                           # an evaluation helper that runs the model it is handed says no word above
+                           r"no_grad|inference_mode|\.eval\(\)", re.M)
 # libraries whose APIs the catalogue knows by qualified name (torch.distributed.barrier, DDP, Fabric,
 # accelerate): even when the linted tree is their own source, calls into them are not followed
 _MODELLED = {"torch", "torchvision", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate",
@@ -306,12 +308,53 @@ class Project:
         root = func
         while isinstance(root, ast.Attribute):
             root = root.value
-        if not isinstance(root, ast.Name) or root.id not in model.import_from or root.id in scope.params:
+        if isinstance(root, ast.Name) and root.id == "self" and isinstance(func, ast.Attribute) and root is func.value:
+            return self._resolve_method(model, func, scope)
+        if not isinstance(root, ast.Name) or root.id in scope.params:
             return None
+        if root.id not in model.import_from:
+            return self._resolve_method(model, func, scope)
         got = self.resolve_expr(model, func)
         if got is None or got[1] is None:
             return None
         return got
+
+    def _resolve_method(self, model: "ModuleModel", func: ast.expr, scope: Scope):
+        """``saver.save(...)`` / ``self.saver.save(...)`` where the receiver was built from a class of another
+        project file (``saver = Checkpointer(out)``): that class's method (its own or a base class's of
+        the same file)."""
+        if not isinstance(func, ast.Attribute):
+            return None
+        if isinstance(func.value, ast.Name) and func.value.id == "self" and scope.cls is not None:
+            # `self.validate()` inherited from a base class of another project file (a trainer's mixin)
+            if func.attr in model.methods.get(scope.cls, {}):
+                return None  # its own method: the same-file analysis has it
+            for b in scope.cls.bases:
+                got = self.resolve_expr(model, b) if isinstance(b, (ast.Name, ast.Attribute)) else None
+                if got is not None and isinstance(got[1], ast.ClassDef):
+                    meth = got[0].methods.get(got[1], {}).get(func.attr)
+                    if meth is not None:
+                        return got[0], meth
+            return None
+        for v in model.values_of(func.value, scope)[:4]:
+            # the class is named by an import (`Checkpointer(...)`, `ckpt.Checkpointer(...)`), never by
+            # another method's result (`x = x.to(device)` would chase itself)
+            if not isinstance(v, ast.Call) or not isinstance(v.func, (ast.Name, ast.Attribute)):
+                continue
+            root = v.func
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if not isinstance(root, ast.Name) or root.id not in model.import_from:
+                continue
+            got = self.resolve_call(model, v.func, scope)
+            if got is None or not isinstance(got[1], ast.ClassDef):
+                continue
+            owner, cls = got
+            for c in [cls, *(owner.classes.get(b.id) for b in cls.bases if isinstance(b, ast.Name))]:
+                meth = owner.methods.get(c, {}).get(func.attr) if c is not None else None
+                if meth is not None:
+                    return owner, meth
+        return None
 
     def callers_of(self, owner: "ModuleModel", fn: ast.AST) -> list[Caller]:
         """The calls of ``fn`` (a module-level function or class constructor of ``owner``) in the

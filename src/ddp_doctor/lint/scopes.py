@@ -57,7 +57,26 @@ class Scope:
     jumps: list[Jump] = field(default_factory=list)
     loops: list[tuple[ast.stmt, tuple[Cond, ...], tuple[ast.stmt, ...]]] = field(default_factory=list)
     stmts: list[tuple[ast.stmt, tuple[Cond, ...], tuple[ast.stmt, ...]]] = field(default_factory=list)
-    rank_guarded_all: bool = False  # decorated @rank_zero_only etc.
+    decorators: list[ast.expr] = field(default_factory=list)
+    _rank_guarded: bool | None = None
+    # the project decorator that makes it so: (its name, the wrapper's guarded call as a Related)
+    guard_hop: tuple | None = None
+
+    @property
+    def rank_guarded_all(self) -> bool:
+        """Every call runs only on some ranks: decorated ``@rank_zero_only`` or a project decorator whose
+        wrapper calls the function only under a rank condition (asked lazily: the answer may need the
+        decorator's file, known only once the project is)."""
+        if self._rank_guarded is None:
+            self._rank_guarded = False  # a decorator that decorates itself ends here
+            for d in self.decorators:
+                got = self.module.is_rank_decorator(d)
+                if got:
+                    self._rank_guarded = True
+                    if got is not True:
+                        self.guard_hop = (final_name(d.func if isinstance(d, ast.Call) else d), got)
+                    break
+        return self._rank_guarded
 
     @property
     def is_module(self) -> bool:
@@ -167,13 +186,52 @@ class ScopeIndex:
                 scope.params.append(a.vararg.arg)
             if a.kwarg:
                 scope.params.append(a.kwarg.arg)
-            for d in node.decorator_list:
-                dn = final_name(d.func if isinstance(d, ast.Call) else d)
-                if dn in RANK_DECORATORS:
-                    scope.rank_guarded_all = True
+            scope.decorators = list(node.decorator_list)
         self.scopes[node] = scope
         body = node.body
         self._walk(scope, body, (), ())
+
+    def is_rank_decorator(self, dec: ast.expr):
+        """``dec`` runs the function it decorates on some ranks only: a known name (``rank_zero_only``,
+        ``main_process_only``, ...), or a decorator of this file or another project file whose wrapper
+        calls the decorated function only under a rank condition (``if get_rank() == 0: return fn(...)``).
+        True for a known name; for a project decorator, the wrapper's guarded call (a ``Related``); else False."""
+        target = dec.func if isinstance(dec, ast.Call) else dec
+        known = final_name(target) in RANK_DECORATORS
+        if isinstance(target, ast.Name) and target.id in self.functions:
+            owner, fn = self, self.functions[target.id][-1]
+        elif self.project is not None and (got := self.project.resolve_expr(self, target)) is not None and \
+                got[1] is not None and not isinstance(got[1], ast.ClassDef):
+            owner, fn = got
+        else:
+            return known
+        return owner.wrapper_guards_rank(fn) or known
+
+    def wrapper_guards_rank(self, fn: ast.AST):
+        """``fn`` is a decorator whose inner function calls the decorated one (its first parameter) only
+        under a rank condition, and at least once: that call (a ``Related``), else False."""
+        key = ("wrapper_guards_rank", fn)
+        if key in self._cache:
+            return self._cache[key]
+        self._cache[key] = False
+        args = getattr(fn, "args", None)
+        params = [a.arg for a in (*args.posonlyargs, *args.args)] if args is not None else []
+        res = False
+        if params:
+            wrapped = params[0]
+            inner = [s for node, s in self.scopes.items() if node is not fn and
+                     self.def_parent.get(node) is fn]
+            calls = [(site, s) for s in inner for site in s.sites
+                     if isinstance(site.call.func, ast.Name) and site.call.func.id == wrapped]
+            if calls and all(self.rank_conds(site.conds, s) for site, s in calls):
+                from ddp_doctor.lint.function_summary import Related
+
+                site, s = calls[0]
+                cond = ast.unparse(self.rank_conds(site.conds, s)[-1].test)
+                res = Related(self.path, site.call.lineno,
+                              f"`{getattr(fn, 'name', '?')}` calls the function only where `{cond}` holds")
+        self._cache[key] = res
+        return res
 
     def qual(self, node: ast.AST) -> str | None:
         """Fully qualified name of an imported object reference (``dist.barrier`` -> ``torch.distributed.barrier``)."""

@@ -192,6 +192,8 @@ class ValueFlow:
         q = self.qual(call.func)
         if q in DIST_SAMPLERS or (q is None and final_name(call.func) == "DistributedSampler"):
             return True
+        if isinstance(call.func, ast.Subscript):  # `SAMPLERS[cfg.sampler](dataset)`: a registry of classes
+            return any(self._is_sampler_class(b) for b in self._registry_values(call.func.value, self.scope))
         return isinstance(call.func, ast.Name) and q is None and call.func.id in self._sampler_aliases()
 
     def _is_sampler_class(self, node: ast.AST) -> bool:
@@ -277,6 +279,70 @@ class ValueFlow:
             if got is not None:
                 return got
         return None
+
+    def expand_star_kwargs(self, call: ast.Call, scope: Scope) -> ast.Call | None:
+        """``call`` with its ``**kwargs`` dicts spelled out as keywords (``DataLoader(ds, sampler=s,
+        **loader_kwargs)`` with ``loader_kwargs = dict(shuffle=True, ...)`` here, or a dict literal of another
+        project file imported by name); ``call`` itself when it has none; None when one cannot be read whole
+        (a parameter, a dict built key by key elsewhere, ``*args``)."""
+        if not any(k.arg is None for k in call.keywords):
+            return call
+        if any(isinstance(a, ast.Starred) for a in call.args):
+            return None
+        keywords = [k for k in call.keywords if k.arg is not None]
+        for k in call.keywords:
+            if k.arg is not None:
+                continue
+            got = self._whole_dict(k.value, scope)
+            if got is None:
+                return None
+            keywords += [ast.keyword(arg=name, value=v) for name, v in got]
+        out = ast.Call(func=call.func, args=call.args, keywords=keywords)
+        return ast.copy_location(out, call)
+
+    def _whole_dict(self, d: ast.expr, scope: Scope) -> list[tuple[str, ast.expr]] | None:
+        """The (key, value) pairs of a dict every entry of which is known: a literal or ``dict(...)`` of
+        constant keys, then ``d.update(k=v)`` / ``d["k"] = v`` in ``scope``."""
+        vals = [d] if isinstance(d, (ast.Dict, ast.Call)) else self.values_of(d, scope)
+        owner_scope = scope
+        if not vals and isinstance(d, ast.Name) and d.id in self.import_from and self.project is not None:
+            got = self.project.resolve_local(self, d.id)  # `from .settings import LOADER_KWARGS`
+            level, module, attr = self.import_from[d.id]
+            f = self.project.module_file(self, level, module) if got is None and attr else None
+            owner = self.project.model_at(f, any_text=True) if f is not None else None
+            if owner is None:
+                return None
+            vals, owner_scope = owner.scope.lookup(attr), owner.scope
+            d = None  # updates in this scope are not to the other file's dict
+        if len(vals) != 1:
+            return None
+        v = vals[0]
+        if isinstance(v, ast.Dict) and all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in v.keys):
+            pairs = [(k.value, x) for k, x in zip(v.keys, v.values)]
+        elif isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "dict" and not v.args and \
+                all(kw.arg is not None for kw in v.keywords):
+            pairs = [(kw.arg, kw.value) for kw in v.keywords]
+        else:
+            return None
+        key = dotted(d) if d is not None else None
+        if key is not None:
+            for site in owner_scope.sites:
+                f = site.call.func
+                if isinstance(f, ast.Attribute) and f.attr == "update" and dotted(f.value) == key:
+                    if site.call.args or any(kw.arg is None for kw in site.call.keywords):
+                        return None
+                    pairs += [(kw.arg, kw.value) for kw in site.call.keywords]
+            for stmt, _c, _l in owner_scope.stmts:
+                if isinstance(stmt, ast.Assign):
+                    for t in stmt.targets:
+                        if isinstance(t, ast.Subscript) and dotted(t.value) == key:
+                            if not (isinstance(t.slice, ast.Constant) and isinstance(t.slice.value, str)):
+                                return None
+                            pairs.append((t.slice.value, stmt.value))
+        last: dict[str, ast.expr] = {}
+        for name, x in pairs:  # a later update wins, as at run time
+            last[name] = x
+        return list(last.items())
 
     def _dict_update(self, d: ast.expr, name: str, scope: Scope) -> ast.expr | None:
         """``d.update(name=v)`` or ``d["name"] = v`` in ``scope``: the ``v`` put into the dict later."""
@@ -433,9 +499,37 @@ class ValueFlow:
                 return False
             if self.sharded_in_place(expr, scope):
                 return True
-            return any(self.is_ddp_value(v, scope, depth + 1) for v in self.reaching_values(expr, scope)
-                       if v is not expr)
+            vals = [v for v in self.reaching_values(expr, scope) if v is not expr]
+            if any(self.is_ddp_value(v, scope, depth + 1) for v in vals):
+                return True
+            # `self.model = model` in a constructor: what the callers pass, here or in another file
+            # (`Trainer(DDP(net, ...), loader).fit()` in the launching script)
+            # (only for an attribute: a plain parameter's callers ask the helper's summary themselves)
+            params = [(v, self.scope_of_value(v, scope)) for v in vals if isinstance(v, ast.Name)] \
+                if isinstance(expr, ast.Attribute) else []
+            return any(p.id in sc.params and self._ddp_from_callers(p.id, sc, depth) for p, sc in params)
         return False
+
+    def _ddp_from_callers(self, name: str, scope: Scope, depth: int) -> bool:
+        """Parameter ``name`` of ``scope``'s function receives a DDP model from a caller of this file or,
+        when it has none here, of another project file."""
+        fn = scope.node
+        key = ("ddp_param", fn, name)
+        if key in self._cache:
+            return self._cache[key]
+        self._cache[key] = False  # recursion guard
+        args = getattr(fn, "args", None)
+        res = False
+        if args is not None and depth < 3 and name in [a.arg for a in (*args.posonlyargs, *args.args)]:
+            got = [(a, sc) for a, sc in self.param_args(ast.Name(id=name), scope)]
+            if not got and self.project is not None:
+                idx = scope.params.index(name)
+                if scope.cls is not None and args.args and args.args[0].arg in ("self", "cls"):
+                    idx -= 1
+                got = self.project.caller_args(self, fn, idx, name) if idx >= 0 else []
+            res = any(sc.module.is_ddp_value(a, sc, depth + 1) for a, sc in got[:8])
+        self._cache[key] = res
+        return res
 
 
 def _is_true(node: ast.expr | None) -> bool:

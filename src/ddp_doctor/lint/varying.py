@@ -187,6 +187,7 @@ class RankVariance:
         for p in per_rank_params:  # bound on entry, before every statement of the body
             self.bindings.setdefault(p, []).append(Binding(p, None, scope.node, (), ()))
         self.agreed: dict[str, list[tuple[ast.stmt, tuple[ast.stmt, ...]]]] = {}
+        self.keys: dict[str, set[str]] = {}  # a dict's name -> its entries assigned by a constant key
         for stmt, conds, loops in scope.stmts:
             self.where[id(stmt)] = (conds, loops)
             self._collect(stmt, conds, loops)
@@ -203,6 +204,16 @@ class RankVariance:
     # ------------------------------------------------------------ bindings
     def _collect(self, stmt: ast.stmt, conds, loops) -> None:
         def bind(target: ast.expr, value: ast.expr | None) -> None:
+            if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) and \
+                    len(target.elts) == len(value.elts) and not any(isinstance(e, ast.Starred) for e in target.elts):
+                for t, v in zip(target.elts, value.elts):  # `state["epoch"], state["step"] = epoch + 1, 0`
+                    bind(t, v)
+                return
+            key = key_name(target)
+            if key is not None:  # `state["loss_sum"] += loss.item()` varies that entry, not `state["step"]`
+                self.bindings.setdefault(key, []).append(Binding(key, value, stmt, conds, loops))
+                self.keys.setdefault(key.split("[", 1)[0], set()).add(key)
+                return
             for n in ast.walk(target):
                 if isinstance(n, ast.Name):
                     self.bindings.setdefault(n.id, []).append(Binding(n.id, value, stmt, conds, loops))
@@ -248,7 +259,7 @@ class RankVariance:
         """Does assignment ``b`` reach ``stmt`` on some path that no agreement on its name cuts?"""
         if b.stmt is stmt:
             return False
-        kills = self.agreed.get(b.name, ())
+        kills = self.agreed.get(b.name.split("[", 1)[0], ())
         lb, lp = _line(b.stmt), _line(stmt)
         # straight down: b, then stmt, with no agreement and no reassignment on every path in between
         if lb < lp:
@@ -283,9 +294,12 @@ class RankVariance:
         _conds, loops = self.where.get(id(stmt), ((), ()))
         if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
             loops = loops + (stmt,)
-        for b in self.bindings.get(name, ()):
-            if id(b) in self.varying and self._reaches(b, stmt, loops):
-                return b
+        # an entry (`state['step']`) is also what the whole dict was assigned; the whole dict is each entry too
+        names = [name, name.split("[", 1)[0]] if "[" in name else [name, *sorted(self.keys.get(name, ()))]
+        for n in names:
+            for b in self.bindings.get(n, ()):
+                if id(b) in self.varying and self._reaches(b, stmt, loops):
+                    return b
         return None
 
     # ------------------------------------------------------------- solving
@@ -321,7 +335,7 @@ class RankVariance:
         return bool(found or self.varying_names(expr, stmt)) and not has_collective(self.m, expr, self.scope)
 
     def varying_names(self, expr: ast.expr, stmt: ast.stmt) -> set[str]:
-        return {n for n in data_names(expr) if self.varying_binding(n, stmt) is not None}
+        return {n for n in keyed_data_names(expr) if self.varying_binding(n, stmt) is not None}
 
     def sources(self, expr: ast.expr) -> list[str]:
         """What in ``expr`` itself differs between ranks: 'batch', 'clock', 'file system', 'model output',
@@ -351,6 +365,32 @@ class RankVariance:
         if not isinstance(expr, ast.Constant) and m.varies_by_rank(expr, scope):
             out.append("rank")
         return out
+
+
+def key_name(node: ast.AST) -> str | None:
+    """``state["epoch_step"]`` -> ``"state['epoch_step']"``: one entry of a dict (or list) read or assigned by a
+    constant key, which the analysis keeps apart from the others."""
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and \
+            isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, (str, int)):
+        return f"{node.value.id}[{node.slice.value!r}]"
+    return None
+
+
+def keyed_data_names(expr: ast.expr) -> set[str]:
+    """:func:`data_names`, with a dict read only by constant keys named by those entries."""
+    names = data_names(expr)
+    keyed: dict[str, set[str]] = {}
+    bases: set[int] = set()
+    for n in ast.walk(expr):
+        k = key_name(n)
+        if k is not None and n.value.id in names:
+            keyed.setdefault(n.value.id, set()).add(k)
+            bases.add(id(n.value))
+    for base, keys in keyed.items():
+        names |= keys
+        if all(id(n) in bases for n in ast.walk(expr) if isinstance(n, ast.Name) and n.id == base):
+            names.discard(base)
+    return names
 
 
 def _first_of_container(call: ast.Call) -> bool:

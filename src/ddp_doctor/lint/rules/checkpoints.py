@@ -70,6 +70,7 @@ class SaveOnEveryRank(Rule):
         for scope in m.scopes.values():
             for site in scope.sites:
                 if m.qual(site.call.func) != "torch.save":
+                    self._helper_saves_on_every_rank(ctx, site)
                     continue
                 path = arg_or_kw(site.call, 1, "f")
                 if path is not None and m.mentions_rank(path, scope):
@@ -92,6 +93,30 @@ class SaveOnEveryRank(Rule):
                     "Save on one rank: `if dist.get_rank() == 0: torch.save(...)` (then `dist.barrier()` on "
                     "every rank if others read it next), or use `ddp_doctor.fixes.rank_zero_first`.",
                 )
+
+    def _helper_saves_on_every_rank(self, ctx: Context, site: GuardedCall) -> None:
+        """``save_checkpoint(model, path)`` on every rank, where the helper of another project file saves
+        whenever it is called (no rank test of its own, a path without the rank): reported at the call."""
+        m = ctx.model
+        if m.project is None or m.resolve_function(site.call.func, site.scope) is not None:
+            return
+        root = site.call.func
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        if not isinstance(root, ast.Name) or root.id not in m.import_from:
+            return  # only imported helpers here (methods of objects are left to their class's file)
+        summ = m.project.summary_of_call(m, site.call.func, site.scope)
+        if summ is None or summ.saves is None or self._guarded(m, site):
+            return
+        ctx.report(
+            self.code, site.call,
+            f"`{ast.unparse(site.call.func)}(...)` saves a checkpoint ({summ.saves.message}, {summ.saves.where}) "
+            "and runs on every rank here: all ranks write the same file at once (N times the I/O, and a "
+            "checkpoint that can be torn or half-written when two ranks race on it).",
+            "Call it on one rank: `if dist.get_rank() == 0: ...(...)` (then `dist.barrier()` on every rank if "
+            "others read it next), or use `ddp_doctor.fixes.rank_zero_first`.",
+            related=[summ.saves],
+        )
 
     def _helper_saves_once_per_node(self, ctx: Context) -> None:
         """``if local_rank == 0: save_checkpoint(state, path)`` in a multi-node script, where the helper (this

@@ -13,6 +13,9 @@ from ddp_doctor.lint.rules.base import Context, Rule
 
 def _guard_text(ctx: Context, site: GuardedCall, conds: list[Cond]) -> str:
     if site.scope.rank_guarded_all and not conds:
+        if site.scope.guard_hop is not None:
+            name, hop = site.scope.guard_hop
+            return f"`{site.scope.name}` is decorated with `@{name}`, which runs it only on some ranks ({hop.where})"
         return f"`{site.scope.name}` is decorated to run on rank 0 only"
     c = conds[-1]
     t = ctx.text(c.test, 50)
@@ -25,9 +28,10 @@ def _guard_text(ctx: Context, site: GuardedCall, conds: list[Cond]) -> str:
 
 def _rank_source(ctx: Context, site: GuardedCall, conds: list[Cond]) -> tuple[Related, ...]:
     """The other file's line where the condition's rank comes from (the launcher passing it to a
-    constructor, the helper returning it), as a related location."""
+    constructor, the helper returning it; the wrapper of a project decorator), as a related location."""
     if not conds:
-        return ()
+        hop = site.scope.guard_hop if site.scope.rank_guarded_all else None
+        return (hop[1],) if hop is not None and hop[1].path != ctx.model.path else ()
     got = ctx.model.rank_origin(conds[-1].test, site.scope)
     if got is None:
         return ()
@@ -79,8 +83,8 @@ def _other_file(ctx: Context, site: GuardedCall, scope: Scope, what: str):
     root = site.call.func
     while isinstance(root, ast.Attribute):
         root = root.value
-    if not isinstance(root, ast.Name) or root.id not in m.import_from:
-        return None  # not something imported: no other file to look at
+    if not isinstance(root, ast.Name) or (root.id not in m.import_from and not isinstance(site.call.func, ast.Attribute)):
+        return None  # not something imported nor a method of an object: no other file to look at
     if m.project.resolve_call(m, site.call.func, scope) is None:
         return None
     if not (scope.rank_guarded_all or m.rank_conds(site.conds, scope)):
@@ -178,10 +182,15 @@ class DDPForwardOnSubset(Rule):
                     return None
                 summ = _other_file(ctx, site, scope, "forward")
                 if summ is not None and summ.forwards:
-                    for i, pname in enumerate(summ.params):
+                    on_self = isinstance(site.call.func, ast.Attribute) and isinstance(site.call.func.value, ast.Name) \
+                        and site.call.func.value.id == "self"
+                    attrs = [(-1, p) for p in summ.forwards if p.startswith("self.")] if on_self else []
+                    for i, pname in [*enumerate(summ.params), *attrs]:
                         if pname not in summ.forwards:
                             continue
-                        arg = arg_or_kw(site.call, i, pname)
+                        arg = arg_or_kw(site.call, i, pname) if i >= 0 else ast.copy_location(
+                            ast.Attribute(value=ast.Name(id="self", ctx=ast.Load()), attr=pname[5:], ctx=ast.Load()),
+                            site.call)
                         if arg is None or not m.is_ddp_value(arg, scope):
                             continue
                         r, quiet = summ.forwards[pname]

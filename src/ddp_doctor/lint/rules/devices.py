@@ -11,6 +11,15 @@ from ddp_doctor.lint.scopes import Scope
 from ddp_doctor.lint.rules.base import Context, Rule
 
 
+def in_ddp_program(m: ModuleModel) -> bool:
+    """Wraps DDP itself, or is a module of the training engine that a DDP script of the project imports
+    (ask it only once something would be reported: the importers are costly to find)."""
+    if m.uses_ddp:
+        return True
+    return A._cached(m, "in_ddp_program", lambda: m.project is not None and
+                     m.project.importer_shows(m, "dist_script", is_dist_script) is not None)
+
+
 def is_dist_script(m: ModuleModel) -> bool:
     """A module that sets up or runs distributed training (not merely imports torch.distributed)."""
     if "dist_script" in m._cache:

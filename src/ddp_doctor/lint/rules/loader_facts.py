@@ -293,12 +293,30 @@ def _hf_preprocessed(m: ModuleModel, ds: ast.expr, scope: Scope, mapped: bool = 
     return False
 
 
-def training_loader_uses(m: ModuleModel) -> dict[ast.Call, list[A.LoaderUse]]:
+def training_loader_uses(m: ModuleModel, candidate=None, epochs: bool = False) -> dict[ast.Call, list[A.LoaderUse]]:
+    """The training loaders of ``m`` and their uses (``epochs``: only uses over several epochs).
+    ``candidate(call, scope)``: a loader the rule would report; for such a loader that this file does
+    not walk, the callers of other files that walk what its factory returns are looked up too."""
     out: dict[ast.Call, list[A.LoaderUse]] = {}
     for use in A.loader_uses(m):
-        if use.training:
+        if use.training and (use.epochs or not epochs):
             out.setdefault(use.loader, []).append(use)
+    if candidate is not None and m.project is not None:
+        for call, scope in all_calls(m, m.is_dataloader_call):
+            if call in out or scope.is_module or not candidate(call, scope):
+                continue
+            got = [u for u in A.returned_loader_uses(m, call, scope) if u.training and (u.epochs or not epochs)]
+            if got:
+                out[call] = got
     return out
+
+
+def expanded_test(m: ModuleModel, test):
+    """A ``candidate`` for :func:`training_loader_uses`: ``test`` on the call with its ``**kwargs`` spelled out."""
+    def candidate(call: ast.Call, scope: Scope) -> bool:
+        full = m.expand_star_kwargs(call, scope)
+        return full is not None and test(full)
+    return candidate
 
 
 def num_workers_arg(call: ast.Call):

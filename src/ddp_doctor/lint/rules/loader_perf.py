@@ -6,11 +6,11 @@ import ast
 
 from ddp_doctor.lint import analysis as A
 from ddp_doctor.lint.model import ModuleModel
-from ddp_doctor.lint.names import arg_or_kw, dotted, final_name, has_star_kwargs
+from ddp_doctor.lint.names import arg_or_kw, dotted, final_name
 from ddp_doctor.lint.rules.base import Context, Rule
-from ddp_doctor.lint.rules.devices import is_dist_script
+from ddp_doctor.lint.rules.devices import in_ddp_program
 from ddp_doctor.lint.rules.loader_facts import (
-    LoadCost, dataset_unknown, dl_arg, expensive_dataset, num_workers_arg, training_loader_uses,
+    LoadCost, dataset_unknown, dl_arg, expanded_test, expensive_dataset, num_workers_arg, training_loader_uses,
 )
 
 
@@ -19,13 +19,14 @@ class DataBound(Rule):
 
     def check(self, ctx: Context) -> None:
         m = ctx.model
-        for call, uses in training_loader_uses(m).items():
-            if has_star_kwargs(call):
+        for orig, uses in training_loader_uses(m, expanded_test(m, _no_workers)).items():
+            call = m.expand_star_kwargs(orig, uses[0].loader_scope)  # options in a `**loader_kwargs` dict
+            if call is None:
                 continue
             nw, val = num_workers_arg(call)
             if val != 0:
                 continue
-            if not _in_ddp_program(m):
+            if not in_ddp_program(m):
                 return
             ds = dl_arg(call, "dataset")
             cost = expensive_dataset(m, ds, uses[0].loader_scope)
@@ -41,7 +42,7 @@ class DataBound(Rule):
             how = "no `num_workers`" if nw is None else "`num_workers=0`"
             what = "may be" if cost.why.startswith("dataset type unknown") else "is"
             ctx.report(
-                self.code, call,
+                self.code, orig,
                 f"the training DataLoader has {how} and its dataset {what} expensive to load ({cost.why}): every "
                 f"batch is loaded and transformed in the training process itself, so the GPU waits for the "
                 f"data at every step (and in DDP the slowest rank's loading stalls all ranks).",
@@ -51,18 +52,10 @@ class DataBound(Rule):
             )
 
 
-def _in_ddp_program(m: ModuleModel) -> bool:
-    """Wraps DDP itself, or is a module of the training engine that a DDP script of the project imports
-    (asked only once a loader would be reported: the importers are costly to find)."""
-    if m.uses_ddp:
-        return True
-    return A._cached(m, "in_ddp_program", lambda: m.project is not None and
-                     m.project.importer_shows(m, "dist_script", is_dist_script) is not None)
-
-
 def _moves_batches_to_cuda(m: ModuleModel, use: A.LoaderUse) -> bool:
     """Inside the loop, something that is not the model is sent to a CUDA device."""
     loop, scope = use.loop, use.scope
+    m = scope.module  # the loop may be another file's (a caller of this file's loader factory)
     mentions_cuda = "cuda" in m.source
     for site in scope.sites:
         if loop not in site.loops:
@@ -100,10 +93,11 @@ class LoaderWithoutPinMemory(Rule):
 
     def check(self, ctx: Context) -> None:
         m = ctx.model
-        for call, uses in training_loader_uses(m).items():
-            if has_star_kwargs(call):
+        for orig, uses in training_loader_uses(m, expanded_test(m, _unpinned)).items():
+            call = m.expand_star_kwargs(orig, uses[0].loader_scope)
+            if call is None:
                 continue
-            if not _in_ddp_program(m):
+            if not in_ddp_program(m):
                 return
             pm = dl_arg(call, "pin_memory")
             if pm is not None and A.literal(pm) is not False:
@@ -111,7 +105,7 @@ class LoaderWithoutPinMemory(Rule):
             if not any(_moves_batches_to_cuda(m, u) for u in uses):
                 continue
             ctx.report(
-                self.code, call,
+                self.code, orig,
                 "batches from this loader are copied to the GPU but the loader does not pin memory: each "
                 "host-to-device copy goes through pageable memory and cannot overlap with compute.",
                 "Pass `pin_memory=True` to the DataLoader and copy with `.to(device, non_blocking=True)` "
@@ -126,9 +120,9 @@ class WorkersNotPersistent(Rule):
         m = ctx.model
         if not m.is_distributed:
             return
-        for use_call, uses in self._epoch_loaders(m).items():
-            call = use_call
-            if has_star_kwargs(call):
+        for orig, uses in self._epoch_loaders(m).items():
+            call = m.expand_star_kwargs(orig, uses[0].loader_scope)
+            if call is None:
                 continue
             nw, val = num_workers_arg(call)
             if nw is None or val == 0 or (isinstance(val, int) and val <= 0):
@@ -137,7 +131,7 @@ class WorkersNotPersistent(Rule):
             if pw is not None and A.literal(pw) is not False:
                 continue
             ctx.report(
-                self.code, call,
+                self.code, orig,
                 "this DataLoader has worker processes but not `persistent_workers=True`: they are shut down at "
                 "the end of every epoch and started again (re-importing, re-opening files, re-building the "
                 "dataset copy) at the start of the next, stalling every rank for that time.",
@@ -152,4 +146,22 @@ class WorkersNotPersistent(Rule):
         for use in A.loader_uses(m):
             if use.epochs:
                 out.setdefault(use.loader, []).append(use)
+        # a factory's loader walked over epochs by a caller of another file (training loops only there)
+        for call, uses in training_loader_uses(m, expanded_test(m, _workers_not_persistent), epochs=True).items():
+            out.setdefault(call, uses)
         return out
+
+
+def _no_workers(call: ast.Call) -> bool:
+    return num_workers_arg(call)[1] == 0
+
+
+def _unpinned(call: ast.Call) -> bool:
+    pm = dl_arg(call, "pin_memory")
+    return pm is None or A.literal(pm) is False
+
+
+def _workers_not_persistent(call: ast.Call) -> bool:
+    _nw, val = num_workers_arg(call)
+    pw = arg_or_kw(call, 99, "persistent_workers")
+    return isinstance(val, int) and val > 0 and (pw is None or A.literal(pw) is False)

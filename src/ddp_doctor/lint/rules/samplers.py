@@ -9,6 +9,7 @@ from ddp_doctor.lint.model import ModuleModel
 from ddp_doctor.lint.names import alternatives, arg_or_kw, final_name, has_star_kwargs
 from ddp_doctor.lint.scopes import Scope
 from ddp_doctor.lint.rules.base import Context, Rule
+from ddp_doctor.lint.rules.devices import in_ddp_program
 from ddp_doctor.lint.rules.loader_facts import (
     all_calls, dataset_is_iterable_or_sharded, dl_arg, is_none, training_loader_uses, uses_wrapper_loaders,
 )
@@ -32,7 +33,7 @@ class SamplerEpochNotSet(Rule):
             # the loaders that use this sampler, and whether they are iterated over epochs
             # only loaders that drive training epochs: a validation loader's order does not matter
             drivers = [use for use in uses if use.epochs and use.training and not use.sets_epoch and
-                       _loader_sampler_is(m, use.loader, use.loader_scope, call)]
+                       not use.returned and _loader_sampler_is(m, use.loader, use.loader_scope, call)]
             if not drivers:
                 continue
             ctx.report(
@@ -54,30 +55,56 @@ class SamplerEpochNotSet(Rule):
         m = ctx.model
         done = set()
         for scope in m.scopes.values():
-            training = A.training_loops(m, scope)
-            for loop, _conds, outer in scope.loops:
-                if loop not in training or not isinstance(loop, (ast.For, ast.AsyncFor)):
+            for origin, where, related in self._epoch_walks(ctx, scope):
+                call = origin.value if isinstance(origin, ast.Subscript) else origin
+                if call in done:
                     continue
-                if not (outer or A._called_in_loop(m, scope)):
-                    continue  # a single pass: no epoch to set
-                for origin in _origin_calls(m, A.unwrap_iter(loop.iter), scope):
-                    call = origin.value if isinstance(origin, ast.Subscript) else origin
-                    if call in done:
-                        continue
-                    sampler = m.call_result_facts(origin, scope).get("shuffled_sampler")
-                    if sampler is None:
-                        continue
-                    done.add(call)
-                    ctx.report(
-                        self.code, call,
-                        f"the loader that `{ctx.text(call.func)}()` returns{_element(origin)} shuffles with a "
-                        f"DistributedSampler ({sampler.where}), and this file iterates it over training epochs "
-                        f"(line {loop.lineno}) without ever calling `set_epoch()`: every epoch replays the same permutation on every "
-                        f"rank (no reshuffling between epochs, which hurts convergence).",
-                        "Call `loader.sampler.set_epoch(epoch)` at the start of every epoch, before iterating "
-                        "the loader.",
-                        related=[sampler],
-                    )
+                sampler = m.call_result_facts(origin, scope).get("shuffled_sampler")
+                if sampler is None:
+                    continue
+                done.add(call)
+                ctx.report(
+                    self.code, call,
+                    f"the loader that `{ctx.text(call.func)}()` returns{_element(origin)} shuffles with a "
+                    f"DistributedSampler ({sampler.where}), and {where} iterates it over training epochs "
+                    f"without ever calling `set_epoch()`: every epoch replays the same permutation on every "
+                    f"rank (no reshuffling between epochs, which hurts convergence).",
+                    "Call `loader.sampler.set_epoch(epoch)` at the start of every epoch, before iterating "
+                    "the loader.",
+                    related=[sampler, *related],
+                )
+
+    @staticmethod
+    def _epoch_walks(ctx: Context, scope: Scope):
+        """(origin call of a loader, who walks it, related) for each loader of ``scope`` iterated over training
+        epochs: by a loop of this file, or by a function or class of another project file it is handed to
+        (``Trainer(model, build_loader(...)).fit()`` with the epoch loop in engine.py) that sets no epoch."""
+        m = ctx.model
+        training = A.training_loops(m, scope)
+        for loop, _conds, outer in scope.loops:
+            if loop not in training or not isinstance(loop, (ast.For, ast.AsyncFor)):
+                continue
+            if not (outer or A._called_in_loop(m, scope)):
+                continue  # a single pass: no epoch to set
+            for origin in _origin_calls(m, A.unwrap_iter(loop.iter), scope):
+                yield origin, f"this file (line {loop.lineno})", ()
+        if not m.uses_ddp:
+            return  # the launching script (it wraps the model) is where a loader is handed to a trainer
+        for site in scope.sites:
+            if not site.call.args and not site.call.keywords or m.resolve_function(site.call.func, scope):
+                continue
+            summ = m.project.summary_of_call(m, site.call.func, scope)
+            if summ is None or not summ.iterates or summ.sets_epoch:
+                continue
+            for i, pname in enumerate(summ.params):
+                if pname not in summ.iterates:
+                    continue
+                related, trains = summ.iterates[pname]
+                arg = arg_or_kw(site.call, i, pname)
+                if arg is None or not trains or not (pname in summ.iterated_over_epochs or site.loops):
+                    continue
+                for origin in _origin_calls(m, arg, scope):
+                    yield origin, f"`{ctx.text(site.call.func)}()` ({related.where})", (related,)
 
     @staticmethod
     def _sets_epoch_of(m: ModuleModel, site, sampler: ast.Call, uses) -> bool:
@@ -103,6 +130,14 @@ class SamplerEpochNotSet(Rule):
         if not known:
             return True  # `s = train_sampler if cond else None`, built by a helper, ...: assume it is
         return sampler in known
+
+
+def _none_here(m: ModuleModel, expr: ast.expr | None, scope: Scope) -> bool:
+    """No argument, ``None``, or a name that is None on every assignment (``sampler = None`` and no other)."""
+    if is_none(expr):
+        return True
+    vals = m.values_of(expr, scope) if isinstance(expr, ast.Name) and expr.id not in scope.params else []
+    return bool(vals) and all(is_none(v) for v in vals)
 
 
 def _on_dataset(func: ast.expr) -> bool:
@@ -184,7 +219,10 @@ class ShuffleWithSampler(Rule):
 
     def check(self, ctx: Context) -> None:
         m = ctx.model
-        for call, _scope in all_calls(m, m.is_dataloader_call):
+        for orig, scope in all_calls(m, m.is_dataloader_call):
+            call = m.expand_star_kwargs(orig, scope)  # `shuffle=True` in a `**loader_kwargs` dict
+            if call is None:
+                continue
             shuffle = dl_arg(call, "shuffle")
             if A.literal(shuffle) is not True:
                 continue
@@ -192,10 +230,12 @@ class ShuffleWithSampler(Rule):
             if is_none(sampler) and is_none(bsampler):
                 continue
             which = "sampler" if not is_none(sampler) else "batch_sampler"
-            kw = next((k for k in call.keywords if k.arg == "shuffle"), None)
+            kw = next((k for k in orig.keywords if k.arg == "shuffle"), None)  # --fix edits only this call
+            star = next((k.value for k in orig.keywords if k.arg is None), None)
+            through = f" (`shuffle=True` through `**{ctx.text(star, 30)}`)" if kw is None and star is not None else ""
             ctx.report(
-                self.code, call,
-                f"DataLoader gets both `shuffle=True` and `{which}=`: it raises `ValueError: {which} option is "
+                self.code, orig,
+                f"DataLoader gets both `shuffle=True` and `{which}=`{through}: it raises `ValueError: {which} option is "
                 f"mutually exclusive with shuffle` when it is built (shuffling belongs to the sampler; a "
                 f"DistributedSampler shuffles by itself).",
                 "Drop `shuffle=True` (shuffle in the sampler: `DistributedSampler(ds, shuffle=True)`), or use "
@@ -209,18 +249,25 @@ class LoaderWithoutDistributedSampler(Rule):
 
     def check(self, ctx: Context) -> None:
         m = ctx.model
-        if not m.uses_ddp or uses_wrapper_loaders(m):
+        if not m.is_distributed or uses_wrapper_loaders(m):
             return
-        for call, uses in training_loader_uses(m).items():
+        def candidate(call: ast.Call, scope: Scope) -> bool:
+            return _none_here(m, dl_arg(call, "sampler"), scope) and _none_here(m, dl_arg(call, "batch_sampler"), scope)
+
+        for call, uses in training_loader_uses(m, candidate).items():
             if has_star_kwargs(call) or any(isinstance(a, ast.Starred) for a in call.args):
                 continue
-            if not is_none(dl_arg(call, "sampler")) or not is_none(dl_arg(call, "batch_sampler")):
-                continue
             scope = uses[0].loader_scope
+            if not _none_here(m, dl_arg(call, "sampler"), scope) or \
+                    not _none_here(m, dl_arg(call, "batch_sampler"), scope):
+                continue
             if dataset_is_iterable_or_sharded(m, dl_arg(call, "dataset"), scope):
                 continue
             if A.loader_passed_to_wrapper(m, call, scope):
                 continue
+            # a DDP script, or a data module whose loaders a DDP script walks (asked last: it costs)
+            if not in_ddp_program(m):
+                return
             ctx.report(
                 self.code, call,
                 "this training DataLoader has no DistributedSampler in a DDP script: every rank iterates the "

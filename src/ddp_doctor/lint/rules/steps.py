@@ -9,6 +9,7 @@ from ddp_doctor.lint.flow import under_join
 from ddp_doctor.lint.names import arg_or_kw, final_name, kwarg
 from ddp_doctor.lint.scopes import Scope
 from ddp_doctor.lint.rules.base import Context, Rule
+from ddp_doctor.lint.rules.devices import in_ddp_program
 from ddp_doctor.lint.varying import RankVariance, has_collective, rank_variance
 
 _SIZE_ATTRS = {"shape", "size", "numel", "__len__"}
@@ -163,9 +164,12 @@ class UnevenSteps(Rule):
 
     def check(self, ctx: Context) -> None:
         m = ctx.model
-        if not m.uses_ddp:
+        if not m.uses_ddp and not m.directly_distributed:
             return
-        self._uneven_datasets(ctx)
+        # a trainer class of another file that the DDP script hands its model to is asked only once a
+        # step would be reported (finding its importers costs)
+        if m.uses_ddp:
+            self._uneven_datasets(ctx)
         for scope in m.scopes.values():
             loops = A.training_loops(m, scope)
             if not loops:
@@ -187,7 +191,7 @@ class UnevenSteps(Rule):
                         continue  # a continue after the backward does not change the number of steps
                     conds = [c for c in jump.conds if c.loop_level > level and _encloses(c.node, jump.stmt)]
                     got = self._reason(ctx, scope, conds, rv) or _data_exception(ctx, scope, jump.stmt, loop, rv)
-                    if got is None:
+                    if got is None or not in_ddp_program(m):
                         continue
                     reason, kind = got
                     word = {"continue": "`continue`", "break": "`break`", "return": "`return`",
@@ -218,7 +222,8 @@ class UnevenSteps(Rule):
             local = m.resolve_function(site.call.func, scope)
             summ = (m.project.summary(m, local) if local is not None
                     else m.project.summary_of_call(m, site.call.func, scope))
-            if summ is None or summ.early_return is None or not self._passes_per_rank(ctx, scope, site, summ):
+            if summ is None or summ.early_return is None or not self._passes_per_rank(ctx, scope, site, summ) or \
+                    not in_ddp_program(m):
                 continue
             r = summ.early_return
             ctx.report(
