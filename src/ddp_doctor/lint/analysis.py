@@ -18,6 +18,7 @@ from ddp_doctor.lint.buffers import wrapped_module_has_no_buffers
 from ddp_doctor.lint.model import ModuleModel
 from ddp_doctor.lint.names import NOTCONST, SHARDING_WRAPPERS, arg_or_kw, const_value, dotted, final_name, kwarg
 from ddp_doctor.lint.scopes import Scope, GuardedCall
+from ddp_doctor.lint.syntax import dict_items, flag_guard, passes_flag  # noqa: F401 (flag_*: re-exported)
 
 _UNWRAP = {"enumerate", "tqdm", "iter", "zip", "islice", "trange", "track", "progress_bar", "Bar", "chain",
            "cycle", "prefetch", "CUDAPrefetcher", "DataPrefetcher", "data_prefetcher", "MetricLogger", "log_every"}
@@ -120,11 +121,11 @@ def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int
         # loaders["train"] with loaders = {"train": DataLoader(...)} or dict(train=DataLoader(...)), and
         # loaders[0] with loaders = [train_loader, val_loader]
         if isinstance(expr.value, (ast.List, ast.Tuple)):
-            return [x for item in _dict_items(expr.value, expr.slice.value)
+            return [x for item in dict_items(expr.value, expr.slice.value)
                     for x in resolve_loaders(model, item, scope, depth + 1)]
         out = []
         for v in model.values_of(expr.value, scope):
-            for item in _dict_items(v, expr.slice.value):
+            for item in dict_items(v, expr.slice.value):
                 out += resolve_loaders(model, item, model.scope_of_value(v, scope), depth + 1)
             if isinstance(v, ast.Call):  # loaders = build_loaders(cfg); loaders["train"]
                 sub = ast.Subscript(value=v, slice=expr.slice)
@@ -142,18 +143,6 @@ def resolve_loaders(model: ModuleModel, expr: ast.expr, scope: Scope, depth: int
         for a, ascope in model.param_args(expr, scope):
             out += resolve_loaders(model, a, ascope, depth + 1)
     return out
-
-
-def _dict_items(v: ast.expr, key) -> list[ast.expr]:
-    """The item ``key`` of a dict literal, ``dict(...)``, or a list / tuple literal (``loaders[0]``)."""
-    if isinstance(v, (ast.List, ast.Tuple)) and type(key) is int and -len(v.elts) <= key < len(v.elts) and \
-            not any(isinstance(e, ast.Starred) for e in v.elts):
-        return [v.elts[key]]
-    if isinstance(v, ast.Dict):
-        return [val for k, val in zip(v.keys, v.values) if isinstance(k, ast.Constant) and k.value == key]
-    if isinstance(v, ast.Call) and final_name(v.func) == "dict":
-        return [kw.value for kw in v.keywords if kw.arg == key]
-    return []
 
 
 @dataclass
@@ -379,31 +368,6 @@ def fn_flagged_collectives(model: ModuleModel, fn: ast.AST) -> list[tuple[str, s
         if flag is not None and not model.rank_conds(site.conds, scope):
             out.append((flag, name, site.call))
     return out
-
-
-def flag_guard(fn: ast.AST, conds) -> str | None:
-    """The parameter, off by default (``=False`` / ``None`` / ``0``), that a site runs under (``if flag:``)."""
-    a = getattr(fn, "args", None)
-    if a is None:
-        return None
-    pos = [*a.posonlyargs, *a.args]
-    off = {x.arg for x, d in [*zip(pos[len(pos) - len(a.defaults):], a.defaults), *zip(a.kwonlyargs, a.kw_defaults)]
-           if isinstance(d, ast.Constant) and not d.value}
-    return next((c.test.id for c in conds if c.positive and isinstance(c.test, ast.Name) and c.test.id in off), None)
-
-
-def passes_flag(call: ast.Call, params: tuple[str, ...], flag: str) -> bool:
-    """Does ``call`` switch ``flag`` on (pass it, other than as a false constant; ``**kw`` may)?
-    ``params``: the callee's positional parameters without self/cls."""
-    def on(v: ast.expr) -> bool:
-        return not (isinstance(v, ast.Constant) and not v.value)
-
-    for k in call.keywords:
-        if k.arg == flag or k.arg is None:
-            return on(k.value)
-    if any(isinstance(x, ast.Starred) for x in call.args):
-        return True
-    return flag in params and params.index(flag) < len(call.args) and on(call.args[params.index(flag)])
 
 
 def ddp_forward_in_fn(model: ModuleModel, fn: ast.AST, call: ast.Call, caller: Scope) -> ast.Call | None:
