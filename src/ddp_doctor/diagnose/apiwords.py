@@ -4,7 +4,7 @@ never wrote the ``gather_object`` inside ``dcp.save``; the fix is about the call
 from __future__ import annotations
 
 from ddp_doctor.apis import collective_why
-from ddp_doctor.evidence import GROUP_CREATION, Collective, RankState, Site
+from ddp_doctor.evidence import GROUP_CREATION, Collective, RankState, Site, SiteCount
 
 from ddp_doctor.diagnose.common import lint_flagged, where
 from ddp_doctor.diagnose.decision import user_stack
@@ -115,6 +115,25 @@ def _past_the_dead(ranks: dict[int, RankState], fps: dict, seen: dict) -> tuple[
 
 def _count_at(st: RankState, op: str, key: tuple) -> int:
     return sum(sc.calls for sc in st.site_counts if sc.op == op and sc.site is not None and sc.site.key() == key)
+
+
+def went_alone(ranks: dict[int, RankState]) -> tuple[list[int], SiteCount] | None:
+    """Ranks that issued collectives inside an API at a line inside a branch on the rank that no other rank ever
+    ran (a rank-0 evaluation through an FSDP2 model: its all-gathers paired silently with the others' training,
+    and it stands at a shared line again by the time the mismatch shows): (those ranks, that line's count), or
+    None.  Facts: the probe's per-line counts and every rank's lines seen; the branch read from the source."""
+    hits: dict[tuple, tuple[list[int], SiteCount]] = {}
+    for r, st in sorted(ranks.items()):
+        others = [o for o in ranks if o != r and not ranks[o].missing]
+        for sc in st.site_counts:
+            if sc.site is None or not sc.site.api or not others:
+                continue
+            key = sc.site.key()
+            if any(key == k for o in others for _op, k in ranks[o].sites_seen) or not under_rank_branch(sc.site):
+                continue
+            hits.setdefault(key, ([], sc))[0].append(r)
+    found = [v for v in hits.values() if len(v[0]) < len(ranks)]
+    return min(found, key=lambda v: v[1].site.line) if found else None
 
 
 def more_often(calls: dict[int, Collective | None], ranks: dict[int, RankState]) -> tuple[list[int], str] | None:

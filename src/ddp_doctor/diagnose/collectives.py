@@ -6,14 +6,16 @@ import os
 from dataclasses import dataclass
 
 from ddp_doctor.apis import api_fix
-from ddp_doctor.evidence import GROUP_CREATION, ROOT, Collective, JobEvidence, RankState, Site, Verdict
+from ddp_doctor.evidence import GROUP_CREATION, Collective, JobEvidence, RankState, Site, Verdict
 from ddp_doctor.findings import Finding, runtime_fix
 
-from ddp_doctor.diagnose.apiwords import api_of, api_parting, called, lint_subset, more_often, op_text, why_all
+from ddp_doctor.diagnose.calltext import differs_text
+from ddp_doctor.diagnose.apiwords import (api_of, api_parting, called, lint_subset, more_often, op_text,
+                                          went_alone, why_all)
 from ddp_doctor.diagnose.blame import agreement, group_members, not_members_passed, odd_ones_out, thread_ran_on
 from ddp_doctor.diagnose.common import (FIX_101, FIX_201, FIX_202, FIX_203, lint_flagged, lint_line, loc, others_text, ranks_of,
                                         step_evidence, user_frame, where)
-from ddp_doctor.diagnose.sizes import explain as explain_sizes, tensor_shapes
+from ddp_doctor.diagnose.sizes import explain as explain_sizes
 from ddp_doctor.diagnose.steps import uneven_steps
 
 FIX_203_GROUP = runtime_fix("DDP203.group")
@@ -266,7 +268,7 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
         fix = FIX_203_GROUP
     else:
         sized = explain_sizes(calls, len(ranks))
-        differs = (sized.text or _differs(calls)) if sized else _differs(calls)
+        differs = (sized.text or differs_text(calls)) if sized else differs_text(calls)
         if differs:  # the tensors are spelled out there, rank by rank
             calls_txt = "; ".join(f"rank {r}: {_call_text(c, group, seq, tensors=False)}"
                                   for r, c in sorted(calls.items()) if c)
@@ -277,49 +279,6 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
     if fix is FIX_203_NOT_MEMBER:
         ev[NOT_MEMBER] = sorted(fault)
     return Finding(code, msg, fix, location=loc(site), ranks=sorted(fault), evidence=ev)
-
-
-def _shape(s: str) -> str:
-    """The probe's "10x3" as "[10, 3]"; a list of tensors "[4,4]" as "[4], [4]"."""
-    if s.startswith("["):
-        return ", ".join(_shape(x) if x != "..." else "..." for x in s[1:-1].replace("...", ",...").split(",") if x)
-    return "[]" if s == "scalar" else "[" + ", ".join(s.split("x")) + "]"
-
-
-def tensors_text(c: Collective) -> str:
-    """A call's tensors in the user's words: "float32 [4]", a list as "list of float32 [50], [50]"."""
-    parts = []
-    for i, s in enumerate(c.shapes):
-        if "=" in s:  # a size the probe recorded (split sizes, a list's length), not a tensor
-            parts.append(s)
-            continue
-        dt = c.dtypes[i] if i < len(c.dtypes) else "?"
-        parts.append(f"list of {dt} {_shape(s)}" if s.startswith("[") else f"{dt} {_shape(s)}")
-    return " and ".join(parts)
-
-
-def _differs(calls: dict[int, Collective | None]) -> str:
-    """" They pass different dtypes: rank 0: float32 [4], rank 1: float64 [4]." — each rank's tensors."""
-    known = {r: c for r, c in calls.items() if c}
-    if len({c.op for c in known.values()}) > 1 or len(known) < 2:
-        return ""
-    sigs = {r: (c.shapes, c.dtypes) for r, c in known.items() if c.shapes or c.dtypes}
-    if not sigs:  # no tensors (a barrier), or none recorded: nothing to spell out
-        return ""
-    what = []
-    if len({d for d in (dt for _sh, dt in sigs.values())}) > 1:
-        what.append("dtypes")
-    if len({tensor_shapes(known[r]) for r in sigs}) > 1:
-        what.append("shapes")
-    if len({tuple(x for x in sh if x.startswith(ROOT)) for sh, _dt in sigs.values()}) > 1:
-        what.append("roots (src/dst: every rank must name the same one)")
-    texts = {r: tensors_text(c) if r in sigs else "not recorded (the process died before its probe could post it)"
-             for r, c in known.items()}
-    sep = "; " if any("," in t for t in texts.values()) else ", "
-    each = sep.join(f"rank {r}: {t}" for r, t in sorted(texts.items()))
-    if what:
-        return f" They pass different {' and '.join(what)}: {each}."
-    return f" Their tensors: {each}." if len(sigs) < len(known) else ""
 
 
 def _left_loop_early(ranks, calls, fault, site, lint, group, seq) -> Finding | None:
@@ -378,7 +337,10 @@ def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Finding]:
         return [parted]
     longer = more_often(calls, ranks)
     if longer is not None:
-        return [_ran_longer(longer, calls, ranks, d.group, d.seq)]
+        # ahead at a shared line because another went alone into an API under a branch on the rank first?
+        alone = went_alone(ranks)
+        return [_went_alone_finding(alone, calls, ranks, d.group, d.seq) if alone is not None
+                else _ran_longer(longer, calls, ranks, d.group, d.seq)]
     code, fault, site = classify_calls(calls, ranks)
     if code == "DDP203" and (flagged := lint_subset(calls, ranks, lint)):
         code, fault, site = "DDP201", flagged, calls[flagged[0]].site
@@ -388,6 +350,21 @@ def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Finding]:
             return [early]
     return [finding_for_calls(code, fault, site, calls, ranks, d.group, d.seq,
                                "Detected as it happened, before any timeout")]
+
+
+def _went_alone_finding(alone, calls, ranks, group, seq) -> Finding:
+    """DDP201 for ranks that entered an API at a line inside a branch on the rank the others never ran."""
+    fault, sc = alone
+    c = Collective(group, None, sc.op, site=sc.site)
+    calls_txt = "; ".join(f"rank {r}: {_call_text(x, group, seq)}" for r, x in sorted(calls.items()) if x)
+    msg = (f"Rank {', '.join(map(str, fault))} {called(c, sc.site)} ({sc.calls} {sc.op} call"
+           f"{'s' * (sc.calls != 1)} there), a line inside a branch on the rank that the other ranks never ran: its "
+           f"collectives paired with the others' unrelated ones; {others_text(ranks, set(fault))}.{why_all(c)} "
+           f"It showed as a mismatch, before any timeout, at collective #{seq} on {group} ({calls_txt}).")
+    ev = {"group": group, "seq": seq, "calls": {str(r): x for r, x in calls.items() if x},
+          "alone_at": {"site": sc.site, "op": sc.op, "calls": sc.calls}, **step_evidence(ranks)}
+    return Finding("DDP201", msg, api_fix(api_of(c)) or FIX_201, location=loc(sc.site), ranks=list(fault),
+                   evidence=ev)
 
 
 def _ran_longer(longer: tuple[list[int], str], calls, ranks, group, seq) -> Finding:
