@@ -42,22 +42,29 @@ def test_a_poisoned_counter_is_refused_and_the_channel_keeps_working(secret):
     assert ch.add(side.NEWS, 1) == 1
     evil = _stranger(port)
     for poison in ("poison", "", "9" * 30):  # (torch's stoll fails on each: text, nothing, past int64)
-        evil.set(ch.counter_key(side.NEWS), poison)
+        _written(evil, ch.counter_key(side.NEWS), poison)
         for _ in range(3):
             with pytest.raises(Rejected, match="not a counter"):
                 ch.add(side.NEWS, 0)
     assert ch.stats.rejected_by_key == {side.NEWS: {"not a counter": 3}}
     assert len([ln for ln in lines if "not a counter" in ln]) == 1
-    evil.set(ch.counter_key(side.NEWS), "41")
+    _written(evil, ch.counter_key(side.NEWS), "41")
     assert ch.add(side.NEWS, 1) == 42
     ch.set(side.rank_key(0), "{}")  # the connection is intact: no call was made that the server drops
     assert ch.peek(side.rank_key(0)) == b"{}" and not ch.stats.tampered and not ch.lost
 
 
+def _written(client, key: str, value: str) -> None:
+    """Set, and read back on the same connection: a store client's set is not answered, so a read from another
+    connection could otherwise reach the server first."""
+    client.set(key, value)
+    client.get(key)
+
+
 def test_a_host_whose_server_drops_its_connection_connects_afresh_and_records_it():
     ch, port = side.host_store(0, secret=b"s" * 32)
     ch._log = lambda m: None
-    _stranger(port).set("ddpd/x", "text")
+    _written(_stranger(port), "ddpd/x", "text")
     before = time.time()
     with pytest.raises(Exception):
         ch._call(lambda s: s.add("ddpd/x", 1))  # what an add racing the stranger's write meets: dropped
@@ -72,7 +79,7 @@ def test_a_host_that_cannot_renew_is_lost_from_then_and_says_so():
     ch, port = side.host_store(0, secret=b"s" * 32)
     ch._log = lines.append
     ch._renew = lambda: (_ for _ in ()).throw(ConnectionRefusedError("no"))
-    _stranger(port).set("ddpd/x", "text")
+    _written(_stranger(port), "ddpd/x", "text")
     with pytest.raises(Exception):
         ch._call(lambda s: s.add("ddpd/x", 1))
     assert ch.lost and ch.stats.lost_at is not None and ch.stats.tampered[0]["renewed"] is False
