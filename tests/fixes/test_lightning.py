@@ -1,7 +1,7 @@
 """DDPDoctorCallback with the real Lightning package on 2 CPU ranks (skipped, visibly, without Lightning)."""
 import pytest
 
-pytest.importorskip("lightning", reason="lightning not installed (pip install 'ddp-doctor[lightning]')")
+import lightning  # noqa: E402,F401 (a test dependency: missing, it must fail loudly)
 from multirank import run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)

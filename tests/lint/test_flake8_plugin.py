@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("flake8")
+import flake8  # noqa: E402,F401 (a test dependency: missing, it must fail loudly)
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 PYPROJECT = SRC.parent / "pyproject.toml"

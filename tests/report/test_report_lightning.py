@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("lightning", reason="lightning not installed (pip install 'lightning>=2.2' 'torch==<yours>')")
+import lightning  # noqa: E402,F401 (a test dependency: missing, it must fail loudly)
 try:
     import ddp_doctor.cli.run  # noqa: F401
 except ImportError:  # pragma: no cover

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-jsonschema = pytest.importorskip("jsonschema")
+import jsonschema  # noqa: E402 (a test dependency: missing, it must fail loudly)
 
 from ddp_doctor.report import REPORT_JSON_SCHEMA  # noqa: E402
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-psutil = pytest.importorskip("psutil")
-jsonschema = pytest.importorskip("jsonschema")
+import psutil  # noqa: E402 (a dependency: missing, it must fail loudly)
+import jsonschema  # noqa: E402 (a test dependency: missing, it must fail loudly)
 
 from ddp_doctor.report import REPORT_JSON_SCHEMA  # noqa: E402
 

@@ -16,8 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "scenarios"))
-manifest = pytest.importorskip("manifest")
-jsonschema = pytest.importorskip("jsonschema")
+import manifest  # noqa: E402 (tests/scenarios, put on the path above)
+import jsonschema  # noqa: E402 (a test dependency: missing, it must fail loudly)
 
 from ddp_doctor.report import REPORT_JSON_SCHEMA  # noqa: E402
 
