@@ -25,7 +25,8 @@ from typing import Any
 
 from ddp_doctor.attach.classify import StackActivity, classify
 from ddp_doctor.diagnose.blame import blame_calls, lint_code_at, lint_rank_conditional
-from ddp_doctor.diagnose import provenance
+from ddp_doctor.diagnose.draft import Draft
+from ddp_doctor.diagnose.wording import decided
 from ddp_doctor.diagnose.common import loc, where
 from ddp_doctor.evidence import Collective, LintMark, RankState, Site
 from ddp_doctor.findings import Finding, runtime_fix
@@ -215,7 +216,7 @@ def diagnose(dumps: list[RankDump], lint: tuple[LintMark, ...] | None = None
         last[d.rank] = max(coll, key=lambda e: e.seq) if coll else None
         for e in coll:
             by_group.setdefault(e.group, {}).setdefault(d.rank, {})[e.seq] = e
-    findings: list[Finding] = []
+    findings: list[Draft] = []
     desync = False
     flags = lint_rank_conditional(e.activity.site.path for d in dumps for e in d.entries if e.activity.site) \
         if lint is None else lint
@@ -249,17 +250,17 @@ def diagnose(dumps: list[RankDump], lint: tuple[LintMark, ...] | None = None
             recent = sorted((e for e in holder.entries if not e.is_p2p and e.group == ref.group),
                             key=lambda e: e.seq)[-3:]
             msg += (f" Rank {holder.rank}'s last recorded collectives: " + "; ".join(_desc(e) for e in recent) + ".")
-        findings.append(Finding("DDP204", msg, runtime_fix("DDP204.no-dump"),
-                                location=_loc(ref) if ref else None, ranks=missing,
-                                severity="error" if not findings else "warning",
-                                evidence={"missing_dumps": missing}))
+        findings.append(Draft("DDP204", msg, runtime_fix("DDP204.no-dump"),
+                              location=_loc(ref) if ref else None, ranks=missing,
+                              severity="error" if not findings else "warning",
+                              evidence={"missing_dumps": missing}))
     verdict = ("desync" if desync else "hang") if any(f.severity.value == "error" for f in findings) else "ok"
     # where the ranks parted, as run and attach say it: each rank stands at its last recorded call's stack
     standing = {r: RankState(rank=r, stack=e.frames) for r, e in last.items() if e is not None}
-    return verdict, provenance.with_decisions(findings, standing), last
+    return verdict, decided(findings, standing), last
 
 
-def _disagreement(seq, there: dict[int, Entry], lint: tuple[LintMark, ...]) -> Finding:
+def _disagreement(seq, there: dict[int, Entry], lint: tuple[LintMark, ...]) -> Draft:
     """Ranks recorded different calls at one sequence number: the odd ones out, by the one policy
     (``diagnose.blame``)."""
     b = blame_calls({r: e.collective() for r, e in there.items()}, lint)
@@ -279,14 +280,14 @@ def _disagreement(seq, there: dict[int, Entry], lint: tuple[LintMark, ...]) -> F
             msg = (f"{head} calls: {per_rank}. {'Rank' if len(b.ranks) == 1 else 'Ranks'} "
                    f"{', '.join(map(str, b.ranks))} called {e.op} where the other ranks were in DDP's own "
                    f"{internal.op} (the training step): a collective only some ranks reach.")
-        return Finding(b.code, msg, fix, location=loc(b.site), ranks=list(b.ranks), evidence=ev)
+        return Draft(b.code, msg, fix, location=loc(b.site), ranks=list(b.ranks), evidence=ev)
     what = "ops" if len({x.op for x in there.values()}) > 1 else (
         "shapes" if len({x.input_sizes for x in there.values()}) > 1 else "dtypes")
     msg = f"{head} {what}: {per_rank}. The ranks paired calls that do not match (hang, crash or silently wrong data)."
-    return Finding("DDP203", msg, FIX_203, location=loc(b.site), ranks=list(b.ranks), evidence=ev)
+    return Draft("DDP203", msg, FIX_203, location=loc(b.site), ranks=list(b.ranks), evidence=ev)
 
 
-def _behind(seq, there: dict[int, Entry], behind: list[int], per_rank, lint: tuple[LintMark, ...]) -> Finding:
+def _behind(seq, there: dict[int, Entry], behind: list[int], per_rank, lint: tuple[LintMark, ...]) -> Draft:
     e = next(iter(there.values()))
     ahead = sorted(there)
     lasts = {r: per_rank[r][max(per_rank[r])] for r in behind}
@@ -300,13 +301,13 @@ def _behind(seq, there: dict[int, Entry], behind: list[int], per_rank, lint: tup
                "never "
                f"reached ({was}); ddp-doctor lint flags that line as {code} (reached under a rank-dependent "
                "condition).")
-        return Finding(code, msg, FIX_201 if code == "DDP201" else FIX_202, location=_loc(e), ranks=ahead,
-                       evidence=ev)
+        return Draft(code, msg, FIX_201 if code == "DDP201" else FIX_202, location=_loc(e), ranks=ahead,
+                     evidence=ev)
     msg = (f"{'Rank' if len(behind) == 1 else 'Ranks'} {', '.join(map(str, behind))} never reached collective #{seq} "
            f"({_desc(e)}, entered by rank {', '.join(map(str, ahead))}): {was}, so it stalled outside collectives "
            "after that line (data loading, I/O, a lock) or ended.")
     site = lasts[behind[0]]
-    return Finding("DDP205", msg, runtime_fix("DDP205.stall"), location=_loc(site), ranks=behind, evidence=ev)
+    return Draft("DDP205", msg, runtime_fix("DDP205.stall"), location=_loc(site), ranks=behind, evidence=ev)
 
 
 def build_report(directory: str, dumps: list[RankDump]) -> dict[str, Any]:

@@ -130,12 +130,13 @@ def test_a_diagnosis_that_raises_keeps_the_stacks_in_run_and_attach(monkeypatch)
     samples' (every live rank stuck: hang), both with no finding and the error in words."""
     from ddp_doctor import diagnose as run_core
     from ddp_doctor.attach import assess
+    from ddp_doctor.diagnose import core
 
     def broken(*_a, **_k):
         raise KeyError("site")
 
     cap = _capture("rank0_barrier")
-    monkeypatch.setattr(run_core.provenance, "with_decisions", broken)
+    monkeypatch.setattr(core, "decided", broken)
     monkeypatch.setattr(assess, "_assess", broken)
     verdict, findings, error = run_core.diagnose_guarded(cap.evidence, cap.decision, cap.failures)
     assert (verdict, findings) == ("hang", []) and error.startswith("KeyError: 'site' at ")

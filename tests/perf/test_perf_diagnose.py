@@ -22,7 +22,7 @@ def test_data_bound(timeline):
     [f] = diagnose_perf(ev)
     assert f.code == "DDP401" and f.severity.value == "warning" and f.ranks == [0, 1]
     assert f.location.path == "/job/train.py" and f.location.line == 12
-    assert "num_workers=0" in f.message and "batch_size=32" in f.message
+    assert "num_workers=0" in f.said and "batch_size=32" in f.said
     assert "num_workers=3" in f.fix  # 8 CPUs / 2 ranks per node = 4, one kept for the training process
     assert f.evidence["share"][0] == pytest.approx(0.06 / 0.085, abs=0.01)
     assert f.evidence["recommended_num_workers"] == 3
@@ -45,7 +45,7 @@ def test_data_bound_mentions_oversubscribed_node():
     a["loadavg"] = [12.0, 9.0, 5.0]
     [f] = [f for f in diagnose_perf(evidence(a, rank_state(1, data=0.06, num_workers=2), cpu_count=2))
            if f.code == "DDP401"]
-    assert "oversubscribed" in f.message and f.evidence["overloaded_load"] == 12.0
+    assert "oversubscribed" in f.said and f.evidence["overloaded_load"] == 12.0
 
 
 def test_recommend_workers():
@@ -72,7 +72,7 @@ def test_straggler_compute():
     assert len(fs) == 1
     f = fs[0]
     assert f.ranks == [1] and f.evidence["phase"] == "compute"
-    assert "rank 1" in f.message and "compute" in f.message and "+40 ms" in f.message
+    assert "rank 1" in f.said and "compute" in f.said and "+40 ms" in f.said
     assert f.evidence["consistency"] == 1.0
 
 

@@ -49,7 +49,7 @@ def test_torch_load_blamed_ddp301():
     ev["gpu"] = gpu.snapshot(FakeNVML(_gpus(*SEED002)), host="node0")
     [f] = [f for f in diagnose_perf(ev) if f.code in ("DDP301", "DDP302")]
     assert f.code == "DDP301" and f.ranks == [1] and f.location.line == 20
-    assert "GPU 0" in f.message and "rank 0's GPU" in f.message and "600 MiB" in f.message
+    assert "GPU 0" in f.said and "rank 0's GPU" in f.said and "600 MiB" in f.said
     assert "load_checkpoint" in f.fix
 
 
@@ -60,7 +60,7 @@ def test_cuda_before_set_device_ddp302():
     ev["gpu"] = gpu.snapshot(FakeNVML(_gpus(*SEED002)), host="node0")
     [f] = [f for f in diagnose_perf(ev) if f.code in ("DDP301", "DDP302")]
     assert f.code == "DDP302" and f.ranks == [1] and f.location.line == 8
-    assert "before torch.cuda.set_device" in f.message
+    assert "before torch.cuda.set_device" in f.said
 
 
 def test_clean_twin_no_finding():

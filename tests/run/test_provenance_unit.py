@@ -11,7 +11,9 @@ import torch
 
 from ddp_doctor.diagnose import provenance
 from ddp_doctor.evidence import FrameValues, RankState, Site, ThreadStack
-from ddp_doctor.findings import Finding, Location
+from ddp_doctor.diagnose.draft import Draft
+from ddp_doctor.diagnose.wording import decided
+from ddp_doctor.findings import Location
 from ddp_doctor.probe import frame_values
 
 
@@ -163,8 +165,8 @@ def test_a_lint_located_continue_gets_its_condition_and_values(tmp_path):
     dec = _line(path, "# decision")
     ranks = {1: _rank(1, [Site(path, dec + 2, "main")], {"main": {"batch": "None"}}),
              0: _rank(0, [Site(path, dec + 2, "main")], {"main": {"batch": "tensor float32 [8, 3] on cpu"}})}
-    f = Finding("DDP101", "Rank 1 ran fewer steps.", "fix", location=Location(path, dec, None), ranks=[1])
-    provenance.with_decisions([f], ranks)
+    f = Draft("DDP101", "Rank 1 ran fewer steps.", "fix", location=Location(path, dec, None), ranks=[1])
+    [f] = decided([f], ranks)
     assert f.location.line == dec and f.evidence["decision"]["kind"] == "continue"
     # lint located it, no stack showed the ranks part there: the message says so, and claims no rank's way
     assert f.message.startswith("No stack shows where the ranks parted; ddp-doctor lint located a rank-local "
@@ -182,8 +184,8 @@ def test_finding_moves_to_the_decision_and_keeps_where_it_showed(tmp_path):
     """)
     dec, r0, r1 = _line(path, "# decision"), _line(path, "# rank0"), _line(path, "# rank1")
     ranks = {0: _rank(0, [Site(path, r0, "main")]), 1: _rank(1, [Site(path, r1, "main")])}
-    f = Finding("DDP201", "Rank 0 called barrier() alone.", "fix", location=Location(path, r0, "main"), ranks=[0])
-    provenance.with_decisions([f], ranks)
+    f = Draft("DDP201", "Rank 0 called barrier() alone.", "fix", location=Location(path, r0, "main"), ranks=[0])
+    [f] = decided([f], ranks)
     assert f.location.line == dec and f.evidence["showed_at"]["line"] == r0
     assert f.message.endswith("Rank 0 called barrier() alone.")
 
@@ -222,9 +224,9 @@ def test_a_rank_finished_while_the_other_went_alone_into_a_rank_branch(tmp_path)
     """)
     dec, r0 = _line(path, "# decision"), _line(path, "# rank0")
     ranks = {0: _rank(0, [Site(path, r0, "main")]), 1: RankState(rank=1, done=True)}
-    f = Finding("DDP204", "Rank 1 finished while the others still wait.", "fix", location=Location(path, r0, "main"),
+    f = Draft("DDP204", "Rank 1 finished while the others still wait.", "fix", location=Location(path, r0, "main"),
                 ranks=[1])
-    provenance.with_decisions([f], ranks)
+    [f] = decided([f], ranks)
     assert f.location.line == dec and f.evidence["showed_at"]["line"] == r0
     assert f.evidence["decision"]["ways"] == {"0": "went into it", "1": "did not"}
 
@@ -237,8 +239,8 @@ def test_a_crash_keeps_its_raise_line(tmp_path):
     """)
     at = _line(path, "# raise")
     ranks = {1: RankState(rank=1, stack=(Site(path, at, "main"),)), 0: _rank(0, [Site(path, at - 2, "main")])}
-    f = Finding("DDP204", "Rank 1 failed.", "fix", location=Location(path, at, "main"), ranks=[1])
-    provenance.with_decisions([f], ranks)
+    f = Draft("DDP204", "Rank 1 failed.", "fix", location=Location(path, at, "main"), ranks=[1])
+    [f] = decided([f], ranks)
     assert f.location.line == at and "decision" not in f.evidence
 
 
@@ -253,9 +255,9 @@ def test_a_group_not_its_own_is_blamed_where_it_was_chosen(tmp_path):
     """)
     dec, at = _line(path, "# decision"), _line(path, "# showed")
     ranks = {r: _rank(r, [Site(path, at - 2, "main")], {"main": {"rank": str(r)}}) for r in range(4)}
-    f = Finding("DDP203", "Ranks 1, 2 passed a group they are not in.", "fix", location=Location(path, at, "main"),
-                ranks=[1, 2], evidence={"not_member": [1, 2]})
-    provenance.with_decisions([f], ranks)
+    f = Draft("DDP203", "Ranks 1, 2 passed a group they are not in.", "fix", location=Location(path, at, "main"),
+                ranks=[1, 2], not_member=True)
+    [f] = decided([f], ranks)
     assert f.location.line == dec and f.evidence["decision"]["kind"] == "value"
     assert f.message.startswith("The ranks parted at `pair = pairs[rank % 2]`")
     assert "ranks 1, 2 got a group without this rank; ranks 0, 3 got a group with this rank" in f.message
@@ -310,14 +312,14 @@ def test_a_collective_inside_an_arm_that_comes_back_is_one_only_some_ranks_make(
     dec, r0, r1 = _line(path, "# decision"), _line(path, "# rank0"), _line(path, "# rank1")
     ranks = {0: _rank(0, [Site(path, r0, "main")], {"main": {"val_loss": "0.6", "best": "0.5"}}),
              1: _rank(1, [Site(path, r1, "main")], {"main": {"val_loss": "0.4", "best": "0.4"}})}
-    f = Finding("DDP203", "At collective #18 on world the ranks disagree: ...", "fix",
+    f = Draft("DDP203", "At collective #18 on world the ranks disagree: ...", "fix",
                 location=Location(path, r0, "main"), ranks=[0, 1])
-    [g] = provenance.with_decisions([f], ranks)
+    [g] = decided([f], ranks)
     assert (g.code, g.ranks, g.location.line) == ("DDP201", [1], dec)
     a, b = _line(path, "# a"), _line(path, "# b")
     ranks = {0: _rank(0, [Site(path, a, "resume")]), 1: _rank(1, [Site(path, b, "resume")])}
-    f = Finding("DDP203", "At collective #0 ...", "fix", location=Location(path, a, "resume"), ranks=[0, 1])
-    [g] = provenance.with_decisions([f], ranks)
+    f = Draft("DDP203", "At collective #0 ...", "fix", location=Location(path, a, "resume"), ranks=[0, 1])
+    [g] = decided([f], ranks)
     assert (g.code, g.ranks, g.location.line) == ("DDP203", [0, 1], _line(path, "# other"))
 
 
@@ -417,8 +419,8 @@ def test_a_rank_that_failed_is_placed_by_its_traceback(tmp_path):
     ranks = {0: RankState(rank=0, exc=RaisedError("RuntimeError", "Connection closed by peer", "builtins",
                                                   Site(path, at, "validate"), tb, True, waited)),
              1: RankState(rank=1, done=True)}
-    f = Finding("DDP202", "Rank 0 ran the DDP model alone.", "fix", location=Location(path, at, "validate"), ranks=[0])
-    provenance.with_decisions([f], ranks)
+    f = Draft("DDP202", "Rank 0 ran the DDP model alone.", "fix", location=Location(path, at, "validate"), ranks=[0])
+    [f] = decided([f], ranks)
     assert f.location.line == dec and f.evidence["decision"]["kind"] == "if"
 
 
@@ -483,8 +485,8 @@ def test_a_rank_local_no_sync_choice_is_the_decision(tmp_path):
     dec, r0, r1 = _line(path, "# decision"), _line(path, "# rank0"), _line(path, "# rank1")
     ranks = {0: _in_grad_sync(_rank(0, [Site(path, r0, "main")], {"main": {"tokens": "40"}}), 48, 12),
              1: _in_grad_sync(_rank(1, [Site(path, r1, "main")], {"main": {"tokens": "101", "sync_now": "True"}}), 46, 13)}
-    f = Finding("DDP101", "Ranks ran different numbers of steps.", "", location=Location(path, r1, "main"), ranks=[0])
-    provenance.with_decisions([f], ranks)
+    f = Draft("DDP101", "Ranks ran different numbers of steps.", "", location=Location(path, r1, "main"), ranks=[0])
+    [f] = decided([f], ranks)
     d = f.evidence["decision"]
     assert f.location.line == dec and d["kind"] == "value" and "model.no_sync()" in d["condition"]
     assert d["ways"] == {"1": "synced gradients after 13 of 46 forwards", "0": "synced gradients after 12 of 48 forwards"}

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import textwrap
 
-from ddp_doctor.diagnose import joined, provenance
+from ddp_doctor.diagnose import joined
+from ddp_doctor.diagnose.draft import Draft
+from ddp_doctor.diagnose.wording import decided
 from ddp_doctor.evidence import (Collective, RaisedError, ExitStatus, JobEvidence, LoaderState, RankState, Site,
                                  SkippedSync)
-from ddp_doctor.findings import Finding, Location
+from ddp_doctor.findings import Location
 
 
 def _script(tmp_path, text: str, name: str = "train.py") -> str:
@@ -43,9 +45,9 @@ def test_a_rank_that_skipped_steps_left_the_loop_at_its_continue(tmp_path):
     stayed = [Site(path, _line(path, "loss.backward"), "main")]
     ranks = {0: _with_skips(RankState(rank=0, stack=tuple(left)), 1),
              1: _with_skips(RankState(rank=1, stack=tuple(stayed)), 0)}
-    f = Finding("DDP201", "Rank 0 called all_reduce ...", "", location=Location(path, left[0].line, "main"),
+    f = Draft("DDP201", "Rank 0 called all_reduce ...", "", location=Location(path, left[0].line, "main"),
                 ranks=[0])
-    out = provenance.with_decisions([f], ranks)[0]
+    out = decided([f], ranks)[0]
     assert out.location.line == _line(path, "continue")
     assert out.evidence["decision"]["kind"] == "continue"
 
@@ -55,8 +57,8 @@ def test_equal_skips_and_no_counts_claim_nothing_about_the_loop(tmp_path):
     path = _script(tmp_path, LOOP)
     ranks = {0: _with_skips(RankState(rank=0, stack=(Site(path, _line(path, "dist.all_reduce"), "main"),)), 0),
              1: _with_skips(RankState(rank=1, stack=(Site(path, _line(path, "loss.backward"), "main"),)), 0)}
-    f = Finding("DDP201", "m", "", location=Location(path, _line(path, "dist.all_reduce"), "main"), ranks=[0])
-    out = provenance.with_decisions([f], ranks)[0]
+    f = Draft("DDP201", "m", "", location=Location(path, _line(path, "dist.all_reduce"), "main"), ranks=[0])
+    out = decided([f], ranks)[0]
     assert out.location.line == _line(path, "dist.all_reduce")
     assert "different number" not in out.message and "decision" not in out.evidence
 
@@ -82,8 +84,8 @@ def test_a_loop_over_loaders_of_different_lengths_says_the_lengths(tmp_path):
                           loaders=(_loader(path, 3, 3),), train_loader=0),
              1: RankState(rank=1, stack=(Site(path, _line(path, "backward"), "main"),), in_collective=back,
                           loaders=(_loader(path, 4, 4),), train_loader=0)}
-    f = Finding("DDP201", "m", "", location=Location(path, _line(path, "dist.all_reduce"), "main"), ranks=[0])
-    out = provenance.with_decisions([f], ranks)[0]
+    f = Draft("DDP201", "m", "", location=Location(path, _line(path, "dist.all_reduce"), "main"), ranks=[0])
+    out = decided([f], ranks)[0]
     assert out.location.line == _line(path, "for batch in loader")
     assert "len() is 3 on rank 0 and 4 on rank 1" in out.message
     # the rank that left a training loop early is the culprit of uneven steps: DDP101, not DDP201
@@ -101,8 +103,8 @@ def test_a_rank_above_the_loop_never_left_it(tmp_path):
     """)
     ranks = {0: RankState(rank=0, stack=(Site(path, _line(path, "dist.barrier"), "main"),)),
              1: RankState(rank=1, stack=(Site(path, _line(path, "backward"), "main"),))}
-    f = Finding("DDP201", "m", "", location=Location(path, _line(path, "dist.barrier"), "main"), ranks=[0])
-    out = provenance.with_decisions([f], ranks)[0]
+    f = Draft("DDP201", "m", "", location=Location(path, _line(path, "dist.barrier"), "main"), ranks=[0])
+    out = decided([f], ranks)[0]
     assert out.location.line == _line(path, "if rank == 0")
     assert "left the loop" not in out.message
 
@@ -121,9 +123,9 @@ def test_a_forward_with_no_backward_is_blamed_at_the_exit_after_it(tmp_path):
     fwd = Site(path, _line(path, "self.model(batch)"), "step")
     ranks = {0: RankState(rank=0, skipped_syncs=(SkippedSync(3, fwd, 0),), syncs_skipped=1),
              1: RankState(rank=1, stack=(Site(path, _line(path, "loss.backward"), "step"),))}
-    f = Finding("DDP101", "m", "", location=Location(path, _line(path, "loss.backward"), "step"), ranks=[0],
-                evidence={"cause": "sync"})
-    out = provenance.with_decisions([f], ranks)[0]
+    f = Draft("DDP101", "m", "", location=Location(path, _line(path, "loss.backward"), "step"), ranks=[0],
+              after_forward=True)
+    out = decided([f], ranks)[0]
     assert out.location.line == _line(path, "return None")  # not the `return 0` before the forward
 
 
@@ -259,8 +261,8 @@ def test_a_rank_without_a_stack_stands_where_it_waits_and_left_the_loop_at_its_b
     back = Collective("world", 7, "ddp.backward(allreduce_grads)", (), (), Site(path, _line(path, "backward"), "main"))
     ranks = {0: RankState(rank=0, in_collective=wait),
              1: RankState(rank=1, stack=(Site(path, _line(path, "backward"), "main"),), in_collective=back)}
-    f = Finding("DDP201", "m", "", location=Location(path, wait.site.line, "main"), ranks=[0])
-    out = provenance.with_decisions([f], ranks)[0]
+    f = Draft("DDP201", "m", "", location=Location(path, wait.site.line, "main"), ranks=[0])
+    out = decided([f], ranks)[0]
     assert out.location.line == _line(path, "break")
     assert out.code == "DDP101" and out.ranks == [0]
 
@@ -285,7 +287,7 @@ def test_a_rank_that_finished_with_fewer_steps_left_the_loop_through_its_skip(tm
     back = Collective("world", 14, "ddp.backward(allreduce_grads)", (), (), Site(path, _line(path, "backward"), "main"))
     ranks = {0: RankState(rank=0, step=13, done=True),
              1: RankState(rank=1, step=13, stack=(Site(path, _line(path, "backward"), "main"),), in_collective=back)}
-    f = Finding("DDP101", "m", "", location=Location(path, _line(path, "break"), "main"), ranks=[0])
-    out = provenance.with_decisions([f], ranks)[0]
+    f = Draft("DDP101", "m", "", location=Location(path, _line(path, "break"), "main"), ranks=[0])
+    out = decided([f], ranks)[0]
     assert out.location.line == _line(path, "continue")
     assert "left the loop after 13 optimizer steps" in out.message and "in step 14" in out.message

@@ -4,6 +4,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from ddp_doctor.evidence import Collective, ExitStatus, JobEvidence, RaisedError, RankState, Site, Timing
+from ddp_doctor.diagnose.blame import lint_mark
+from ddp_doctor.diagnose.draft import Draft
+from ddp_doctor.diagnose.wording import decided
 from ddp_doctor.findings import Finding, Location
 from ddp_doctor.session.assemble import confirm_lint, crash_exit_code, live_rows, rank_entry
 from ddp_doctor.watcher.views import RankView
@@ -24,22 +27,30 @@ def test_rank_entry_states_and_fields():
         "exit_code": None, "signal": None}
 
 
+def _confirmed(runtime: Draft, lint: list[Finding]) -> tuple[dict, list[dict]]:
+    """The runtime finding worded with lint's marks, and lint's report dicts after the report confirms them."""
+    [f] = decided([runtime], {}, tuple(lint_mark(x) for x in lint))
+    out, lint_dicts = f.to_report_dict(), [x.to_report_dict() for x in lint]
+    confirm_lint([out], lint_dicts)
+    return out, lint_dicts
+
+
 def test_runtime_finding_confirms_lint_on_the_same_line_and_hazard():
-    runtime = [Finding("DDP202", "m", "f", location=Location("/node1/train.py", 20)).to_report_dict()]
-    lint = [Finding("DDP201", "lm", "lf", location=Location("train.py", 20)).to_report_dict(),
-            Finding("DDP401", "lm", "lf", location=Location("train.py", 20)).to_report_dict()]
-    confirm_lint(runtime, lint)
+    runtime, lint = _confirmed(Draft("DDP202", "m", "f", location=Location("/node1/train.py", 20)),
+                               [Finding("DDP201", "lm", "lf", location=Location("train.py", 20)),
+                                Finding("DDP401", "lm", "lf", location=Location("train.py", 20))])
     assert lint[0]["confirmed_by_runtime"] == "DDP202" and lint[0]["severity"] == "error"
     assert "confirmed_by_runtime" not in lint[1]
-    assert runtime[0]["evidence"]["lint"]["code"] == "DDP201" and "came true" in runtime[0]["message"]
+    assert runtime["evidence"]["lint"]["code"] == "DDP201" and runtime["evidence"]["lint"]["message"] == "lm"
+    assert runtime["message"] == ("m ddp-doctor lint flagged this line before the run (DDP201): the static warning "
+                                  "came true.")
 
 
 def test_advice_seen_happen_stays_advice():
     """Workers restarted each epoch, seen by lint and measured at run time: still advice, not an error."""
-    runtime = [Finding("DDP403", "m", "f", location=Location("/x/train.py", 35)).to_report_dict()]
-    lint = [Finding("DDP403", "lm", "lf", location=Location("train.py", 35)).to_report_dict()]
-    assert runtime[0]["severity"] == "info"
-    confirm_lint(runtime, lint)
+    runtime, lint = _confirmed(Draft("DDP403", "m", "f", location=Location("/x/train.py", 35)),
+                               [Finding("DDP403", "lm", "lf", location=Location("train.py", 35))])
+    assert runtime["severity"] == "info"
     assert lint[0]["confirmed_by_runtime"] == "DDP403" and lint[0]["severity"] == "info"
 
 

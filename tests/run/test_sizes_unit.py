@@ -75,5 +75,5 @@ def test_a_gloo_abort_is_the_cause_and_the_reset_after_it_the_consequence():
     peer = RankState(rank=0, exc=reset, exit=ExitStatus(1))
     out = diagnose_exit(JobEvidence(world_size=2, ranks={0: peer, 1: aborted}), Verdict("exit"))
     assert [f.ranks for f in out] == [[1]]
-    assert "aborted by gloo (SIGABRT) inside all_gather_single" in out[0].message
-    assert "root cause" not in out[0].message
+    assert "aborted by gloo (SIGABRT) inside all_gather_single" in out[0].said
+    assert "root cause" not in out[0].said

@@ -19,7 +19,9 @@ from typing import Sequence
 from ddp_doctor.attach.classify import StackActivity, is_user, to_collective
 from ddp_doctor.attach.sample import SampledRank
 from ddp_doctor.diagnose.blame import agreement, blame_calls, lint_code_at, lint_rank_conditional
-from ddp_doctor.diagnose import failure_text, provenance
+from ddp_doctor.diagnose import failure_text
+from ddp_doctor.diagnose.draft import Draft
+from ddp_doctor.diagnose.wording import decided
 from ddp_doctor.diagnose.common import loc, user_frame, where
 from ddp_doctor.evidence import LintMark, RankState
 from ddp_doctor.findings import Finding, runtime_fix
@@ -75,7 +77,7 @@ def diagnose(views: list[SampledRank], world_size: int, whole_job_here: bool,
     verdict, findings = _assess(views, world_size, whole_job_here, lint)
     ranks = {v.proc.rank: RankState(rank=v.proc.rank, stack=tuple(v.stack.frames) if v.stack else ())
              for v in views if not v.gone}
-    return verdict, provenance.with_decisions(findings, ranks)
+    return verdict, decided(findings, ranks)
 
 
 def diagnose_guarded(views: list[SampledRank], world_size: int, whole_job_here: bool
@@ -105,8 +107,8 @@ def _assess(views: list[SampledRank], world_size: int, whole_job_here: bool,
         how = ", ".join(f"rank {r} " + ("is not running (no process on this node)" if r in missing
                                           else "has exited (zombie, not yet reaped)") for r in gone)
         msg = f"{how.capitalize()} while the others wait for it: {others}."
-        return "crash", [Finding("DDP204", msg, FIX_204, location=loc(waiting[0].activity.site), ranks=gone,
-                                 evidence={**ev, "gone": gone})]
+        return "crash", [Draft("DDP204", msg, FIX_204, location=loc(waiting[0].activity.site), ranks=gone,
+                               evidence={**ev, "gone": gone})]
     if not live:
         return "ok", []
     if any(not v.stuck for v in live):
@@ -129,24 +131,24 @@ def _assess(views: list[SampledRank], world_size: int, whole_job_here: bool,
                 msg = (f"Every rank on this node waits inside {a.op} at {where(a.site)}: a rank on another node is "
                        "elsewhere, or the transport is stuck. Attach on every node and merge the reports with "
                        "`ddp-doctor report a.json b.json ...` to name it.")
-            return "hang", [Finding("DDP205", msg, FIX_TRANSPORT, location=loc(a.site), ranks=sorted(found),
-                                    evidence=ev)]
+            return "hang", [Draft("DDP205", msg, FIX_TRANSPORT, location=loc(a.site), ranks=sorted(found),
+                                  evidence=ev)]
         return "hang", [_disagreement(inside, ev, flags)]
     return "hang", [_stall(live, [], ev)]
 
 
-def _subset(code: str, fault: list[SampledRank], others: list[SampledRank], ev: dict, lint_seen: bool = False) -> Finding:
+def _subset(code: str, fault: list[SampledRank], others: list[SampledRank], ev: dict, lint_seen: bool = False) -> Draft:
     a = fault[0].activity
     msg = (f"{_rank_list(v.proc.rank for v in fault).capitalize()} {'waits' if len(fault) == 1 else 'wait'} in "
            f"{a.op}() at {where(a.site)}, a collective the other ranks never entered: "
            + "; ".join(_for(v) for v in others) + ".")
     if lint_seen:
         msg += f" ddp-doctor lint flags that line as {code} (reached under a rank-dependent condition)."
-    return Finding(code, msg, FIX_201 if code == "DDP201" else FIX_202, location=loc(a.site),
-                   ranks=sorted(v.proc.rank for v in fault), evidence=ev)
+    return Draft(code, msg, FIX_201 if code == "DDP201" else FIX_202, location=loc(a.site),
+                 ranks=sorted(v.proc.rank for v in fault), evidence=ev)
 
 
-def _disagreement(inside: list[SampledRank], ev: dict, lint: Sequence[LintMark]) -> Finding:
+def _disagreement(inside: list[SampledRank], ev: dict, lint: Sequence[LintMark]) -> Draft:
     """Ranks stuck in different collectives: the odd ones out, by the one policy (``diagnose.blame``)."""
     calls = {v.proc.rank: c for v in inside if (c := to_collective(v.activity)) is not None}
     b = blame_calls(calls, lint)
@@ -155,10 +157,10 @@ def _disagreement(inside: list[SampledRank], ev: dict, lint: Sequence[LintMark])
         return _subset(b.code, fault, [v for v in inside if v not in fault], ev, lint_seen=b.lint_seen)
     msg = ("At the same point the ranks wait in different collectives, which never pair: "
            + "; ".join(_for(v) for v in sorted(inside, key=lambda v: v.proc.rank)) + ".")
-    return Finding("DDP203", msg, FIX_203, location=loc(b.site), ranks=list(b.ranks), evidence=ev)
+    return Draft("DDP203", msg, FIX_203, location=loc(b.site), ranks=list(b.ranks), evidence=ev)
 
 
-def _stall(stuck: list[SampledRank], waiting: list[SampledRank], ev: dict) -> Finding:
+def _stall(stuck: list[SampledRank], waiting: list[SampledRank], ev: dict) -> Draft:
     parts = []
     site = None
     for v in sorted(stuck, key=lambda v: v.proc.rank):
@@ -171,11 +173,11 @@ def _stall(stuck: list[SampledRank], waiting: list[SampledRank], ev: dict) -> Fi
            " not in a collective: " + "; ".join(parts) + ".")
     if waiting:
         msg += " Meanwhile " + "; ".join(_for(v) for v in sorted(waiting, key=lambda v: v.proc.rank)) + "."
-    return Finding("DDP205", msg, FIX_205, location=loc(site), ranks=sorted(v.proc.rank for v in stuck),
-                   evidence=ev)
+    return Draft("DDP205", msg, FIX_205, location=loc(site), ranks=sorted(v.proc.rank for v in stuck),
+                 evidence=ev)
 
 
-def _busy_notes(live: list[SampledRank]) -> list[Finding]:
+def _busy_notes(live: list[SampledRank]) -> list[Draft]:
     """Some rank still moves or computes: not a hang (yet). Say who waits on whom, as a warning."""
     waiting = [v for v in live if v.activity.in_collective and v.stuck]
     busy = [v for v in live if not v.stuck]
@@ -187,8 +189,8 @@ def _busy_notes(live: list[SampledRank]) -> list[Finding]:
         for v in sorted(busy, key=lambda v: v.proc.rank)) + ", while " + "; ".join(_for(v) for v in waiting) +
         ". Attach again later; if the busy rank's line never changes it is the one to look at.")
     b = sorted(busy, key=lambda v: v.proc.rank)[0]
-    return [Finding("DDP205", msg, FIX_205, location=loc(b.activity.site), severity="warning",
-                    ranks=sorted(v.proc.rank for v in busy), evidence=_evidence(live))]
+    return [Draft("DDP205", msg, FIX_205, location=loc(b.activity.site), severity="warning",
+                  ranks=sorted(v.proc.rank for v in busy), evidence=_evidence(live))]
 
 
 def activity_state(a: StackActivity, gone: bool) -> str:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ddp_doctor.diagnose.draft import Draft
 from ddp_doctor.apis import api_fix
 from ddp_doctor.evidence import GROUP_CREATION, Collective, JobEvidence, RankState, Site, Verdict
-from ddp_doctor.findings import Finding, runtime_fix
+from ddp_doctor.findings import runtime_fix
 
 from ddp_doctor.diagnose.calltext import differs_text
 from ddp_doctor.diagnose.apiwords import (api_of, api_parting, called, lint_subset, more_often, op_text,
@@ -59,7 +60,7 @@ def ddp_subset_forwards(ranks: dict[int, RankState]) -> tuple[list[int], Site | 
     return sorted(only[k]), per[only[k][0]][k][0]
 
 
-def diagnose_ddp_subset(ev: JobEvidence) -> list[Finding]:
+def diagnose_ddp_subset(ev: JobEvidence) -> list[Draft]:
     """DDP202 from forward sites alone (for a failed job: a rank ran the DDP model where others never did)."""
     ranks = ranks_of(ev)
     subset, site = ddp_subset_forwards(ranks)
@@ -70,8 +71,8 @@ def diagnose_ddp_subset(ev: JobEvidence) -> list[Finding]:
            f"did (DDP forward calls per rank: {fwd}). Each DDP forward may broadcast buffers (BatchNorm running "
            "stats) and prepares a gradient all-reduce, so these calls pair with the other ranks' unrelated "
            "collectives: a hang or silently mixed training follows.")
-    return [Finding("DDP202", msg, FIX_202, location=loc(site), ranks=subset,
-                    evidence={"forwards": fwd, **step_evidence(ranks)})]
+    return [Draft("DDP202", msg, FIX_202, location=loc(site), ranks=subset,
+                  evidence={"forwards": fwd, **step_evidence(ranks)})]
 
 
 def classify_calls(calls: dict[int, Collective | None],
@@ -151,7 +152,7 @@ class PositionBlame:
     seq: int | str | None
     why: str | None = None
 
-    def finding(self, ranks: dict[int, RankState], detected_how: str) -> Finding:
+    def finding(self, ranks: dict[int, RankState], detected_how: str) -> Draft:
         return finding_for_calls(self.code, self.ranks, self.site, self.calls, ranks, self.group, self.seq,
                                  detected_how, why=self.why)
 
@@ -223,7 +224,7 @@ def _call_text(c: Collective, group, seq, tensors: bool = True) -> str:
 
 
 def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group, seq, detected_how: str,
-                      why: str | None = None) -> Finding:
+                      why: str | None = None) -> Draft:
     fault = set(at_fault)
     calls_txt = "; ".join(f"rank {r}: {_call_text(c, group, seq)}" for r, c in sorted(calls.items()) if c)
     rs = ", ".join(map(str, sorted(fault)))
@@ -278,10 +279,11 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
     ev = {"group": group, "seq": seq, "calls": {str(r): c for r, c in calls.items() if c}, **step_evidence(ranks)}
     if fix is FIX_203_NOT_MEMBER:
         ev[NOT_MEMBER] = sorted(fault)
-    return Finding(code, msg, fix, location=loc(site), ranks=sorted(fault), evidence=ev)
+    return Draft(code, msg, fix, location=loc(site), ranks=sorted(fault), evidence=ev,
+                 not_member=fix is FIX_203_NOT_MEMBER)
 
 
-def _left_loop_early(ranks, calls, fault, site, lint, group, seq) -> Finding | None:
+def _left_loop_early(ranks, calls, fault, site, lint, group, seq) -> Draft | None:
     """DDP101, not DDP201, when the ranks "calling alone" are in an earlier epoch than the others.
 
     A collective after the training loop (a final barrier, a metric all_reduce) reached by a rank that
@@ -311,12 +313,12 @@ def _left_loop_early(ranks, calls, fault, site, lint, group, seq) -> Finding | N
            "`break` leaves the others waiting, or averaging gradients with an unrelated call, until the job hangs "
            "or crashes. Detected as it happened, before any timeout.")
     msg += " The line shown is where ddp-doctor lint located the rank-local exit from the loop."
-    return Finding("DDP101", msg, FIX_101, location=loc(location), ranks=sorted(fault),
-                   evidence={"group": group, "seq": seq, "calls": {str(r): c for r, c in calls.items()},
-                             "epoch_at_collective": {str(r): e for r, e in eps.items()}, **step_evidence(ranks)})
+    return Draft("DDP101", msg, FIX_101, location=loc(location), ranks=sorted(fault),
+                 evidence={"group": group, "seq": seq, "calls": {str(r): c for r, c in calls.items()},
+                           "epoch_at_collective": {str(r): e for r, e in eps.items()}, **step_evidence(ranks)})
 
 
-def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Finding]:
+def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Draft]:
     ranks = ranks_of(ev)
     lint = ev.lint
     calls = dict(d.calls)
@@ -352,7 +354,7 @@ def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Finding]:
                                "Detected as it happened, before any timeout")]
 
 
-def _went_alone_finding(alone, calls, ranks, group, seq) -> Finding:
+def _went_alone_finding(alone, calls, ranks, group, seq) -> Draft:
     """DDP201 for ranks that entered an API at a line inside a branch on the rank the others never ran."""
     fault, sc = alone
     c = Collective(group, None, sc.op, site=sc.site)
@@ -363,11 +365,11 @@ def _went_alone_finding(alone, calls, ranks, group, seq) -> Finding:
            f"It showed as a mismatch, before any timeout, at collective #{seq} on {group} ({calls_txt}).")
     ev = {"group": group, "seq": seq, "calls": {str(r): x for r, x in calls.items() if x},
           "alone_at": {"site": sc.site, "op": sc.op, "calls": sc.calls}, **step_evidence(ranks)}
-    return Finding("DDP201", msg, api_fix(api_of(c)) or FIX_201, location=loc(sc.site), ranks=list(fault),
-                   evidence=ev)
+    return Draft("DDP201", msg, api_fix(api_of(c)) or FIX_201, location=loc(sc.site), ranks=list(fault),
+                 evidence=ev)
 
 
-def _ran_longer(longer: tuple[list[int], str], calls, ranks, group, seq) -> Finding:
+def _ran_longer(longer: tuple[list[int], str], calls, ranks, group, seq) -> Draft:
     """DDP201 for ranks that entered an API once more than the others at a line every rank runs."""
     fault, counts = longer
     c = calls[fault[0]]
@@ -377,10 +379,10 @@ def _ran_longer(longer: tuple[list[int], str], calls, ranks, group, seq) -> Find
            f"{others_text(ranks, set(fault))}.{why_all(c)} Detected as it happened, before any timeout "
            f"(collective #{seq} on {group}: {calls_txt}).")
     ev = {"group": group, "seq": seq, "calls": {str(r): x for r, x in calls.items() if x}, **step_evidence(ranks)}
-    return Finding("DDP201", msg, runtime_fix("DDP201.count"), location=loc(c.site), ranks=fault, evidence=ev)
+    return Draft("DDP201", msg, runtime_fix("DDP201.count"), location=loc(c.site), ranks=fault, evidence=ev)
 
 
-def _api_parted(ranks: dict[int, RankState], showed: str, stale: bool = False) -> Finding | None:
+def _api_parted(ranks: dict[int, RankState], showed: str, stale: bool = False) -> Draft | None:
     """DDP201 where some ranks alone entered an API (``apiwords.api_parting``), with how it showed later."""
     found = api_parting(ranks, stale)
     if found is None:
@@ -391,7 +393,7 @@ def _api_parted(ranks: dict[int, RankState], showed: str, stale: bool = False) -
                              f"The ranks parted there; {showed}")
 
 
-def from_parted(ranks: dict[int, RankState], parted: dict[int, Collective], showed: str, lint) -> Finding | None:
+def from_parted(ranks: dict[int, RankState], parted: dict[int, Collective], showed: str, lint) -> Draft | None:
     """The finding told from where the ranks parted before the divergence showed (``live.parted_calls``): the
     DDP model run at a line the others never ran it at (DDP202), or calls paired across different training
     steps (DDP101: the rank that skipped).  ``showed``: how the divergence showed (kept in the message)."""
@@ -441,7 +443,7 @@ def fatal_call(st: RankState) -> Collective | None:
     return Collective("world", None, op, site=site)
 
 
-def diagnose_fatal_collective(ev: JobEvidence) -> list[Finding]:
+def diagnose_fatal_collective(ev: JobEvidence) -> list[Draft]:
     """A rank aborted inside a collective (gloo EnforceNotMet on a mismatch): compare with where the others were."""
     ranks = ranks_of(ev)
     calls = {}

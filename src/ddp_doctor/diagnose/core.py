@@ -3,7 +3,9 @@ The package's entry point (``from ddp_doctor.diagnose import diagnose``); loaded
 made, never by the live judge a rank's watcher runs every poll."""
 from __future__ import annotations
 
-from ddp_doctor.diagnose import collectives, exits, groups, hang, joined, provenance, steps
+from ddp_doctor.diagnose import collectives, exits, groups, hang, joined, steps
+from ddp_doctor.diagnose.draft import Draft
+from ddp_doctor.diagnose.wording import decided
 from ddp_doctor.evidence import ExitStatus, JobEvidence, Verdict, missing_rank
 from ddp_doctor.findings import Finding
 
@@ -25,12 +27,12 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
             ranks[r] = st.with_(exit=info)
     evidence = evidence.with_(ranks=ranks)
     reason = decision.reason if decision else None
-    findings: list[Finding] = []
+    findings: list[Draft] = []  # what each code family saw; ruled on and worded once, at the end
     verdict = "ok"
     failed = any(st.failed for st in ranks.values())
     stale = exits.diagnose_restart_connect(evidence) if reason in ("exit", "hang") or failed else None
     if stale is not None:  # restarted ranks could not connect: nothing after that is its own cause
-        return ("hang" if reason == "hang" else "crash"), [stale]
+        return ("hang" if reason == "hang" else "crash"), decided([stale], ranks, evidence.lint)
     waited = exits.timeouts_as_waits(ranks) if reason != "desync" and (reason == "exit" or failed) else {}
     if waited:  # a collective timed out waiting for a rank that never came: judge the wait, not the timeout
         e = next(iter(ranks[r].exc for r in waited))
@@ -66,14 +68,14 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
     # and optimizer steps, and a correct job has them -- DDP's Join, a rank-local optimizer; docs/verdicts.md)
     if verdict != "ok" and not any(f.code == "DDP202" for f in findings):
         findings = collectives.diagnose_ddp_subset(evidence) + findings
-    findings = provenance.with_decisions(findings, dict(evidence.ranks))  # why: where the ranks parted
     findings += steps.diagnose_sampler(evidence)
     findings += groups.diagnose_groups(evidence)  # a warning whatever the verdict: it never stops a job
     if verdict == "ok":
         findings += hang.stalls_resumed(evidence)  # (before the longest warning: the same wait, in more words)
         findings += hang.slow_not_stuck(evidence)
         findings += _perf(evidence)
-    return verdict, _dedupe(findings)
+    # why: where the ranks parted, the code and culprits that implies (``ruling.rule``), then the words
+    return verdict, _dedupe(decided(findings, dict(evidence.ranks), evidence.lint))
 
 
 def diagnose_guarded(evidence: JobEvidence, decision: Verdict | None,
@@ -109,7 +111,7 @@ def _verdict_of(evidence: JobEvidence, decision: Verdict | None, failures: dict[
     return "crash" if failed or not decision.finished else "desync"
 
 
-def _perf(evidence: JobEvidence) -> list[Finding]:
+def _perf(evidence: JobEvidence) -> list[Draft]:
     from ddp_doctor.diagnose.perf import diagnose_perf
 
     try:

@@ -3,9 +3,10 @@ and their modules, says why and what to change; a killed DataLoader worker is bl
 line, not on the line of the main process where the error happened to surface."""
 from __future__ import annotations
 
+from ddp_doctor.diagnose.draft import Draft
 from ddp_doctor.evidence import DdpModel, DdpParam, LoaderState, RankState
 from ddp_doctor.evidence.torch_errors import UnusedParams, WorkerDied, unused_params, worker_died
-from ddp_doctor.findings import Finding, runtime_fix
+from ddp_doctor.findings import runtime_fix
 
 from ddp_doctor.diagnose.common import loc, others_text, step_evidence, where
 
@@ -36,7 +37,7 @@ def _params_text(params: tuple[DdpParam, ...], info: UnusedParams) -> str:
     return text
 
 
-def diagnose_unused(ranks: dict[int, RankState]) -> Finding | None:
+def diagnose_unused(ranks: dict[int, RankState]) -> Draft | None:
     """DDP's "Expected to have finished reduction in the prior iteration" error, of every rank that raised it
     (never a consequence of another rank's failure, even when raised inside DDP's buffer broadcast)."""
     hit = {r: info for r in sorted(ranks) if ranks[r].exc and (info := unused_params(ranks[r].exc.message))}
@@ -82,10 +83,11 @@ def diagnose_unused(ranks: dict[int, RankState]) -> Finding | None:
     if others:
         msg += f" Meanwhile: {others}."
     site = model.site if model and model.site else e.location
-    return Finding("DDP204", msg, fix, location=loc(site), ranks=rs,
-                   evidence={"exception": e, "unused_parameters": {str(r): list(named[r]) for r in rs},
-                             "ddp_site": model.site if model else None, "raised_at": e.location,
-                             **step_evidence(ranks)})
+    return Draft("DDP204", msg, fix, location=loc(site), ranks=rs,
+                 evidence={"exception": e, "unused_parameters": {str(r): list(named[r]) for r in rs},
+                         "ddp_site": model.site if model else None, "raised_at": e.location,
+                         **step_evidence(ranks)},
+                 unused=tuple(p for r in rs for p in named[r]), ddp_site=model.site if model else None)
 
 
 def _dead_worker(st: RankState) -> tuple[WorkerDied | None, LoaderState | None]:
@@ -124,7 +126,7 @@ def _worker_words(w: WorkerDied) -> tuple[str, str]:
     return "exited unexpectedly", "DDP204.worker-exit"
 
 
-def diagnose_worker_died(ranks: dict[int, RankState], r: int) -> Finding | None:
+def diagnose_worker_died(ranks: dict[int, RankState], r: int) -> Draft | None:
     """Rank ``r`` raised the DataLoader's error about a dead worker: blame the loader, name pid and signal."""
     st = ranks[r]
     w, ld = _dead_worker(st)
@@ -141,7 +143,7 @@ def diagnose_worker_died(ranks: dict[int, RankState], r: int) -> Finding | None:
            f"{where(e.location)}, where torch raised {e.type}: \"{' '.join(e.message.split())[:160]}\"; that line is "
            f"not the cause. Meanwhile: {others_text(ranks, {r})}.")
     site = ld.site if ld and ld.site else e.location
-    return Finding("DDP204", msg, runtime_fix(fix_key), location=loc(site), ranks=[r],
-                   evidence={"exception": e, "worker": {"pids": list(w.pids), "signal": w.signal,
-                                                        "exit_code": w.exit_code},
-                             "loader": ld, "surfaced_at": e.location, **step_evidence(ranks)})
+    return Draft("DDP204", msg, runtime_fix(fix_key), location=loc(site), ranks=[r],
+                 evidence={"exception": e, "worker": {"pids": list(w.pids), "signal": w.signal,
+                                                      "exit_code": w.exit_code},
+                           "loader": ld, "surfaced_at": e.location, **step_evidence(ranks)})

@@ -2,9 +2,10 @@
 (restarted ranks cannot connect through torch's stale shared rendezvous store)."""
 from __future__ import annotations
 
+from ddp_doctor.diagnose.draft import Draft
 from ddp_doctor.evidence import ExitStatus, JobEvidence, RankState, Verdict
 from ddp_doctor.evidence.torch_errors import collective_timed_out
-from ddp_doctor.findings import Finding, runtime_fix
+from ddp_doctor.findings import runtime_fix
 
 from ddp_doctor.diagnose import errors
 from ddp_doctor.diagnose.apiwords import op_text
@@ -97,7 +98,7 @@ _CONNECT_WORDS = ("connectfullmesh", "connection refused", "failed to connect", 
                   "connect timeout", "socket timeout", "connection reset")
 
 
-def diagnose_restart_connect(ev: JobEvidence) -> Finding | None:
+def diagnose_restart_connect(ev: JobEvidence) -> Draft | None:
     """Ranks restarted by torch's agent fail to connect their process group: the stale rendezvous store.
 
     With ``TORCHELASTIC_USE_AGENT_STORE`` the ranks' process-group keys live in the agent's TCPStore,
@@ -134,15 +135,15 @@ def diagnose_restart_connect(ev: JobEvidence) -> Finding | None:
            "can read a dead peer's address and connect to nothing (a known torch issue, pytorch/pytorch#135712). "
            "Every restart can fail this way, so --max-restarts does not help.")
     fix = runtime_fix("DDP501.stale-store")
-    return Finding("DDP501", msg, fix, location=loc(site), ranks=hit,
-                   evidence={"attempt": attempt, "agent_store": True, **({"exception": e} if e else {})})
+    return Draft("DDP501", msg, fix, location=loc(site), ranks=hit,
+                 evidence={"attempt": attempt, "agent_store": True, **({"exception": e} if e else {})})
 
 
 _CONSEQUENCE_WORDS = ("connection reset", "connection closed", "connection refused", "broken pipe",
                       "socket timeout", "timed out")
 
 
-def diagnose_lost_nodes(ev: JobEvidence) -> list[Finding]:
+def diagnose_lost_nodes(ev: JobEvidence) -> list[Draft]:
     """Several nodes: a node's ``ddp-doctor run`` went silent and never answered (killed, out of memory, the
     node lost).  Its ranks die with their launcher, so the other ranks' connection errors follow from it."""
     out = []
@@ -154,8 +155,8 @@ def diagnose_lost_nodes(ev: JobEvidence) -> list[Finding]:
                f"silent ({n.silent_s:g}s without a summary) and did not answer: it ended (killed, out of memory, the "
                "node lost) and its ranks ended with it (ranks die with their launcher), unwatched from then on."
                + (f" The other ranks then failed: {then}." if then else ""))
-        out.append(Finding("DDP204", msg, runtime_fix("DDP204.node-lost"), ranks=list(n.ranks),
-                           evidence={"lost_node": n.to_json(), **step_evidence(ranks)}))
+        out.append(Draft("DDP204", msg, runtime_fix("DDP204.node-lost"), ranks=list(n.ranks),
+                         evidence={"lost_node": n.to_json(), **step_evidence(ranks)}))
     return out
 
 
@@ -188,21 +189,21 @@ def _waited_in(st: RankState):
     return st.in_collective or (st.exc.collective if st.exc else None)
 
 
-def _went_on_alone(alone: list[int], done: list[int], ranks: dict[int, RankState]) -> Finding:
+def _went_on_alone(alone: list[int], done: list[int], ranks: dict[int, RankState]) -> Draft:
     c = _waited_in(ranks[alone[0]])
     rs, ds = ", ".join(map(str, alone)), ", ".join(map(str, done))
     msg = (f"Rank {rs} went on alone into {c.op}() at {where(c.site)}, a line rank {ds} never reached before it "
            f"finished the same {ranks[done[0]].step} training steps: {others_text(ranks, set(done))}. A collective "
            "after training that only some ranks make (an evaluation, a save, a metric gather on the main process) "
            "has no partner.")
-    return Finding("DDP201", msg, runtime_fix("DDP201"), location=loc(c.site), ranks=alone,
-                   evidence={"finished": done, **step_evidence(ranks)})
+    return Draft("DDP201", msg, runtime_fix("DDP201"), location=loc(c.site), ranks=alone,
+                 evidence={"finished": done, **step_evidence(ranks)})
 
 
-def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
+def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Draft]:
     ranks = ranks_of(ev)
     lint = ev.lint
-    out: list[Finding] = diagnose_lost_nodes(ev)
+    out: list[Draft] = diagnose_lost_nodes(ev)
     if out:  # the lost nodes are the story; the others' broken connections follow from them
         ranks = beyond_lost_nodes(ev, ranks)
         if not any(st.failed for st in ranks.values()):
@@ -225,8 +226,8 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
                    "Their next collective has no partner.")
             site = next((rank_site(st) for st in waiting.values() if rank_site(st)), None)
             site = lint_line(lint, "DDP101", site, None) or site
-            out.append(Finding("DDP101", msg, FIX_101, location=loc(site), ranks=done,
-                               evidence={"finished": done, **step_evidence(ranks)}))
+            out.append(Draft("DDP101", msg, FIX_101, location=loc(site), ranks=done,
+                             evidence={"finished": done, **step_evidence(ranks)}))
         elif len(set(steps.values())) > 1:
             counts = {r: st.steps_by_epoch for r, st in ranks.items()}
             n = min((len(c) for c in counts.values()), default=0)
@@ -249,11 +250,11 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
             site = exit_site
         msg = (f"Rank {', '.join(map(str, done))} " + (f"called sys.exit() at {where(exit_site)}" if exit_site else
                "finished") + f" while the others still wait: {others_text(ranks, set(done))}.")
-        out.append(Finding("DDP204", msg, FIX_101 if len(set(steps.values())) > 1 else
-                           runtime_fix("DDP204.finished"),
-                           location=loc(site), ranks=done,
-                           evidence={"finished": done, "waiting": {str(r): doing(st) for r, st in waiting.items()},
-                                     **step_evidence(ranks)}))
+        out.append(Draft("DDP204", msg, FIX_101 if len(set(steps.values())) > 1 else
+                         runtime_fix("DDP204.finished"),
+                         location=loc(site), ranks=done,
+                         evidence={"finished": done, "waiting": {str(r): doing(st) for r, st in waiting.items()},
+                                   **step_evidence(ranks)}))
         return out
     roots = _root_ranks(ranks)
     unused = errors.diagnose_unused(ranks)  # DDP's unused-parameter error, on one rank or several
@@ -266,9 +267,9 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
         others = others_text(ranks, set(same_exc))
         msg = (f"Ranks {', '.join(map(str, same_exc))} raised {e.type}: {e.message} at "
                f"{where(e.location)}." + (f" Meanwhile: {others}." if others else ""))
-        out.append(Finding("DDP204", msg, runtime_fix("DDP204.same-exception"), location=loc(e.location),
-                           ranks=same_exc,
-                           evidence={"exception": e, **step_evidence(ranks)}))
+        out.append(Draft("DDP204", msg, runtime_fix("DDP204.same-exception"), location=loc(e.location),
+                         ranks=same_exc,
+                         evidence={"exception": e, **step_evidence(ranks)}))
         roots = [r for r in roots if r not in same_exc]
     for r in roots[:4]:
         st = ranks[r]
@@ -322,9 +323,9 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Finding]:
             msg = f"Rank {r} exited with code {code} at {where(site)} while the job was running. Meanwhile: {others}."
             fix = runtime_fix("DDP204.exit")
             evidence = {"exit": ex_ev}
-        out.append(Finding("DDP204", msg, fix, location=loc(site), ranks=[r],
-                           evidence={**evidence, **step_evidence(ranks)}))
+        out.append(Draft("DDP204", msg, fix, location=loc(site), ranks=[r],
+                         evidence={**evidence, **step_evidence(ranks)}))
     if not out and not ev.lost_nodes:
-        out.append(Finding("DDP204", "A rank exited while the others were running (no detail was captured).",
-                           runtime_fix("DDP204.unknown"), ranks=[], evidence=step_evidence(ranks)))
+        out.append(Draft("DDP204", "A rank exited while the others were running (no detail was captured).",
+                         runtime_fix("DDP204.unknown"), ranks=[], evidence=step_evidence(ranks)))
     return out

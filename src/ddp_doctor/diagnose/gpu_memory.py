@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from ddp_doctor.diagnose.perf import _loc, _ranks, _where
-from ddp_doctor.findings import Finding, runtime_fix
+from ddp_doctor.diagnose.draft import Draft
+from ddp_doctor.findings import runtime_fix
 
 
-def diagnose_gpu_memory(ev: dict[str, Any]) -> list[Finding]:
+def diagnose_gpu_memory(ev: dict[str, Any]) -> list[Draft]:
     ranks = _ranks(ev)
     gpu = ev.get("gpu")
     if not gpu:  # the probe's NVML samples: one per host (taken by its local rank 0)
@@ -29,7 +30,7 @@ def diagnose_gpu_memory(ev: dict[str, Any]) -> list[Finding]:
     return out
 
 
-def _gpu_finding(item: dict[str, Any]) -> Finding:
+def _gpu_finding(item: dict[str, Any]) -> Draft:
     r, dev, own, mib = item["rank"], item["gpu"], item["own_gpu"], item["used_mib"]
     owner = item.get("owner_rank")
     whose = f"rank {owner}'s GPU" if owner is not None else "a GPU no rank owns"
@@ -39,10 +40,10 @@ def _gpu_finding(item: dict[str, Any]) -> Finding:
     if load:
         msg = (base + f" Cause: torch.load at {_where(load.get('site'))} (map_location={load.get('map_location')!r}) "
                f"put tensors on {', '.join(load.get('devices') or [])}.")
-        return Finding("DDP301", msg, runtime_fix("DDP301"),
-                       location=_loc(load.get("site")), ranks=[r], evidence=item)
+        return Draft("DDP301", msg, runtime_fix("DDP301"),
+                     location=_loc(load.get("site")), ranks=[r], evidence=item)
     init = item.get("cuda_init")
     where = f" Cause: CUDA was first used at {_where(init.get('site'))} on device {init.get('device')}" \
         f"{' before torch.cuda.set_device()' if init.get('before_set_device') else ''}." if init else ""
-    return Finding("DDP302", base + where, runtime_fix("DDP302"),
-                   location=_loc(init.get("site")) if init else None, ranks=[r], evidence=item)
+    return Draft("DDP302", base + where, runtime_fix("DDP302"),
+                 location=_loc(init.get("site")) if init else None, ranks=[r], evidence=item)

@@ -7,8 +7,9 @@ in a training job (accelerate on CPU without ACCELERATE_USE_CPU=1, a script that
 ``init_process_group``)."""
 from __future__ import annotations
 
+from ddp_doctor.diagnose.draft import Draft
 from ddp_doctor.evidence import JobEvidence, RankState
-from ddp_doctor.findings import Finding, runtime_fix
+from ddp_doctor.findings import runtime_fix
 
 from ddp_doctor.diagnose.common import loc, where
 
@@ -32,7 +33,7 @@ def _saw(st: RankState, world: int) -> str:
     return f"initialised a group of world size {g.size} in which it is rank {g.rank}{at}"
 
 
-def diagnose_groups(ev: JobEvidence) -> list[Finding]:
+def diagnose_groups(ev: JobEvidence) -> list[Draft]:
     ranks = {r: st for r, st in ev.ranks.items() if not st.missing}
     world = max([st.world_size or 0 for st in ranks.values()] + [ev.world_size or 0])
     if world <= 1 or len(ranks) < 2:
@@ -55,7 +56,7 @@ def diagnose_groups(ev: JobEvidence) -> list[Finding]:
         msg += (" accelerate on CPU does this without ACCELERATE_USE_CPU=1 (or `accelerate launch --cpu`): it "
                 "then runs every process as a single-process job.")
     site = next((ranks[r].group.site for r in small + alone if ranks[r].group and ranks[r].group.site), None)
-    return [Finding("DDP510", msg, runtime_fix("DDP510" if small else "DDP510.unused"), location=loc(site), ranks=sorted(small + alone),
-                    evidence={"launcher_world_size": world,
-                              "groups": {str(r): ranks[r].group for r in small + alone},
-                              "trained_alone": alone})]
+    return [Draft("DDP510", msg, runtime_fix("DDP510" if small else "DDP510.unused"), location=loc(site), ranks=sorted(small + alone),
+                  evidence={"launcher_world_size": world,
+                            "groups": {str(r): ranks[r].group for r in small + alone},
+                            "trained_alone": alone})]

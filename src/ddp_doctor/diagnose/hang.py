@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
+from ddp_doctor.diagnose.draft import Draft
 from ddp_doctor.evidence import Collective, JobEvidence, RankState, Verdict
-from ddp_doctor.findings import Finding, runtime_fix
+from ddp_doctor.findings import runtime_fix
 
 from ddp_doctor.diagnose.blame import agreement
 from ddp_doctor.diagnose.collectives import (blame_positions, classify_calls, finding_for_calls, not_member_blame,
@@ -18,7 +19,7 @@ from ddp_doctor.diagnose.pipeline import ran_schedule_more, schedule_finding
 from ddp_doctor.diagnose.steps import uneven_steps
 
 
-def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Finding]:
+def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Draft]:
     ranks = ranks_of(ev)
     live = {r: st for r, st in ranks.items() if not st.missing and not st.done and not st.exc and st.exit is None}
     stall = {"stalled_s": d.stalled_s, "hang_limit_s": d.limit_s, "hang_limit_how": d.limit_how}
@@ -66,8 +67,8 @@ def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Finding]:
                f"{others_text(ranks, fault)}. {how}.")
         ev_ = {"group": group, "seq": seq, "in_collective": {str(r): c for r, c in in_coll.items()},
                "where": {str(r): rank_site(st) for r, st in out_coll.items()}, **stall, **step_evidence(ranks)}
-        return [Finding(code, msg, FIX_201 if code == "DDP201" else FIX_202, location=loc(site),
-                        ranks=sorted(fault), evidence=ev_)]
+        return [Draft(code, msg, FIX_201 if code == "DDP201" else FIX_202, location=loc(site),
+                      ranks=sorted(fault), evidence=ev_)]
     if in_coll:
         keys = {(c.group, c.seq, *agreement(c)) for c in in_coll.values()}
         if len(keys) > 1:
@@ -88,8 +89,8 @@ def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Finding]:
             return diagnose_exit(ev, Verdict("exit", finished=True))
         msg = (f"Every rank waits inside the same {c.op} (#{c.seq} on {c.group}) at {where(c.site)} "
                f"and it never completes: the transport is stuck (network, a dead peer on another node, GPU). {how}.")
-        return [Finding("DDP205", msg, runtime_fix("DDP205.transport"),
-                        location=loc(c.site), ranks=sorted(in_coll), evidence={**stall, "collective": c})]
+        return [Draft("DDP205", msg, runtime_fix("DDP205.transport"),
+                      location=loc(c.site), ranks=sorted(in_coll), evidence={**stall, "collective": c})]
     return [stall_finding(ranks, live, stall)]
 
 
@@ -105,7 +106,7 @@ def _stuck_outside(in_coll: dict[int, Collective], out_coll: dict[int, RankState
 
 
 def stall_finding(ranks: dict[int, RankState], stuck: dict[int, RankState], stall: dict,
-                  partial: dict[int, Collective] | None = None, fix: str | None = None) -> Finding:
+                  partial: dict[int, Collective] | None = None, fix: str | None = None) -> Draft:
     """DDP205: ranks stuck outside collectives (loader, I/O, a lock); show where, and the workers."""
     parts = []
     workers_ev = {}
@@ -148,13 +149,13 @@ def stall_finding(ranks: dict[int, RankState], stuck: dict[int, RankState], stal
     outside = {str(r): st.outside for r, st in stuck.items() if st.outside is not None}
     peers = any(o.peer() for o in outside.values())
     fix = fix or runtime_fix("DDP205.outside" if peers else "DDP205.stall")
-    return Finding("DDP205", msg, fix, location=loc(site), ranks=sorted(stuck),
-                   evidence={**stall, "where": {str(r): rank_site(st) for r, st in stuck.items()},
-                             "workers": workers_ev, **({"outside": outside} if outside else {}),
-                             **step_evidence(ranks)})
+    return Draft("DDP205", msg, fix, location=loc(site), ranks=sorted(stuck),
+                 evidence={**stall, "where": {str(r): rank_site(st) for r, st in stuck.items()},
+                           "workers": workers_ev, **({"outside": outside} if outside else {}),
+                           **step_evidence(ranks)})
 
 
-def still_watching(ev: JobEvidence, findings: list[Finding]) -> list[Finding]:
+def still_watching(ev: JobEvidence, findings: list[Draft]) -> list[Draft]:
     """A stall's diagnosis (the job runs on): the first finding says that nothing proves the job stuck, and
     what would stop it -- a proof, the process group's own timeout (when it fires), or ``--stop-on-stall``."""
     if not findings:
@@ -171,25 +172,25 @@ def still_watching(ev: JobEvidence, findings: list[Finding]) -> list[Finding]:
     peers = sorted({o.peer() for st in ranks.values() if st.outside and st.in_collective is None
                     for o in (st.outside,) if o.peer()})
     outside = f" -- it waits on {', '.join(peers)}, outside the job, which may still answer" if peers else ""
-    note = (f" Nothing proves the job stuck{outside}: ddp-doctor keeps watching and stops it only on proof (a rank "
+    note = (f"Nothing proves the job stuck{outside}: ddp-doctor keeps watching and stops it only on proof (a rank "
             f"that fails or exits while others wait for it, collectives that disagree){timeout}; "
             "`--stop-on-stall` stops it at the limit.")
     first = findings[0]
-    return [replace(first, message=first.message + note, evidence={**first.evidence, "still_running": True}),
+    return [replace(first, then=(*first.then, note), evidence={**first.evidence, "still_running": True}),
             *findings[1:]]
 
 
-def frozen_proof(d: Verdict, findings: list[Finding]) -> list[Finding]:
+def frozen_proof(d: Verdict, findings: list[Draft]) -> list[Draft]:
     """The stall stopped on proof (``live.stall_proof``): say which fact, on the first finding."""
     if not findings:
         return findings
     first = findings[0]
-    note = f" Stopped on proof: {d.limit_how}, so rank {d.rank} can never get its next batch."
-    return [replace(first, message=first.message + note, evidence={**first.evidence, "proof": d.limit_how}),
+    note = f"Stopped on proof: {d.limit_how}, so rank {d.rank} can never get its next batch."
+    return [replace(first, then=(*first.then, note), evidence={**first.evidence, "proof": d.limit_how}),
             *findings[1:]]
 
 
-def stalls_resumed(ev: JobEvidence) -> list[Finding]:
+def stalls_resumed(ev: JobEvidence) -> list[Draft]:
     """Info for a job that ended well after stalls: each one, with how long it lasted, where the stuck ranks
     were and what they waited on -- a stall the job came out of, never a fault by itself."""
     out = []
@@ -212,13 +213,13 @@ def stalls_resumed(ev: JobEvidence) -> list[Finding]:
                f". No rank showed a sign of life (CPU, I/O, a moving stack) for more than the {s.limit_s:g}s limit; "
                "ddp-doctor reported the stall and kept watching, and the job then carried on: stalled, not stuck.")
         first = min(s.where)
-        out.append(Finding("DDP205", msg, runtime_fix("DDP205.outside" if s.outside else "DDP205.slow"),
-                           location=loc(s.where[first]), severity="info", ranks=sorted(s.where),
-                           evidence={"stall": s}))
+        out.append(Draft("DDP205", msg, runtime_fix("DDP205.outside" if s.outside else "DDP205.slow"),
+                         location=loc(s.where[first]), severity="info", ranks=sorted(s.where),
+                         evidence={"stall": s}))
     return out
 
 
-def slow_not_stuck(ev: JobEvidence) -> list[Finding]:
+def slow_not_stuck(ev: JobEvidence) -> list[Draft]:
     """Info for a job that ended well: the longest live warning (no rank progressed for a while, some rank
     waited for another) -- it was slow, not stuck, so it never stopped the job."""
     s = ev.suspicion
@@ -230,5 +231,5 @@ def slow_not_stuck(ev: JobEvidence) -> list[Finding]:
            ". It then carried on: slow, not stuck (ddp-doctor stops a job only when no rank shows any sign of "
            f"life -- CPU, I/O, a moving stack -- for {s.limit_s or 0:g}s, or on proof of a desync).")
     site = next((site for site in s.outside.values() if site), None)
-    return [Finding("DDP205", msg, runtime_fix("DDP205.slow"), location=loc(site), severity="info",
-                    ranks=sorted(s.outside), evidence={"suspicion": s})]
+    return [Draft("DDP205", msg, runtime_fix("DDP205.slow"), location=loc(site), severity="info",
+                  ranks=sorted(s.outside), evidence={"suspicion": s})]

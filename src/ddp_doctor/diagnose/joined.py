@@ -14,9 +14,10 @@ from __future__ import annotations
 import ast
 import os
 
+from ddp_doctor.diagnose.draft import Draft
 from ddp_doctor.evidence import Collective, JobEvidence, RankState, Site
 from ddp_doctor.frames import is_user
-from ddp_doctor.findings import Finding, runtime_fix
+from ddp_doctor.findings import runtime_fix
 from ddp_doctor.diagnose.common import loc, ranks_of, where
 from ddp_doctor.diagnose.source import function_at, lint_model, parse_file
 
@@ -64,7 +65,7 @@ def _own_call_in_join(st: RankState) -> Collective | None:
     return None
 
 
-def diagnose_join_own_collective(ev: JobEvidence) -> list[Finding]:
+def diagnose_join_own_collective(ev: JobEvidence) -> list[Draft]:
     """DDP201 on the ranks that called their own collective inside a Join that another rank had joined."""
     ranks = ranks_of(ev)
     if not any(st.failed for st in ranks.values()):
@@ -85,6 +86,6 @@ def diagnose_join_own_collective(ev: JobEvidence) -> list[Finding]:
            "gradient all-reduce), never yours: this call was paired with a joined rank's shadow call of another "
            "size, and the job failed. Move the collective out of the `with Join(...)` block (after it, where every "
            "rank calls it), or keep the ranks' inputs even so that no rank joins early.")
-    return [Finding("DDP201", msg, runtime_fix("DDP201.join"), location=loc(c.site), ranks=sorted(own),
-                    evidence={JOIN_SHADOW: True, "joined": {str(r): s.to_json() for r, s in sorted(joined.items())},
-                              "call": {str(r): x.to_json() for r, x in sorted(own.items())}})]
+    return [Draft("DDP201", msg, runtime_fix("DDP201.join"), location=loc(c.site), ranks=sorted(own),
+                  evidence={JOIN_SHADOW: True, "joined": {str(r): s.to_json() for r, s in sorted(joined.items())},
+                          "call": {str(r): x.to_json() for r, x in sorted(own.items())}}, join_shadow=True)]

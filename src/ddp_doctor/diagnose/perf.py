@@ -17,7 +17,8 @@ import os
 import statistics
 from typing import Any
 
-from ddp_doctor.findings import Finding, Location, runtime_fix
+from ddp_doctor.diagnose.draft import Draft
+from ddp_doctor.findings import Location, runtime_fix
 
 # thresholds (documented in docs/perf.md)
 DATA_SHARE = 0.30          # DDP401: data wait >= 30% of the step time ...
@@ -32,9 +33,9 @@ PHASES = ("step_s", "data_s", "compute_s", "collective_s")
 UNUSED_MIN_STEPS = 3       # DDP405: judge find_unused_parameters after this many backward passes
 
 
-def diagnose_perf(evidence: dict[str, Any]) -> list[Finding]:
+def diagnose_perf(evidence: dict[str, Any]) -> list[Draft]:
     """All performance findings for a job (most important first)."""
-    out: list[Finding] = []
+    out: list[Draft] = []
     out += diagnose_data_bound(evidence)
     bound = {r for f in out for r in f.ranks}
     for f in diagnose_straggler(evidence):
@@ -234,7 +235,7 @@ def recommend_workers(cpu_count: int, ranks_per_node: int) -> int:
     return max(1, min(8, per_rank - 1 if per_rank > 1 else 1))
 
 
-def diagnose_data_bound(ev: dict[str, Any]) -> list[Finding]:
+def diagnose_data_bound(ev: dict[str, Any]) -> list[Draft]:
     ranks = _ranks(ev)
     splits = {r: rank_split(st) for r, st in ranks.items()}
     bound = {}
@@ -295,7 +296,7 @@ def diagnose_data_bound(ev: dict[str, Any]) -> list[Finding]:
         if not settings.get("pin_memory"):
             fix_parts.append("On GPU, add pin_memory=True and overlap the copy with "
                              "ddp_doctor.fixes.CUDAPrefetcher(loader, device).")
-        out.append(Finding(
+        out.append(Draft(
             "DDP401", msg, " ".join(fix_parts), location=_loc(ld.get("site")), ranks=sorted(rs),
             evidence={"share": {r: round(bound[r], 3) for r in sorted(rs)},
                       "per_step_s": {r: {k: round(splits[r][k], 5) for k in PHASES} for r in sorted(rs)},
@@ -309,7 +310,7 @@ def diagnose_data_bound(ev: dict[str, Any]) -> list[Finding]:
 
 
 # -- DDP404 straggler -------------------------------------------------------------------------
-def diagnose_straggler(ev: dict[str, Any]) -> list[Finding]:
+def diagnose_straggler(ev: dict[str, Any]) -> list[Draft]:
     ranks = _ranks(ev)
     if len(ranks) < 2:
         return []
@@ -375,7 +376,7 @@ def diagnose_straggler(ev: dict[str, Any]) -> list[Finding]:
                "or throttled device, CPU threads oversubscribed (set OMP_NUM_THREADS per rank), or rank-dependent "
                "work (larger inputs, extra logging/eval on that rank).")
         loc = None
-    return [Finding("DDP404", msg, fix, location=loc, ranks=[slow], evidence={
+    return [Draft("DDP404", msg, fix, location=loc, ranks=[slow], evidence={
         "busy_s": {r: round(v, 5) for r, v in busy.items()}, "data_s": {r: round(v, 5) for r, v in data.items()},
         "compute_s": {r: round(v, 5) for r, v in comp.items()},
         "collective_s": {r: round(v, 5) for r, v in coll.items()},
@@ -384,7 +385,7 @@ def diagnose_straggler(ev: dict[str, Any]) -> list[Finding]:
 
 
 # -- DDP403 workers restarted every epoch ------------------------------------------------------
-def diagnose_worker_restarts(ev: dict[str, Any]) -> list[Finding]:
+def diagnose_worker_restarts(ev: dict[str, Any]) -> list[Draft]:
     ranks = _ranks(ev)
     groups: dict[tuple, dict[str, Any]] = {}
     for r, st in ranks.items():
@@ -417,7 +418,7 @@ def diagnose_worker_restarts(ev: dict[str, Any]) -> list[Finding]:
                f"the first batch of an epoch takes {_ms(startup)} against {_ms(steady)} for a steady batch, on "
                f"{_ranks_str(g['ranks'])} -- about {_ms(wasted)} lost over {g['epochs']} epochs (each epoch also "
                "re-imports and re-builds whatever the dataset does at worker start).")
-        out.append(Finding(
+        out.append(Draft(
             "DDP403", msg, runtime_fix("DDP403"),
             location=_loc(ld.get("site")), ranks=sorted(g["ranks"]),
             evidence={"epoch_start_s": round(startup, 4), "steady_batch_s": round(steady, 5),
@@ -426,7 +427,7 @@ def diagnose_worker_restarts(ev: dict[str, Any]) -> list[Finding]:
 
 
 # -- DDP405 find_unused_parameters=True, none unused ------------------------------------------
-def diagnose_unused_parameters(ev: dict[str, Any]) -> list[Finding]:
+def diagnose_unused_parameters(ev: dict[str, Any]) -> list[Draft]:
     ranks = _ranks(ev)
     sites: dict[tuple, dict[str, Any]] = {}
     for r, st in ranks.items():
@@ -451,7 +452,7 @@ def diagnose_unused_parameters(ev: dict[str, Any]) -> list[Finding]:
         msg = (f"The DDP model built at {_where(d.get('site'))} has find_unused_parameters=True, but no rank "
                f"ever had an unused parameter ({_ranks_str(g['ranks'])} checked, {d.get('params')} parameters): "
                "every backward pass pays an extra traversal of the autograd graph for nothing.")
-        out.append(Finding(
+        out.append(Draft(
             "DDP405", msg, runtime_fix("DDP405"),
             location=_loc(d.get("site")), ranks=sorted(g["ranks"]),
             evidence={"params": d.get("params"), "unused_parameter_size": d.get("unused_parameter_size", 0)}))

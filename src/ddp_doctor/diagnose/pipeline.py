@@ -7,9 +7,10 @@ schedule's ``step`` (``apis.STEP_OP``): the rank that ran it more often, stuck i
 loop ran longer.  Explains a stop, never makes one."""
 from __future__ import annotations
 
+from ddp_doctor.diagnose.draft import Draft
 from ddp_doctor.apis import STEP_OP
 from ddp_doctor.evidence import Collective, RankState, Site
-from ddp_doctor.findings import Finding, runtime_fix
+from ddp_doctor.findings import runtime_fix
 
 from ddp_doctor.diagnose.common import loc, others_text, rank_site, step_evidence, where
 
@@ -33,7 +34,7 @@ def ran_schedule_more(out_coll: dict[int, RankState], ranks: dict[int, RankState
 
 
 def schedule_finding(found, ranks: dict[int, RankState], in_coll: dict[int, Collective], how: str,
-                     stall: dict) -> Finding:
+                     stall: dict) -> Draft:
     fault, counts, site = found
     rs = ", ".join(map(str, fault))
     each = ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items()))
@@ -44,4 +45,4 @@ def schedule_finding(found, ranks: dict[int, RankState], in_coll: dict[int, Coll
     ev = {"step_calls": {str(r): n for r, n in counts.items()},
           "in_collective": {str(r): c for r, c in in_coll.items()},
           "where": {str(r): rank_site(ranks[r]) for r in fault}, **stall, **step_evidence(ranks)}
-    return Finding("DDP201", msg, runtime_fix("DDP201.count"), location=loc(site), ranks=fault, evidence=ev)
+    return Draft("DDP201", msg, runtime_fix("DDP201.count"), location=loc(site), ranks=fault, evidence=ev)

@@ -10,19 +10,12 @@ nothing is executed.  Reads the user's source files (the one I/O of the diagnosi
 from __future__ import annotations
 
 import ast
-import os
 from dataclasses import replace
 
-from ddp_doctor.evidence import DdpParam, RankState, Site
-from ddp_doctor.findings import Finding, Location, runtime_fix
-from ddp_doctor.diagnose.common import FIX_101
+from ddp_doctor.evidence import RankState, Site
 from ddp_doctor.diagnose.decision import Decision, user_stack, values_at, why_it_varies
-from ddp_doctor.diagnose.collectives import NOT_MEMBER
-from ddp_doctor.diagnose.grad_sync import sync_choice
-from ddp_doctor.diagnose.joined import JOIN_SHADOW
-from ddp_doctor.diagnose.rankbranch import branch_in, caller_branch
-from ddp_doctor.diagnose.unused import ddp_site_of, unused_branch
-from ddp_doctor.diagnose.stepexit import loader_counts, skipped_syncs, sync_skip_exit, trains
+from ddp_doctor.diagnose.rankbranch import branch_in
+from ddp_doctor.diagnose.stepexit import loader_counts, trains
 from ddp_doctor.diagnose.source import (LOOPS, arm, continues_in, exits_in, function_at,
                                          keyword, names_read, own_nodes, parse_file, pick_test, reads_rank,
                                          set_on_some_ranks, source_of, within)
@@ -349,9 +342,6 @@ def thread_loop(site: Site, fault: list[int], ranks: dict[int, RankState]) -> De
     return replace(d, parting="branch", culprits=tuple(fault)) if evident else None
 
 
-STEP_FAMILY = ("DDP101", "DDP201", "DDP202", "DDP203")
-
-
 def group_choice(site: Site, fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
     """The assignment that chose the group variable a collective at ``site`` was passed, when ranks ``fault``
     got a group they are not members of there (``pair = pairs[rank % 2]``)."""
@@ -377,82 +367,3 @@ def group_choice(site: Site, fault: list[int], ranks: dict[int, RankState]) -> D
     return Decision(at, "value", source_of(node, lines), ways, values_at(ranks, order, at, names),
                     "The group is picked from a rank-dependent value; on the ranks not in the group it picked, "
                     "new_group() had returned a placeholder and torch skips the collective.")
-
-
-def _recoded(f: Finding, d: Decision, ranks: dict[int, RankState]) -> Finding:
-    """The finding with the code the decision's kind implies, decided once here from recorded facts: ranks
-    that skipped a training step the others ran, or left a training loop the others stayed in (``parting``),
-    are DDP101 on those ranks; a collective only the ranks that went one way make is DDP201 on them (two
-    calls that do not disagree as torch sees them: DDP203 is kept only for a real mismatch)."""
-    if d.parting in ("skip", "loop") and d.culprits and f.code in ("DDP201", "DDP203", "DDP101"):
-        if f.code == "DDP101" and sorted(d.culprits) == sorted(f.ranks):
-            return f
-        return Finding("DDP101", f.message, FIX_101, location=f.location, ranks=sorted(d.culprits),
-                       evidence={**f.evidence, "recoded_from": f.code})
-    if f.code == "DDP203" and d.alone and not f.evidence.get(NOT_MEMBER):
-        # not two calls that disagree: a collective only the ranks that went that way make
-        return Finding("DDP201", f.message + f" Rank {', '.join(map(str, d.alone))}'s call is on a path the others "
-                       "do not take.", runtime_fix("DDP201"), location=f.location, ranks=list(d.alone),
-                       evidence={**f.evidence, "recoded_from": f.code})
-    return f
-
-
-def _decision_for(f: Finding, ranks: dict[int, RankState]) -> Decision | None:
-    """Where the ranks of finding ``f`` parted, from the most certain facts first: the ranks' own no_sync()
-    choices and skipped gradient syncs (counted by the probe), then where each rank stands now, then the line
-    lint located, then the line the finding shows."""
-    finished = f.code == "DDP204" and f.ranks and all(r in ranks and ranks[r].finished for r in f.ranks)
-    aborted = f.code == "DDP204" and f.ranks and all(r in ranks and ranks[r].signal == "SIGABRT" for r in f.ranks)
-    if aborted:  # gloo aborted on a gradient sync the ranks' own no_sync() choices put out of step
-        return sync_choice(ranks)
-    if f.code == "DDP204" and isinstance(f.evidence.get("unused_parameters"), dict):
-        params = [p for ps in f.evidence["unused_parameters"].values() for p in ps if isinstance(p, DdpParam)]
-        return unused_branch(ddp_site_of(f.evidence), params, list(f.ranks), ranks)
-    if not f.ranks or not (f.code in STEP_FAMILY or finished) or f.evidence.get(JOIN_SHADOW):
-        return None  # (a collective of one's own inside a Join: its place is the decision, diagnose/joined.py)
-    at = Site(f.location.path, f.location.line, f.location.function) if f.location else None
-    if f.evidence.get(NOT_MEMBER) and at is not None:
-        return group_choice(at, f.ranks, ranks)
-    if (d := sync_choice(ranks)) is not None:
-        return d  # the ranks left DDP's no_sync() after different micro-batches
-    if not finished and (skipped := skipped_syncs(ranks)) and (d := sync_skip_exit(skipped, ranks)) is not None:
-        return d  # a rank ran the training forward and no backward after it: where it left that step
-    d = locate(f.ranks, ranks) if not finished else None
-    if d is None and at is not None and not finished:
-        d = explain_at(at, f.ranks, ranks)
-    if d is None and f.evidence.get("cause") == "sync":
-        d = sync_skip_exit(list(f.ranks), ranks)  # the probe saw the forward its backward never followed
-    if d is None and at is not None and not finished:
-        d = thread_loop(at, list(f.ranks), ranks)
-    if d is None and at is not None and f.code != "DDP203":
-        # the others are gone or elsewhere: the rank branch that holds the line the finding shows,
-        # taken by the ranks standing at that line
-        inside = [r for r, st in sorted(ranks.items())
-                  if any(fr.line == at.line and os.path.basename(fr.path) == os.path.basename(at.path)
-                         for fr in user_stack(st))] or ([] if finished else list(f.ranks))
-        if inside and len(inside) < len(ranks):
-            # the outermost rank branch on the way to that line: the callers' frames first, then the line's
-            frames = [fr for fr in user_stack(ranks[inside[0]]) if (fr.path, fr.line) != (at.path, at.line)]
-            d = branch_in(frames + [at], inside, ranks)
-        if d is None and not finished:
-            d = caller_branch(at, list(f.ranks), ranks)
-    return d
-
-
-def with_decisions(findings: list[Finding], ranks: dict[int, RankState]) -> list[Finding]:
-    """Each step-family finding located at the decision its ranks parted at, when one is found, with the code
-    that decision's kind implies: the line where the divergence showed stays in the message and in
-    ``evidence["showed_at"]``.  A rank that finished while another waits (DDP204, exit 0) counts too: the
-    decision is the waiting rank's branch."""
-    for i, f in enumerate(findings):
-        d = _decision_for(f, ranks)
-        if d is None:
-            continue
-        f = findings[i] = _recoded(f, d, ranks)
-        f.evidence["decision"] = d.to_json()
-        moved = f.location is None or (f.location.path, f.location.line) != (d.site.path, d.site.line)
-        if moved and f.location is not None:
-            f.evidence["showed_at"] = f.location.to_report_dict()
-        f.location = Location(d.site.path, d.site.line, d.site.function)
-        f.message = d.text() + " " + f.message
-    return findings

@@ -1,8 +1,9 @@
 """DDP101 (uneven steps: which ranks ran fewer optimizer steps, why, and where) and DDP102 (set_epoch missing)."""
 from __future__ import annotations
 
+from ddp_doctor.diagnose.draft import Draft
 from ddp_doctor.evidence import JobEvidence, LoaderState, Site
-from ddp_doctor.findings import Finding, runtime_fix
+from ddp_doctor.findings import runtime_fix
 
 from ddp_doctor.diagnose.common import FIX_101, lint_line, loc, ranks_of, step_evidence, where
 
@@ -10,7 +11,7 @@ from ddp_doctor.diagnose.common import FIX_101, lint_line, loc, ranks_of, step_e
 _NO_LOADER = LoaderState()
 
 
-def uneven_steps(ranks, epoch, steps: dict[int, int], how: str, *, lint=None, fallback=None, near=None) -> Finding:
+def uneven_steps(ranks, epoch, steps: dict[int, int], how: str, *, lint=None, fallback=None, near=None) -> Draft:
     """DDP101: which ranks are the cause (skipped batches / uneven data / fewer steps) and where."""
     hi = max(steps.values())
     fewer = sorted(r for r, n in steps.items() if n != hi)
@@ -63,16 +64,17 @@ def uneven_steps(ranks, epoch, steps: dict[int, int], how: str, *, lint=None, fa
            f"different iterations averaged) until the job hangs or crashes; {how}.")
     if cause != "data" and location is not None and location is not site and location is not near:
         msg += " The line shown is where ddp-doctor lint located the rank-local skip."
-    return Finding("DDP101", msg, FIX_101, location=loc(location), ranks=culprits,
-                   evidence={"epoch": epoch, "steps_in_epoch": {str(r): n for r, n in steps.items()},
-                             "cause": cause, "skipped_batches": {str(r): n for r, n in skips.items()},
-                             "skipped_syncs": {str(r): ranks[r].syncs_skipped for r in ranks},
-                             "loader_len": {str(r): n for r, n in lens.items()}, **step_evidence(ranks)})
+    return Draft("DDP101", msg, FIX_101, location=loc(location), ranks=culprits,
+                 evidence={"epoch": epoch, "steps_in_epoch": {str(r): n for r, n in steps.items()},
+                         "cause": cause, "skipped_batches": {str(r): n for r, n in skips.items()},
+                         "skipped_syncs": {str(r): ranks[r].syncs_skipped for r in ranks},
+                         "loader_len": {str(r): n for r, n in lens.items()}, **step_evidence(ranks)},
+                 after_forward=cause == "sync")
 
 
 # -- DDP102 --------------------------------------------------------------------------------
-def diagnose_sampler(ev: JobEvidence) -> list[Finding]:
-    out: dict[tuple, Finding] = {}
+def diagnose_sampler(ev: JobEvidence) -> list[Draft]:
+    out: dict[tuple, Draft] = {}
     for r, st in ranks_of(ev).items():
         for ld in st.loaders:
             s = ld.sampler
@@ -88,7 +90,7 @@ def diagnose_sampler(ev: JobEvidence) -> list[Finding]:
                 msg = (f"The DataLoader at {where(site)} was iterated for {len(seen)} epochs with a shuffling "
                        f"DistributedSampler whose epoch stayed {seen[0]}: set_epoch() was never called, so every "
                        "epoch sees the same order.")
-                out[key] = Finding("DDP102", msg, runtime_fix("DDP102"), location=loc(site), ranks=[r],
-                                   evidence={"sampler": s, "epochs": len(seen)})
+                out[key] = Draft("DDP102", msg, runtime_fix("DDP102"), location=loc(site), ranks=[r],
+                                 evidence={"sampler": s, "epochs": len(seen)})
     return list(out.values())
 

@@ -82,9 +82,3 @@ def unused_branch(ddp_site: Site | None, params: list[DdpParam], culprits: list[
             return Decision(Site(path, node.lineno, "forward"), "if", source_of(node.test, lines), ways, (), why,
                             culprits=tuple(culprits))
     return None
-
-
-def ddp_site_of(evidence: dict) -> Site | None:
-    s = evidence.get("ddp_site")
-    return s if isinstance(s, Site) or s is None else Site(s.get("path"), s.get("line"), s.get("function"))
-

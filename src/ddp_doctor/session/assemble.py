@@ -15,7 +15,6 @@ from typing import Any
 from ddp_doctor import store as side
 from ddp_doctor.diagnose import diagnose_guarded
 from ddp_doctor.diagnose.blame import lint_mark
-from ddp_doctor.diagnose.common import same_hazard, same_line
 from ddp_doctor.evidence import EVIDENCE_OUT_ENV, Capture, ExitStatus, JobEvidence, LintMark, RankState, Verdict
 from ddp_doctor.findings import plain
 from ddp_doctor.report import report_v1
@@ -251,24 +250,21 @@ def save_evidence(evidence: JobEvidence, decision: Verdict | None, failures: dic
 
 
 def confirm_lint(runtime: list[dict[str, Any]], lint: list[dict[str, Any]]) -> None:
-    """A runtime finding on a line lint flagged with the same hazard: the static warning came true.
-
-    The lint finding takes the runtime finding's severity when that is graver (a DDP101 seen happen is an
-    error; a DDP403 seen happen stays advice) and both say so (report/v1 finding dicts, changed in place)."""
+    """The lint finding a runtime finding's wording found on its line (``evidence["lint"]``, same hazard: the
+    static warning came true) takes the runtime finding's severity when that is graver (a DDP101 seen happen is
+    an error; a DDP403 seen happen stays advice) and says so (report/v1 lint finding dicts, changed in place)."""
     grave = {"error": 0, "warning": 1, "info": 2}
     for rf in runtime:
-        # the decision's line, and the line where the divergence showed (lint flags the collective)
-        locs = [x for x in (rf.get("location"), rf["evidence"].get("showed_at")) if x]
+        mark = rf["evidence"].get("lint")
+        if not isinstance(mark, dict):
+            continue
         for lf in lint:
             ll = lf.get("location") or {}
-            if any(same_line(ll.get("path"), ll.get("line"), loc["path"], loc.get("line")) for loc in locs) \
-                    and same_hazard(lf["code"], rf["code"]):
+            if (lf["code"], ll.get("path"), ll.get("line")) == (mark.get("code"), mark.get("path"), mark.get("line")):
                 if grave.get(rf["severity"], 2) < grave.get(lf["severity"], 2):
                     lf["severity"] = rf["severity"]
                 lf["confirmed_by_runtime"] = rf["code"]
-                rf["evidence"]["lint"] = {"code": lf["code"], "message": lf["message"]}
-                rf["message"] += (f" ddp-doctor lint flagged this line before the run ({lf['code']}): "
-                                  "the static warning came true.")
+                mark["message"] = lf["message"]
                 break
 
 
