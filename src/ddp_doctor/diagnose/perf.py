@@ -37,12 +37,7 @@ def diagnose_perf(evidence: dict[str, Any]) -> list[Draft]:
     """All performance findings for a job (most important first)."""
     out: list[Draft] = []
     out += diagnose_data_bound(evidence)
-    bound = {r for f in out for r in f.ranks}
-    for f in diagnose_straggler(evidence):
-        # every rank waits on its loader: the slower loader is DDP401's story, not a straggler rank
-        if f.evidence.get("phase") == "data" and bound and bound >= set(_ranks(evidence)):
-            continue
-        out.append(f)
+    out += diagnose_straggler(evidence, data_bound={r for f in out for r in f.ranks})
     out += diagnose_worker_restarts(evidence)
     out += diagnose_unused_parameters(evidence)
     from ddp_doctor.diagnose.gpu_memory import diagnose_gpu_memory  # (it uses this module's helpers)
@@ -310,7 +305,9 @@ def diagnose_data_bound(ev: dict[str, Any]) -> list[Draft]:
 
 
 # -- DDP404 straggler -------------------------------------------------------------------------
-def diagnose_straggler(ev: dict[str, Any]) -> list[Draft]:
+def diagnose_straggler(ev: dict[str, Any], data_bound: set[int] = frozenset()) -> list[Draft]:
+    """DDP404: one rank's own work is consistently slower.  ``data_bound``: the ranks DDP401 found waiting on
+    their loader; when that is every rank, a slower loader is DDP401's story, not a straggler rank."""
     ranks = _ranks(ev)
     if len(ranks) < 2:
         return []
@@ -356,6 +353,8 @@ def diagnose_straggler(ev: dict[str, Any]) -> list[Draft]:
     d_data = data[slow] - _median([data[r] for r in others])
     d_comp = comp[slow] - _median([comp[r] for r in others])
     phase = "data loading" if d_data > d_comp else "compute (forward/backward/optimizer)"
+    if phase == "data loading" and data_bound and data_bound >= set(ranks):
+        return []
     excess = max(d_data, d_comp)
     wait_others = _median([coll[r] for r in others])
     host = ranks[slow].get("host")
