@@ -109,6 +109,10 @@ RUNTIME_FIXES: dict[str, str] = {
         "Make every rank call the same collectives in the same order with the same shapes and dtypes; for"
         " per-rank variable-size tensors use `ddp_doctor.fixes.gather_variable(...)` (or "
         "all_gather_object) instead of all_gather."),
+    "DDP203.microbatches": (
+        "Give every pipeline stage the same `n_microbatches` (a constant of the run, or agree on it before building "
+        "the schedule: `n = torch.tensor([n_micro]); dist.all_reduce(n, op=dist.ReduceOp.MIN)`), and split batches of "
+        "one size on every stage (pad or drop the rest), so that each stage's micro-batches pair with the others'."),
     "DDP203.splits": (
         "Exchange the counts first: `dist.all_to_all_single(recv_counts, send_counts)` (one count per rank), "
         "then pass `output_split_sizes=recv_counts.tolist()` and `input_split_sizes=send_counts.tolist()`, so "

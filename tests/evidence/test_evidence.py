@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from ddp_doctor.evidence import (SCHEMA, Activity, Capture, Collective, DataWait, DdpModel, DdpParam, ExitStatus,
-                                 GroupInit, JobEvidence, LintMark, LoaderState, RaisedError, RankState, Refused,
+                                 GroupInit, JobEvidence, LintMark, LoaderState, Microbatches, RaisedError, RankState,
+                                 Refused,
                                  SamplerState,
                                  Site, SiteCount, Suspicion, ThreadStack, TimelineEvent, Timing, Verdict, WorkerExit,
                                  WorkerStack, rank_state_from_wire, to_wire)
@@ -35,6 +36,7 @@ def _full_state() -> RankState:
                                  join=True)),
         site_counts=(SiteCount("all_gather", S, 3), SiteCount("barrier", None, 1)),
         not_member=(SiteCount("all_reduce", S, 2),),
+        microbatches=(Microbatches(S, 4),),
         timing=Timing(5, 1.0, 1.0, 0.2, 0.1, 0.7), coll_count=9, coll_time_s=0.1,
         loaders=(LoaderState(S, 8, 2, True, False, 2, 32, 1, 5, 0.2, (0.05,), (0.01,), (5,), (5,), (0,),
                              SamplerState("DistributedSampler", 0, True, False, 8, 0, (0, 0)), (77, 78),

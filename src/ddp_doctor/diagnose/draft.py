@@ -34,6 +34,8 @@ class Draft:
     after_forward: bool = False        # a rank ran the training forward and no backward after it
     not_member: bool = False           # ranks passed a group they are not members of (torch skips the call)
     join_shadow: bool = False          # a collective of one's own inside a Join: its place is the decision
+    chosen: tuple[str, int] | None = None  # the ranks passed different values as this (keyword, position) at
+    chosen_by: tuple = ()              # ... a call up to the line where it showed: (rank, ((name, value),)) each
     then: tuple[str, ...] = ()         # what happens next, from the stall policy (the job runs on; the proof)
 
     def __post_init__(self) -> None:

@@ -13,6 +13,7 @@ from ddp_doctor.diagnose.collectives import fatal_call, from_parted
 from ddp_doctor.diagnose.live import parted_calls
 from ddp_doctor.diagnose.common import (FIX_101, doing, gist, lint_line, loc, others_text, rank_site, ranks_of,
                                         step_evidence, user_frame, where)
+from ddp_doctor.diagnose.pipeline import in_schedule, microbatch_split
 from ddp_doctor.diagnose.steps import uneven_steps
 
 
@@ -257,6 +258,14 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Draft]:
                                    **step_evidence(ranks)}))
         return out
     roots = _root_ranks(ranks)
+    inside = [r for r in roots if in_schedule(ranks[r])]
+    split = microbatch_split(ranks, "then " + "; ".join(
+        f"rank {r} raised {ranks[r].exc.type}: {gist(ranks[r].exc.message, 160)} at {where(ranks[r].exc.location)}"
+        for r in inside) + (f"; meanwhile {others_text(ranks, set(inside))}" if others_text(ranks, set(inside)) else "")
+        ) if inside else None
+    if split is not None:  # the stages' own split of their batches: what each raised inside the schedule follows
+        out.append(split)
+        roots = [r for r in roots if r not in inside]
     unused = errors.diagnose_unused(ranks)  # DDP's unused-parameter error, on one rank or several
     if unused is not None:
         out.append(unused)

@@ -15,7 +15,7 @@ from ddp_doctor.diagnose.collectives import (blame_positions, classify_calls, fi
 from ddp_doctor.diagnose.common import (FIX_201, FIX_202, blocked_words, doing, loc, others_text, rank_site,
                                         ranks_of, step_evidence, user_frame, where)
 from ddp_doctor.diagnose.exits import diagnose_exit
-from ddp_doctor.diagnose.pipeline import ran_schedule_more, schedule_finding
+from ddp_doctor.diagnose.pipeline import microbatch_split, ran_schedule_more, schedule_finding
 from ddp_doctor.diagnose.steps import uneven_steps
 
 
@@ -31,6 +31,9 @@ def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Draft]:
     skipped = not_member_blame(calls, ranks)
     if skipped:  # members that passed a group they are not in where the others wait: whatever else they do now
         return [skipped.finding(ranks, how)]
+    split = microbatch_split(ranks, f"now {others_text(ranks, set())}. {how}")
+    if split is not None:  # pipeline stages that split their batches differently: their receives never pair
+        return [split]
     if len({c.group for c in in_coll.values()}) > 1 and not (out_coll and all(st.in_data_wait for st in out_coll.values())):
         # collectives of several groups: each position is judged against its own group's members
         b = blame_positions(in_coll, ranks)

@@ -345,25 +345,48 @@ def thread_loop(site: Site, fault: list[int], ranks: dict[int, RankState]) -> De
 def group_choice(site: Site, fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
     """The assignment that chose the group variable a collective at ``site`` was passed, when ranks ``fault``
     got a group they are not members of there (``pair = pairs[rank % 2]``)."""
+    ways = tuple((r, "got a group without this rank") for r in fault) + tuple(
+        (r, "got a group with this rank") for r in sorted(ranks) if r not in fault)
+    return value_choice(site, ("group", "process_group"), None, fault, ranks, ways,
+                        "The group is picked from a rank-dependent value; on the ranks not in the group it picked, "
+                        "new_group() had returned a placeholder and torch skips the collective.", same_line=True)
+
+
+def value_choice(site: Site, keywords: tuple[str, ...], position: int | None, fault: list[int],
+                 ranks: dict[int, RankState], ways, why: str = "", same_line: bool = False) -> Decision | None:
+    """The assignment that chose the variable passed as ``keywords`` (or argument ``position``) to a call in the
+    function at ``site`` -- on ``site``'s own line when ``same_line``, else the last such call up to it -- where
+    the ranks got different values (``ways``: what each rank passed, facts the probe recorded), with the values
+    the assignment's names held in the ranks' frames."""
     parsed = parse_file(site.path)
     if parsed is None:
         return None
     tree, lines = parsed
     fn = function_at(tree, site.function, site.line)
-    name = next((kw.value.id for node in own_nodes(fn) if isinstance(node, ast.Call) and node.lineno == site.line
-                 for kw in node.keywords if kw.arg in ("group", "process_group") and isinstance(kw.value, ast.Name)),
-                None)
-    assigns = [n for n in own_nodes(fn) if isinstance(n, ast.Assign) and n.lineno < site.line
+
+    def passed(call: ast.Call):
+        arg = next((kw.value for kw in call.keywords if kw.arg in keywords), None)
+        if arg is None and position is not None and len(call.args) > position:
+            arg = call.args[position]
+        return arg.id if isinstance(arg, ast.Name) else None
+
+    calls = [n for n in own_nodes(fn) if isinstance(n, ast.Call) and passed(n)
+             and (n.lineno == site.line if same_line else n.lineno <= site.line)]
+    if not calls:
+        return None
+    name = passed(max(calls, key=lambda n: n.lineno))
+    call_line = max(calls, key=lambda n: n.lineno).lineno
+    assigns = [n for n in own_nodes(fn) if isinstance(n, ast.Assign) and n.lineno < call_line
                and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
-    if name is None or not assigns:
+    if not assigns:
         return None
     node = max(assigns, key=lambda n: n.lineno)
     function = fn.name if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else "<module>"
     at = Site(site.path, node.lineno, function)
     names = [n for n in names_read(node.value) if n != name]
     order = list(fault) + [r for r in sorted(ranks) if r not in fault]
-    ways = tuple((r, "got a group without this rank") for r in fault) + tuple(
-        (r, "got a group with this rank") for r in sorted(ranks) if r not in fault)
-    return Decision(at, "value", source_of(node, lines), ways, values_at(ranks, order, at, names),
-                    "The group is picked from a rank-dependent value; on the ranks not in the group it picked, "
-                    "new_group() had returned a placeholder and torch skips the collective.")
+    vals = values_at(ranks, order, at, names)
+    text = source_of(node, lines)
+    if not why and reads_rank(site.path, fn, node.value):
+        why = f"`{text}` reads the rank itself: each rank computes its own value by design."
+    return Decision(at, "value", text, tuple(ways), vals, why or why_it_varies(text, vals, False))

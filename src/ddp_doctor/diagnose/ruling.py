@@ -9,7 +9,7 @@ from ddp_doctor.diagnose.common import FIX_101
 from ddp_doctor.diagnose.decision import Decision, user_stack
 from ddp_doctor.diagnose.draft import Draft, Ruling
 from ddp_doctor.diagnose.grad_sync import sync_choice
-from ddp_doctor.diagnose.provenance import explain_at, group_choice, locate, thread_loop
+from ddp_doctor.diagnose.provenance import explain_at, group_choice, locate, thread_loop, value_choice
 from ddp_doctor.diagnose.rankbranch import branch_in, caller_branch
 from ddp_doctor.diagnose.stepexit import skipped_syncs, sync_skip_exit
 from ddp_doctor.diagnose.unused import unused_branch
@@ -52,6 +52,10 @@ def _decision_for(d: Draft, ranks: dict[int, RankState]) -> Decision | None:
     at = Site(d.location.path, d.location.line, d.location.function) if d.location else None
     if d.not_member and at is not None:
         return group_choice(at, d.ranks, ranks)
+    if d.chosen is not None and at is not None:  # the assignment of the value the ranks passed differently
+        keyword, position = d.chosen
+        ways = tuple((r, f"passed {keyword}={dict(kv)[keyword]}") for r, kv in d.chosen_by)
+        return value_choice(at, (keyword,), position, list(d.ranks), ranks, ways)
     if (found := sync_choice(ranks)) is not None:
         return found  # the ranks left DDP's no_sync() after different micro-batches
     if not finished and (skipped := skipped_syncs(ranks)) and (found := sync_skip_exit(skipped, ranks)) is not None:

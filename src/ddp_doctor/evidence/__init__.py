@@ -25,7 +25,7 @@ from ddp_doctor.evidence.job import (EVIDENCE_OUT_ENV, Capture, JobEvidence, Lin
 from ddp_doctor.evidence.outside import OutsideWait, Stall
 from ddp_doctor.evidence.rank import PERF_KEYS, RankState, missing_rank
 from ddp_doctor.evidence.records import (SCHEMA, Activity, Collective, DataWait, DdpModel, DdpParam,
-                                         ExitStatus, GroupInit, LoaderState, RaisedError, Refused, SamplerState, Site,
+                                         ExitStatus, GroupInit, LoaderState, Microbatches, RaisedError, Refused, SamplerState, Site,
                                          SiteCount, SkippedSync, TimelineEvent, Timing, WorkerExit)
 from ddp_doctor.evidence.threads import FrameValues, ThreadStack, WorkerStack, stacks_from_json, stacks_to_json
 from ddp_doctor.evidence.summary import (Control, Deadline, Digests, Finished, NodeDetail, NodeSummary, Outside, Pull,
@@ -34,7 +34,7 @@ from ddp_doctor.evidence.summary import (Control, Deadline, Digests, Finished, N
 __all__ = ["GROUP_CREATION", "ROOT", "SCHEMA", "PERF_KEYS", "EVIDENCE_OUT_ENV", "Activity", "Site", "Collective", "ExitStatus",
            "RaisedError", "DataWait", "SamplerState", "LoaderState", "DdpModel", "DdpParam", "GroupInit", "Timing",
            "TimelineEvent", "ThreadStack", "FrameValues", "WorkerExit", "WorkerStack", "SkippedSync",
-           "SiteCount", "Refused", "RankState", "missing_rank", "LintMark", "JobEvidence", "Suspicion", "Verdict", "Capture", "to_wire",
+           "SiteCount", "Microbatches", "Refused", "RankState", "missing_rank", "LintMark", "JobEvidence", "Suspicion", "Verdict", "Capture", "to_wire",
            "NodeLoss", "NodeSummary", "Waiting", "Outside", "Finished", "Deadline", "Digests", "Control", "Pull",
            "NodeDetail", "rank_runs", "OutsideWait", "Stall",
            "rank_state_from_wire", "exit_from_wire", "stacks_from_wire", "stacks_to_json", "stacks_from_json"]

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
 from ddp_doctor.evidence.records import (SCHEMA, Activity, Collective, DataWait, DdpModel, ExitStatus, GroupInit,
-                                         LoaderState, RaisedError, Refused, SkippedSync, Site, SiteCount, TimelineEvent, Timing,
+                                         LoaderState, Microbatches, RaisedError, Refused, SkippedSync, Site, SiteCount, TimelineEvent, Timing,
                                          _sites, _tuple)
 from ddp_doctor.evidence.outside import OutsideWait
 from ddp_doctor.evidence.threads import ThreadStack, WorkerStack
@@ -52,6 +52,7 @@ class RankState:
     site_counts: tuple[SiteCount, ...] = ()
     not_member: tuple[SiteCount, ...] = ()  # calls on a group the rank is not in (no-ops in torch), per line
     mesh_dims: Mapping[str, str] = field(default_factory=dict)  # group key -> its DeviceMesh dimension name
+    microbatches: tuple[Microbatches, ...] = ()  # each pipeline schedule's split, where the rank ran its step
     timing: Timing | None = None
     coll_count: int = 0
     coll_time_s: float = 0.0
@@ -173,6 +174,7 @@ class RankState:
             site_counts=tuple(SiteCount(op, at(si), n) for op, si, n in d.get("site_counts") or ()),
             not_member=tuple(SiteCount(op, at(si), n) for op, si, n in d.get("not_member") or ()),
             mesh_dims=dict(d.get("mesh_dims") or {}),
+            microbatches=tuple(Microbatches.from_json(x) for x in d.get("microbatches") or ()),
             timing=Timing.from_json(d.get("timing")), coll_count=colls.get("count") or 0,
             coll_time_s=colls.get("time_s") or 0.0,
             loaders=tuple(LoaderState.from_json(ld) for ld in d.get("loaders") or ()),
@@ -199,7 +201,7 @@ def missing_rank(rank: int) -> RankState:
 
 # newer fields, left out when unknown (older captures and states round-trip unchanged)
 _OMIT_WHEN_NONE = frozenset({"activity", "pg_timeout_s", "idle_s", "sync_forwards", "syncs_skipped", "skipped_syncs",
-                             "teardown", "refused", "mesh_dims", "outside"})
+                             "teardown", "refused", "mesh_dims", "outside", "microbatches"})
 # encoded field by field; the others have a compact encoding of their own in to_json
 _PLAIN_FIELDS = tuple(f.name for f in fields(RankState)
                       if f.name not in ("fingerprints", "site_counts", "not_member", "perf", "sites_seen", "coll_count",

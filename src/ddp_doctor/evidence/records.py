@@ -439,6 +439,21 @@ class SiteCount:
 
 
 @dataclass(frozen=True, slots=True)
+class Microbatches:
+    """How many micro-batches a pipeline schedule split each batch into, as this rank ran its ``step`` at
+    ``site``: every stage must split alike (their sends and receives pair micro-batch by micro-batch)."""
+    site: Site | None
+    n: int
+
+    def to_json(self) -> list[Any]:
+        return [self.site.to_json() if self.site else None, self.n]
+
+    @classmethod
+    def from_json(cls, d) -> "Microbatches":
+        return cls(Site.from_json(d[0]), int(d[1]))
+
+
+@dataclass(frozen=True, slots=True)
 class Refused:
     """Side-channel values a reader dropped under ``key`` for ``reason`` (unsigned, bad signature,
     replayed, malformed): a rank reports those it refused (a forged ``ddpd/stop``), so the report counts them."""

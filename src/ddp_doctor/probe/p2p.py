@@ -30,6 +30,24 @@ def _count(rec, op: str, frame) -> tuple | None:
     return site
 
 
+def _split(rec, site_idx: int, schedule) -> None:
+    """The micro-batch count of the schedule whose step the rank runs at ``site_idx``."""
+    n = getattr(schedule, "_n_microbatches", None)
+    if isinstance(n, int):
+        rec.microbatches[site_idx] = n
+
+
+def _running_schedule(frame):
+    """The schedule whose ``step`` is running on this thread, from its frames (the step in progress when the
+    schedules were hooked)."""
+    while frame is not None:
+        me = frame.f_locals.get("self") if frame.f_code.co_name == "step" else None
+        if me is not None and hasattr(me, "_n_microbatches"):
+            return me
+        frame = frame.f_back
+    return None
+
+
 def _hook_schedules(rec_of, site) -> None:
     """Count the calls of the schedules' ``step`` from now on; the one in progress (``site`` is inside it)."""
     global _schedules_hooked
@@ -47,7 +65,9 @@ def _hook_schedules(rec_of, site) -> None:
         def step(self, *args, _orig=orig, **kwargs):
             if not getattr(_tls, "step", 0):
                 try:
-                    _count(rec_of(), STEP_OP, sys._getframe(1))
+                    rec = rec_of()
+                    site = _count(rec, STEP_OP, sys._getframe(1))
+                    _split(rec, rec.site_index(site), self)
                 except Exception:
                     pass
             _tls.step = getattr(_tls, "step", 0) + 1
@@ -62,6 +82,7 @@ def _hook_schedules(rec_of, site) -> None:
         rec = rec_of()
         key = (STEP_OP, rec.site_index(site[:3]))
         rec.site_counts[key] = rec.site_counts.get(key, 0) + 1
+        _split(rec, key[1], _running_schedule(sys._getframe(1)))
 
 
 def _wrap(fn, op: str, rec_of):

@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 from ddp_doctor import store as side
 from ddp_doctor import frames as kinds
-from ddp_doctor.evidence import (Collective, DataWait, DdpModel, GroupInit, LoaderState, RankState, Refused, SamplerState,
-                                 Site, SiteCount, SkippedSync, ThreadStack, TimelineEvent, Timing, stacks_to_json)
+from ddp_doctor.evidence import (Collective, DataWait, DdpModel, GroupInit, LoaderState, Microbatches, RankState, Refused,
+                                 SamplerState, Site, SiteCount, SkippedSync, ThreadStack, TimelineEvent, Timing, stacks_to_json)
 from ddp_doctor.probe import activity, frame_values, group_calls, stackdump
 from ddp_doctor.probe.groups import note_group
 from ddp_doctor.probe.recorder import Recorder
@@ -149,6 +149,7 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
                           for (op, si), c in list(rec.site_counts.items())),
         not_member=tuple(SiteCount(op, sites[si] if si < n else None, c) for (op, si), c in list(rec.not_member.items())),
         mesh_dims=dict(group_calls.mesh_dims),
+        microbatches=tuple(Microbatches(sites[si] if si < n else None, m) for si, m in list(rec.microbatches.items())),
         timing=Timing(rec.steps, round(rec.step_time_total, 4), round(steps_time, 4), round(rec.data_wait_s, 4),
                       round(rec.coll_time, 4), round(max(0.0, rec.step_time_total - rec.data_wait_s - rec.coll_time), 4)),
         coll_count=rec.coll_count, coll_time_s=round(rec.coll_time, 4),

@@ -128,6 +128,7 @@ class Recorder:
         self._site_idx: dict[Any, int] = {}
         self.site_counts: dict[tuple[str, int], int] = {}  # (op, site_idx) -> calls
         self.not_member: dict[tuple[str, int], int] = {}  # the same, of calls on a group this rank is not in
+        self.microbatches: dict[int, int] = {}  # site_idx of a pipeline schedule's step -> its micro-batch count
         self.coll_count = 0
         self.coll_time = 0.0
         self.progress = 0
