@@ -58,6 +58,18 @@ def test_a_forward_without_backward_needs_the_skipped_sync_count():
     assert not contradictions(_report(msg, {"skipped_syncs": {"0": 0, "1": 1}}))
 
 
+def test_a_micro_batch_split_needs_counts_that_differ():
+    msg = "The pipeline stages split their batches into different numbers of micro-batches at the schedule's step"
+    assert contradictions(_report(msg, {"microbatches": {"0": 4, "1": 4}}, code="DDP203"))
+    assert not contradictions(_report(msg, {"microbatches": {"0": 4, "1": 2}}, code="DDP203"))
+
+
+def test_lint_confirmation_needs_the_lint_finding():
+    msg = "Rank 0 called barrier(). ddp-doctor lint flagged this line before the run (DDP201): the static warning came true."
+    assert contradictions(_report(msg, {}, code="DDP201"))
+    assert not contradictions(_report(msg, {"lint": {"code": "DDP201", "path": "t.py", "line": 3}}, code="DDP201"))
+
+
 def test_an_unrecorded_value_is_never_printed_as_a_number():
     assert contradictions(_report("No rank progressed for Nones (hang limit Nones).", code="DDP205"))
     assert not contradictions(_report("No rank progressed for 91.2s (hang limit 90s).", code="DDP205"))

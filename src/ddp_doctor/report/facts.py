@@ -32,6 +32,8 @@ _LOOP_COUNTS = re.compile(r"ran this loop a different number of times|yields a d
 _YIELDS = re.compile(r"yields a different number of items")
 _CONST_RANGE = re.compile(r"\bin range\(\s*\d+\s*(?:,\s*\d+\s*){0,2}\)$")
 _LEFT_LOOP = re.compile(r"\branks? ([\d, ]+) left the loop\b")
+_SPLIT = re.compile(r"split their batches into different numbers of micro-batches")
+_LINT_SAW = re.compile(r"ddp-doctor lint flagged this line before the run \((DDP\d+)\)")
 _NO_BACKWARD = re.compile(r"\brank ([\d, ]+) ran a DDP forward that prepared a gradient sync and then no backward")
 
 
@@ -96,6 +98,13 @@ def finding_contradictions(f: dict[str, Any], ranks: dict[int, dict[str, Any]]) 
             if r in skipped and skipped[r] <= low:
                 out.append(Contradiction(code, m.group(0), f"rank {r} skipped {skipped[r]} gradient syncs, no more "
                                                            "than any other rank"))
+    if (m := _SPLIT.search(msg)) is not None:
+        counts = [n for n in (ev.get("microbatches") or {}).values() if isinstance(n, int)]
+        if len(set(counts)) < 2:
+            out.append(Contradiction(code, m.group(0), "the micro-batch counts recorded do not differ: "
+                                                       f"{ev.get('microbatches')}"))
+    if (m := _LINT_SAW.search(msg)) is not None and (ev.get("lint") or {}).get("code") != m.group(1):
+        out.append(Contradiction(code, m.group(0), "no lint finding of that code is recorded on the line"))
     return out
 
 
