@@ -2,7 +2,7 @@
 reported clean, ending 0 with nothing of c10d's, no traceback and no C++ warning in any rank's output; a barrier
 rank 0 alone calls named with its rank and line, and the job stopped; a raise on rank 1 named.  The report
 says which launcher started the ranks and lies where the user launched from.  (Ray Train's, slower:
-test_watch_ray.py.)"""
+test_watch_ray.py; Lightning Fabric's and the HF Trainer's under `accelerate launch`: test_watch_shared.py.)"""
 from __future__ import annotations
 
 import sys
