@@ -7,8 +7,12 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -92,6 +96,13 @@ def rank_env(**extra) -> dict:
     return dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1", NO_COLOR="1", **extra)
 
 
+def accelerate_launch(script: Path, *args: str) -> list[str]:
+    """``accelerate launch`` of ``script`` on 2 CPU processes, no config file, on a free port."""
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+            str(free_port()), str(script), *args]
+
+
 def wait_report(path: Path, procs: Procs, timeout: float = 150) -> dict:
     """The report once written (the embedded watcher replaces the file atomically)."""
     deadline = time.monotonic() + timeout
@@ -141,3 +152,29 @@ def expect(rep: dict, script: Path, mode: str, launcher: str) -> None:
     else:
         assert (rep["verdict"], f["code"], f["ranks"]) == ("crash", "DDP204", [1]), f
         assert "RuntimeError" in f["message"], f["message"]
+
+
+@dataclass
+class Case:
+    """One job of a launcher's shared run: its processes (output, exit statuses) and its report."""
+    procs: Procs
+    report: dict
+
+
+@contextmanager
+def running(tmp: Path, modes: list[str], start: Callable[[Procs, str, Path], None]) -> Iterator[dict[str, Case]]:
+    """Every mode's job started at once (``start(procs, mode, report_path)``, each in a directory of its own),
+    then each one's report; every process killed on leaving.  A module fixture's: the jobs' start-up,
+    diagnosis and end overlap, so one launcher's cases cost CI about one job's waits."""
+    cases: dict[str, Case] = {}
+    try:
+        for mode in modes:
+            (tmp / mode).mkdir()
+            cases[mode] = Case(Procs(tmp / mode), {})
+            start(cases[mode].procs, mode, tmp / mode / "r.json")
+        for mode, case in cases.items():
+            case.report = wait_report(tmp / mode / "r.json", case.procs, timeout=240)
+        yield cases
+    finally:
+        for case in cases.values():
+            case.procs.kill()

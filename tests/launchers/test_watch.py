@@ -2,13 +2,13 @@
 reported clean, ending 0 with nothing of c10d's, no traceback and no C++ warning in any rank's output; a barrier
 rank 0 alone calls named with its rank and line, and the job stopped; a raise on rank 1 named.  The report
 says which launcher started the ranks and lies where the user launched from.  (Ray Train's, slower:
-test_watch_ray.py.)"""
+test_watch_ray.py; Lightning Fabric's and the HF Trainer's under `accelerate launch`: test_watch_shared.py.)"""
 from __future__ import annotations
 
 import sys
 
 import pytest
-from launch_helpers import HERE, ended, expect, free_port, rank_env, wait_report
+from launch_helpers import HERE, accelerate_launch, ended, expect, free_port, rank_env, wait_report
 
 pytestmark = pytest.mark.scenario
 SCRIPTS = HERE / "scripts"
@@ -37,13 +37,14 @@ def test_srun_style_watch(procs, tmp_path, mode):
     ended(procs, "ok" if mode == "late" else mode)
 
 
-@pytest.mark.parametrize("mode", ["ok", "barrier"])
+@pytest.mark.parametrize("mode", MODES)
 def test_mp_spawn_watch(procs, tmp_path, mode):
     """`torch.multiprocessing.spawn` from the script: the launching process is no rank (armed, never active);
     each child re-imports the file (the line runs again, as `__mp_main__`) and becomes a rank only in its
     `init_process_group(rank=..., world_size=2)`: no RANK or WORLD_SIZE anywhere.  Another service listens on
     MASTER_PORT + 1 (Ray's took it in CI): activated once the group exists, rank 0 hosts the side channel on
-    a port the OS picks and announces it in torch's store.  (A spawned rank's raise: ddp_spawn's.)"""
+    a port the OS picks and announces it in torch's store.  A raise on rank 1: `mp.spawn` SIGTERMs rank 0 (and the
+    watcher in it) as soon as rank 1 exits, so the failing rank waits for the watcher's report first."""
     import socket
 
     report, port = tmp_path / "r.json", free_port()
@@ -97,9 +98,7 @@ def test_accelerate_notebook_launcher_watch(procs, tmp_path, mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_accelerate_launch_watch(procs, tmp_path, mode):
     report = tmp_path / "r.json"
-    procs.start([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-                 str(free_port()), str(ACCELERATE), mode], rank_env(DDP_DOCTOR_REPORT=str(report)), cwd=tmp_path)
+    procs.start(accelerate_launch(ACCELERATE, mode), rank_env(DDP_DOCTOR_REPORT=str(report)), cwd=tmp_path)
     expect(wait_report(report, procs), ACCELERATE, mode, "accelerate launch")
     ended(procs, mode)
 

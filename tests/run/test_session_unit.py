@@ -74,3 +74,29 @@ def test_the_exit_code_is_the_programs_own_even_when_torch_aborts_at_teardown():
     ranks[1] = RankState(rank=1)
     job.failures[1] = ExitStatus(-9, "SIGKILL")
     assert crash_exit_code(job, JobEvidence(world_size=2, ranks=ranks), [root]) == 137
+
+
+def test_launcher_names_the_framework_under_accelerate_launch_and_fabric_alone(monkeypatch):
+    """The report's `launcher` from rank 0's environment and modules: the HF Trainer under `accelerate launch`
+    is named with it (accelerate's own scripts are not "accelerate launch (accelerate)"); a script on the
+    standalone `lightning_fabric` package started as `python train.py` is Lightning's subprocess launch."""
+    import sys
+
+    from ddp_doctor.session import launcher
+
+    for name in ("lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "transformers",
+                 "transformers.trainer", "ray.train"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    for var in ("TORCHELASTIC_RUN_ID", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_DYNAMO_BACKEND", "NPROC",
+                "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setitem(sys.modules, "lightning_fabric", SimpleNamespace())
+    assert launcher.detect() == "lightning (subprocess)"
+    monkeypatch.delitem(sys.modules, "lightning_fabric")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
+    monkeypatch.setitem(sys.modules, "accelerate", SimpleNamespace())
+    assert launcher.detect() == "accelerate launch"
+    monkeypatch.setitem(sys.modules, "transformers", SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "transformers.trainer", SimpleNamespace())
+    assert launcher.detect() == "accelerate launch (transformers Trainer)"

@@ -14,7 +14,7 @@ REPORT_NAME = "ddp-doctor-report.json"
 
 def _framework() -> str | None:
     mods = sys.modules
-    if "lightning" in mods or "pytorch_lightning" in mods:
+    if "lightning" in mods or "pytorch_lightning" in mods or "lightning_fabric" in mods:
         return "lightning"
     if "accelerate" in mods and "transformers" not in mods:
         return "accelerate"
@@ -28,15 +28,15 @@ def _framework() -> str | None:
 def detect() -> str:
     """A short name: "torchrun", "accelerate launch", "accelerate notebook_launcher", "lightning (subprocess)",
     "lightning (ddp_spawn)", "ray train", "torch.multiprocessing", "mpirun", "srun", "environment" (RANK,
-    WORLD_SIZE... set by hand or by a launcher not known here); "torchrun (lightning)" etc. for a framework
-    under a launcher."""
+    WORLD_SIZE... set by hand or by a launcher not known here); "torchrun (lightning)", "accelerate launch
+    (transformers Trainer)" etc. for a framework under a launcher (Fabric's is lightning's)."""
     env = os.environ
     framework = _framework()
     if "ray.train" in sys.modules:
         return "ray train"
     if env.get("TORCHELASTIC_RUN_ID"):
         if env.get("ACCELERATE_MIXED_PRECISION") or env.get("ACCELERATE_DYNAMO_BACKEND"):
-            return "accelerate launch"
+            return "accelerate launch" + (f" ({framework})" if framework not in (None, "accelerate") else "")
         if env.get("NPROC") and "accelerate" in sys.modules:
             return "accelerate notebook_launcher"
         return "torchrun" + (f" ({framework})" if framework else "")
