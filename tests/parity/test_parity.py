@@ -151,7 +151,7 @@ def _run(name: str, tmp: Path) -> tuple[manifest.CommandResult, dict | None]:
 
 @pytest.fixture(scope="module")
 def views(tmp_path_factory) -> dict[str, Views]:
-    """Every parity job, run once each way (a few launches at a time, the longest first)."""
+    """Every parity job, run once each way (a few launches at a time; the watched ones, which wait, first)."""
     tmp = {n: tmp_path_factory.mktemp(n) for n in manifest.PARITY}
     with ThreadPoolExecutor(PARALLEL) as pool:
         watched = {n: pool.submit(_watched, n, tmp[n]) for n in manifest.PARITY}
