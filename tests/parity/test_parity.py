@@ -258,3 +258,16 @@ def test_attach_names_what_the_other_ranks_wait_in(views):
     """attach's stall finding says where the ranks that wait are (the probe's and py-spy's stacks agree)."""
     f = next(f for f in views["stuck_read_rank1"].attach["findings"] if f["severity"] == "error")
     assert "rank 0 waits in ddp.backward(allreduce_grads)" in f["message"], f["message"]
+
+
+def test_flight_recorder_shows_each_ranks_call(views):
+    """The dumps' finding carries what each rank recorded at the collective where they parted: rank 0's
+    barrier against rank 1's first collective in DDP's constructor; rank 0's broadcast against rank 1's
+    barrier."""
+    def ops(name: str) -> dict[str, str]:
+        f = next(f for f in views[name].flightrec["findings"] if f["severity"] == "error")
+        return {r: c["op"] for r, c in f["evidence"]["calls"].items()}
+
+    barrier = ops("rank0_barrier")
+    assert barrier["0"] == "barrier" and barrier["1"] != "barrier", barrier
+    assert sorted(ops("op_mismatch").values()) == ["barrier", "broadcast"], ops("op_mismatch")
