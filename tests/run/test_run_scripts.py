@@ -37,12 +37,11 @@ RESTART = ["--max-restarts", "1"]
 # name: (verdict, exit code (None: any non-zero), {code: (ranks, marker line or None)}, extra options[, env])
 CASES = {
     # (the failure library with clean twins is tests/scenarios, run by test_scenarios_run.py; these add:
-    #  a barrier mid-training, an explicit --hang-timeout with loader-worker stacks, DDP102 + timing, SIGKILL,
-    #  and jobs restarted by torch's agent)
+    #  a barrier mid-training, an explicit --hang-timeout with loader-worker stacks, DDP102 + timing, and jobs
+    #  restarted by torch's agent; a SIGKILLed rank is tests/parity's rank_sigkill)
     "barrier_rank0": ("hang", None, {"DDP201": ([0], True)}, []),
     "barrier_before_training": ("hang", None, {"DDP201": ([0], True)}, []),
     "barrier_before_training_all": ("ok", 0, {}, []),  # its twin: the barrier on every rank
-    "sigkill_rank1": ("crash", 137, {"DDP204": ([1], False)}, []),  # killed anywhere: no line to check
     "loader_stall": ("hang", None, {"DDP205": ([0, 1], True)}, ["--hang-timeout", "8", "--stop-on-stall"]),
     "no_set_epoch": ("ok", 0, {"DDP102": ([0, 1], True)}, []),
     # attempt 0 crashes, attempt 1 finishes: OK, the crash kept under "restarts"

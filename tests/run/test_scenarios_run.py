@@ -1,6 +1,9 @@
 """Every ``issue: run`` scenario of tests/scenarios under ``ddp-doctor run``: verdict, codes, ranks, marker
 lines, clean twins without error findings, no process left behind (scenarios.json is the single truth).
 
+The parity scenarios (``manifest.PARITY``) run in tests/parity instead, checked there by the same
+``manifest.assert_run_report`` and compared with attach's and Flight Recorder's views of the same job.
+
 Jobs run a few at a time (DDP_DOCTOR_TEST_PARALLEL, default 4; 3 beside another pytest worker) in one
 module fixture.
 """
@@ -17,12 +20,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "scenarios"))
 import manifest  # noqa: E402 (tests/scenarios, put on the path above)
-import jsonschema  # noqa: E402 (a test dependency: missing, it must fail loudly)
-
-from ddp_doctor.report import REPORT_JSON_SCHEMA  # noqa: E402
 
 pytestmark = [pytest.mark.scenario, pytest.mark.timeout(1800)]  # one fixture runs every job
-NAMES = manifest.names(issue="run")
+NAMES = [n for n in manifest.names(issue="run") if n not in manifest.PARITY]
 # (fewer at a time beside a second pytest worker, so the machine carries about as many jobs as before)
 PARALLEL = int(os.environ.get("DDP_DOCTOR_TEST_PARALLEL", "3" if os.environ.get("PYTEST_XDIST_WORKER") else "4"))
 
@@ -45,15 +45,4 @@ def results(tmp_path_factory):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_scenario(results, name):
-    res, rep = results[name]["res"], results[name]["report"]
-    assert rep is not None, (res.stdout + res.stderr)[-3000:]
-    jsonschema.validate(rep, REPORT_JSON_SCHEMA)
-    assert rep.get("contradictions") == [], rep.get("contradictions")  # every sentence agrees with the facts
-    problems = manifest.report_problems(name, rep)
-    assert not problems, (problems, [(f["code"], f["ranks"], f["message"][:300]) for f in rep["findings"]])
-    assert not res.leftovers, res.leftovers
-    assert rep["exit_code"] == res.returncode
-    if rep["verdict"] == "ok":
-        assert res.returncode == 0
-    else:
-        assert res.returncode != 0
+    manifest.assert_run_report(name, results[name]["res"], results[name]["report"])

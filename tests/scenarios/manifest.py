@@ -53,6 +53,12 @@ def _load() -> dict[str, dict[str, Any]]:
     return out
 
 
+# The scenarios tests/parity runs once and looks at three ways (``ddp-doctor run``, ``ddp-doctor attach`` on the
+# live job, its Flight Recorder dumps): a rank-0 barrier, a mismatched collective, a rank that died, a stalled
+# rank, a clean twin.  tests/run/test_scenarios_run.py leaves them to it (one run of each, not two).
+PARITY = ("rank0_barrier", "op_mismatch", "rank_sigkill", "stuck_read_rank1", "rank0_print_save")
+
+
 def names(issue: str | None = None) -> list[str]:
     """Scenario names (script stems), optionally only those of issue ``"run"`` or ``"perf"``."""
     return [n for n, e in _load().items() if issue is None or e.get("issue") == issue]
@@ -217,6 +223,27 @@ def torch_teardown_abort(report: dict[str, Any]) -> bool:
     errors = [f for f in report.get("findings", []) if f.get("severity") == "error"]
     return report.get("verdict") == "crash" and bool(errors) and all(
         f.get("code") == "DDP204" and (f.get("evidence") or {}).get("finished_program") for f in errors)
+
+
+def assert_run_report(name: str, res: "CommandResult", report: dict[str, Any] | None) -> None:
+    """Everything a ``ddp-doctor run`` of ``name`` must satisfy (tests/run/test_scenarios_run.py and the
+    parity jobs of tests/parity): a report/v1 report, no contradiction between its sentences and its facts,
+    the expectation of scenarios.json, no process left behind, and the exit status the report names."""
+    import jsonschema
+
+    from ddp_doctor.report import REPORT_JSON_SCHEMA
+
+    assert report is not None, (res.stdout + res.stderr)[-3000:]
+    jsonschema.validate(report, REPORT_JSON_SCHEMA)
+    assert report.get("contradictions") == [], report.get("contradictions")  # every sentence agrees with the facts
+    problems = report_problems(name, report)
+    assert not problems, (problems, [(f["code"], f["ranks"], f["message"][:300]) for f in report["findings"]])
+    assert not res.leftovers, res.leftovers
+    assert report["exit_code"] == res.returncode, (report["exit_code"], res.returncode, res.stderr[-2000:])
+    if report["verdict"] == "ok":
+        assert res.returncode == 0
+    else:
+        assert res.returncode != 0
 
 
 # ---------------------------------------------------------------- running
