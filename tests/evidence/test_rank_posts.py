@@ -98,6 +98,9 @@ def test_the_probe_posts_deltas_that_the_watcher_reads_back_as_the_very_state_bu
     evil.set(key, b"[7,{}]")
     watcher.read_states()
     assert watcher.views[0].state.step == 139 and host.stats.rejected_by_key.get(key)
+    evil.delete_key(key)          # (a stranger's deletion: never a wait for the key to come back)
+    watcher.read_states()
+    assert watcher.views[0].state.step == 139
     # the final post: the full state, read as one
     rec.done, rec.exit_code = True, 0
     pub.publish(final=True)
