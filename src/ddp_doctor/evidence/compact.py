@@ -299,6 +299,16 @@ class StateEncoder:
 
 
 _GONE = object()   # a wire key a delta says is no longer there
+_SCALARS: frozenset = frozenset()   # (``_scalars``, filled with the table)
+
+
+def _scalars() -> frozenset[str]:
+    """The RankState fields whose wire value, a number or text, is the field's value as ``from_json`` makes it."""
+    from ddp_doctor.evidence.rank import _PLAIN_FIELDS, RankState
+
+    hints = {f.name: str(f.type) for f in fields(RankState)}
+    simple = {"int", "float", "bool", "str", "int | None", "float | None", "str | None"}
+    return frozenset(k for k in _PLAIN_FIELDS if hints.get(k) in simple)
 
 
 def _wire_fields() -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
@@ -363,9 +373,11 @@ class StateDecoder:
         keys; only the keys whose value moved since the previous delta are decoded again."""
         from ddp_doctor.evidence.rank import RankState
 
+        global _SCALARS
         table = StateDecoder._FIELDS
         if table is None:
             table = StateDecoder._FIELDS = _wire_fields()
+            _SCALARS = _scalars()
         wire = dict(changed)
         wire.update((k, _GONE) for k in removed)
         moved = [k for k, v in wire.items() if k not in self.wire or self.wire[k] != v]
@@ -375,10 +387,18 @@ class StateDecoder:
         base = self.light
         redo: set[str] = set()
         part = {"rank": base["rank"]}
+        made = self.made
         for k in moved:
             got = table.get(k)
             if got is None:
                 continue   # a key no field is made of ("schema", the channel's own counts)
+            v = wire.get(k)
+            if got[1] == (k,) and isinstance(v, (int, float, str)) and k in _SCALARS:
+                if v == self.kw[k]:   # a number or text is its own record: no from_json
+                    made.pop(k, None)
+                else:
+                    made[k] = v
+                continue
             redo.update(got[0])
             for x in got[1]:
                 v = wire.get(x, base.get(x, _GONE))
@@ -386,7 +406,6 @@ class StateDecoder:
                     part[x] = v
         if redo:
             rec = RankState.from_json(part, ())
-            made = self.made
             for f in redo:
                 v = getattr(rec, f)
                 if v == getattr(self.base_state, f):
