@@ -71,6 +71,7 @@ class Summarizer:
         self.compared: dict[int, set] = {}  # per rank, positions whose fingerprints agreed (``find_desync``)
         self.counted: dict[int, tuple[Any, int]] = {}  # rank -> (its view, positions it had gained) last time
         self.proven = False                 # the previous summary carried a desync
+        self.codes: dict[int, tuple[Collective, int]] = {}   # id -> (fingerprint, its code) (``_code``)
 
     def summary(self, views: dict[int, Any], now: float, *, first_state_t: float | None = None,
                 host: str | None = None) -> NodeSummary:
@@ -175,6 +176,15 @@ class Summarizer:
             out[r] = _Cut(v.rank, v.state, v.exit, cut)
         return out
 
+    def _code(self, c: Collective) -> int:
+        """``fp_code`` of a fingerprint, once per fingerprint object (the OVERLAP positions come again)."""
+        got = self.codes.get(id(c))
+        if got is None or got[0] is not c:
+            if len(self.codes) > 4096:
+                self.codes.clear()
+            got = self.codes[id(c)] = (c, fp_code(c))
+        return got[1]
+
     def _digests(self, seen: list[Any]) -> tuple[Digests, ...]:
         """The codes of each group's positions reached since the previous summary (and OVERLAP before)."""
         out = []
@@ -192,7 +202,7 @@ class Summarizer:
                 for v in seen:
                     c = v.fps.get((g, s))
                     if c is not None:
-                        code = fp_code(c)
+                        code = self._code(c)
                         if code:
                             got.add(code)
                 codes.append(tuple(sorted(got)))
