@@ -644,6 +644,84 @@ def agent_main(argv) -> int:
     return 0
 
 
+def agent_side_by_side(ticks: int = 300, interval: float = 0.2, per_node: int = 8) -> dict:
+    """One node agent of ``per_node`` ranks as ``ddp-doctor run`` runs it now and as it ran before issue 38's
+    agent work, fed the same simulated ranks, alternating every interval in this process (so both see the
+    same load).  Each has its own real TCPStore (this process hosts it, as the agent does) and a real
+    ``Watcher`` that reads its ranks' signed posts (``read_states``), its ``Summarizer``, and a real ``Uplink``
+    posting the summary to a third store.  Now: the ranks post compact deltas (``Publisher.publish``'s
+    encoding) and the summary compares only new positions.  Before: each rank posts its full state's JSON
+    every interval and the summary compares every position the views keep (``find_desync`` over all).
+    Agent CPU: the watcher thread's ``thread_time`` (reads, decoding, views, summary, uplink) plus the store
+    servers' threads (the process's CPU beside it); a rank's own encoding and posts are not counted."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    from ddp_doctor import store as side
+    from ddp_doctor.evidence import to_wire
+    from ddp_doctor.watcher import Watcher
+
+    secret = new_secret().encode()
+
+    def server():
+        st = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+        return st, SideChannel(_client(st.port, 5.0), secret=secret)
+
+    up_server, _ = server()
+    sched = Schedule()
+    run_dir = tempfile.mkdtemp(prefix="ddpd-scale-")
+    agents = {}
+    for name in ("now", "before"):
+        st, rank_side = server()
+        watcher = Watcher(SideChannel(_client(st.port, 5.0), secret=secret), world_size=per_node * 2,
+                          hang_timeout=None, run_dir=run_dir, local_world=per_node,
+                          uplink=Uplink(SideChannel(_client(up_server.port, 5.0), secret=secret)))
+        if name == "before":
+            watcher.summarizer._window = lambda views: None   # every position compared, as before
+        ranks = [SimRank(per_node + i, i, 1, per_node * 2) for i in range(per_node)]
+        agents[name] = (st, rank_side, watcher, ranks, {"agent": 0.0, "server": 0.0})
+
+    def post(name: str, r: SimRank, now: float) -> None:
+        rank_side = agents[name][1]
+        st = r.state(now, sched, None)
+        key = side.local_key(r.local_rank)
+        if name == "before":
+            rank_side.set(key, to_wire(st))
+            return
+        base, delta = r.encoder.encode(st, now)
+        if base is not None:
+            rank_side.set(side.state_base_key(key), base)
+        rank_side.set(key, delta)
+
+    now = 0.0
+    for k in range(ticks + 20):
+        now = round(now + interval, 6)
+        for name, (_, _, watcher, ranks, cpu) in agents.items():
+            for r in ranks:
+                r.seq = int(now * STEPS_PER_S) * len(OPS)
+                if int(now / PUBLISH_S + 1e-9) != r.posted:
+                    r.posted = int(now / PUBLISH_S + 1e-9)
+                    post(name, r, now)
+            p0, c0 = time.process_time(), time.thread_time()
+            watcher.read_states()
+            t = time.monotonic()
+            watcher.node_summary = watcher.summarizer.summary(watcher.views, t, first_state_t=watcher.first_state_t)
+            watcher.uplink.post(watcher.node_summary, t)
+            watcher.uplink.control()
+            agent = time.thread_time() - c0
+            if k >= 20:   # (past the first bases)
+                cpu["agent"] += agent
+                cpu["server"] += max(0.0, time.process_time() - p0 - agent)
+    out = {"agent_side_by_side": True, "ranks_per_node": per_node, "interval_s": interval, "ticks": ticks}
+    for name, (st, _, _, _, cpu) in agents.items():
+        out[f"agent_{name}_cpu_s_per_s"] = round((cpu["agent"] + cpu["server"]) / (ticks * interval), 5)
+        out[f"agent_{name}_watcher_cpu_s_per_s"] = round(cpu["agent"] / (ticks * interval), 5)
+        out[f"agent_{name}_store_cpu_s_per_s"] = round(cpu["server"] / (ticks * interval), 5)
+    out["ratio_now_to_before"] = round(out["agent_now_cpu_s_per_s"] / max(1e-9, out["agent_before_cpu_s_per_s"]), 3)
+    return out
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["agent"]:
@@ -661,7 +739,14 @@ def main(argv=None) -> int:
                     "the culprit's group); the other nodes post the summary of a healthy full node, relabelled")
     ap.add_argument("--limit", type=float, default=10.0, help="the hang limit (--hang-timeout, s)")
     ap.add_argument("--warmup", type=float, default=5.0, help="healthy training before the stall (s)")
+    ap.add_argument("--agent", action="store_true", help="first, one node agent of --ranks-per-node ranks as it "
+                    "is and as it was before (full JSON posts, every position compared), side by side")
+    ap.add_argument("--agent-ticks", type=int, default=300, help="intervals of the side-by-side agent run")
     a = ap.parse_args(argv)
+    if a.agent:
+        print(json.dumps(agent_side_by_side(a.agent_ticks, 0.2, a.ranks_per_node)), flush=True)
+        if not a.ranks:
+            return 0
     for n in a.ranks or [8]:
         for sc in a.scenario or ["stall"]:
             r = run(n, a.ranks_per_node, a.group_size, a.interval, a.limit, a.warmup, sc, a.full_nodes)

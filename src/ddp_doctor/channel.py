@@ -350,6 +350,10 @@ class SideChannel:
                 return False
         return True
 
+    def present(self, keys: list[str], deadline: float | None = None) -> bool:
+        """True when every key holds a value, verified or not (one request: whether ``multi_get`` may ask)."""
+        return bool(self._call(lambda s: s.check(list(keys)), deadline))
+
     def counter_key(self, key: str) -> str:
         """Where the counter ``key`` lives on the store: under a name only this job's secret gives (the plain
         name on an unauthenticated channel)."""

@@ -5,7 +5,9 @@ watcher (reader) and the session (stop / multi-node report exchange) cannot disa
 Values are JSON text; their shape is :mod:`ddp_doctor.evidence` (rank states) or small dicts below.
 
 Keys (all under ``ddpd/``):
-- ``rank_key(r)``               a rank's state (evidence wire format), every ~0.25 s
+- ``rank_key(r)``               a rank's state, every ~0.25 s: a delta (``evidence.compact.StateEncoder``)
+                                against the base under ``state_base_key(rank_key(r))``; its final state and
+                                the one answering a stack request are the full state (evidence wire format)
 Counters (``REQ``, ``NEWS``, ``ack_key``, ``NODES``, ``REPORT_READ``) are named here, but live on the store
 under a name derived from the job's secret (``channel.SideChannel.counter_key``).
 - ``REQ``                       counter the watcher bumps to ask every probe for its stacks
@@ -17,7 +19,8 @@ under a name derived from the job's secret (``channel.SideChannel.counter_key``)
 - ``REPORT`` / ``REPORT_READ``  multi-node: the hosting node's report, and how many nodes took it
 
 Several nodes (hierarchical watching): each node's ``ddp-doctor run`` hosts a store of its own for its
-ranks, which post under ``local_key(local_rank)``; on the root store (node 0's, rendezvous port + 1):
+ranks, which post under ``local_key(local_rank)`` (as ``rank_key`` above); on the root store (node 0's,
+rendezvous port + 1):
 - ``NODES``                     counter: a node agent takes slot ``add(NODES, 1) - 1``
 - ``node_key(n)``               node n's summary, a delta against ``node_base_key(n)`` (evidence.compact)
 - ``node_base_key(n)``          node n's base summary
@@ -85,6 +88,11 @@ def teardown_file(run_dir: str, pid: int) -> str:
 
 def rank_key(rank: int) -> str:
     return f"ddpd/rank/{rank}"
+
+
+def state_base_key(key: str) -> str:
+    """Where the rank posting under ``key`` keeps the base its deltas are read against."""
+    return f"{key}/base"
 
 
 def stack_key(rank: int, req: int) -> str:

@@ -96,8 +96,10 @@ def test_a_delta_for_a_base_the_root_does_not_hold_is_not_misread():
 
 def test_a_ranks_compact_posts_rebuild_its_state_even_when_the_agent_misses_some():
     """compact.StateEncoder / StateDecoder: a base, then deltas of the changed fields and the fingerprints
-    issued since the base; the agent reads only every third post and still holds the rank's exact state."""
-    from ddp_doctor.evidence import Activity, Collective, Site
+    issued since the base; the agent reads only every third post and still holds the rank's exact state --
+    also when the fields that share the sites table change (a new call site), a field leaves the wire (the
+    default process group, a perf reading) and the probe adds fields of its own."""
+    from ddp_doctor.evidence import Activity, Collective, GroupInit, Site, SiteCount
     from ddp_doctor.evidence.compact import StateDecoder, StateEncoder
 
     site = Site("/u/t.py", 9, "step")
@@ -105,16 +107,31 @@ def test_a_ranks_compact_posts_rebuild_its_state_even_when_the_agent_misses_some
     enc, dec = StateEncoder(), StateDecoder()
     for k in range(1, 700):
         ring.append(Collective("world", k - 1, "all_reduce", ("4",), ("float32",), site, epoch=k // 100))
+        counts = tuple(SiteCount("all_reduce", Site("/u/t.py", 9 + j, "step"), k) for j in range(1 + k // 50 % 3))
         st = RankState(rank=3, step=k, progress=2 * k, cpu_s=k / 10, activity=Activity(k / 10, 0, 0.0, k),
-                       seq={"world": k}, fingerprints=tuple(ring[-256:]), where=site if k % 7 else None)
-        base, delta = enc.encode(st, k * 0.2)
+                       seq={"world": k}, fingerprints=tuple(ring[-256:]), where=site if k % 7 else None,
+                       site_counts=counts[::-1] if k % 5 else counts,
+                       group=GroupInit(4, 3) if k % 11 < 6 else None, perf={"loadavg": [k % 3]} if k % 4 else {},
+                       coll_count=k, coll_time_s=k / 100)
+        base, delta = enc.encode(st, k * 0.2, {"side_channel": {"dropped": k // 9}})
         if base is not None:
-            dec.set_base(base)
+            assert dec.set_base(base) == enc.base_id
         if k % 3 == 0 or base is not None:
             got = dec.decode(delta)
             assert got == st, k
-            assert len(delta) < 400 + 90 * 256
-    assert enc.base_id >= 3   # (the ring moved on: new bases now and then)
+            assert len(delta) < 600 + 90 * 256
+    assert enc.base_id % (1 << 20) >= 3   # (the ring moved on: new bases now and then)
+
+
+def test_a_restarted_ranks_first_post_is_never_read_against_its_predecessors_base():
+    from ddp_doctor.evidence.compact import StateDecoder, StateEncoder
+
+    old, new, dec = StateEncoder(), StateEncoder(), StateDecoder()
+    base, _ = old.encode(RankState(rank=1, step=9), 1.0)
+    dec.set_base(base)
+    _, delta = new.encode(RankState(rank=1, step=0, attempt=1), 1.0)
+    assert dec.decode(delta) is None   # (the agent fetches the new base first)
+    assert StateDecoder().set_base(b'[1,{"rank":1}]') is None   # not a state of this schema: never misread
 
 
 def test_a_pull_names_its_ranks_on_the_wire():

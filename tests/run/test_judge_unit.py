@@ -205,3 +205,51 @@ def test_a_post_made_at_once_brings_the_next_look_forward():
     assert not w._news()
     store.add(side.NEWS, 1)
     assert w._news() and not w._news()
+
+
+def test_a_rank_that_stops_computing_is_idle_from_its_last_busy_sample_not_a_window_later():
+    """The CPU over the last second is a sign of life, credited to the last sample that showed CPU spent:
+    a rank that stopped is idle from then on (it was idle a window later, stalls were seen ~1 s late)."""
+    v = RankView(0)
+    cpu = 0.0
+    for k in range(1, 13):
+        cpu += 0.2 if k <= 8 else 0.0       # computes until t = 2.0, then blocks
+        v.update(RankState(rank=0, progress=1, activity=Activity(cpu, 0, 0.0, 1)), k * 0.25)
+    assert v.active_t == 2.0 and v.idle_s(3.0) == 1.0
+    busy = RankView(1)   # a rank that computes on stays active at every sample
+    for k in range(1, 13):
+        busy.update(RankState(rank=1, progress=1, activity=Activity(k * 0.05, 0, 0.0, 1)), k * 0.25)
+        assert k < 5 or busy.active_t == k * 0.25
+
+
+def test_a_summary_compares_only_the_positions_reached_since_the_last_yet_proves_what_comparing_all_does():
+    """``Summarizer`` cuts each view to the positions some rank reached since its previous summary; on ranks
+    that move at different speeds (one lags hundreds of positions behind, then catches up) with a mismatch
+    at a random position, its desync is the one ``find_desync`` finds comparing every position, at every poll."""
+    import random
+
+    from ddp_doctor.diagnose.live import find_desync
+    from ddp_doctor.diagnose.summary import Summarizer
+
+    rng = random.Random(7)
+    for trial in range(5):
+        odd_rank, odd_at = rng.randrange(3), rng.randrange(20, 350)
+        views = {r: RankView(r) for r in range(3)}
+        pos = {r: 0 for r in range(3)}
+        summ = Summarizer()
+        t = 0.0
+        while min(pos.values()) < 400:
+            t += 0.2
+            for r in range(3):
+                pos[r] = min(400, pos[r] + (rng.randrange(0, 8) if r != 2 or t > 10 else rng.randrange(0, 2)))
+                ring = tuple(Collective("world", s, "all_reduce", ("8",) if (r, s) == (odd_rank, odd_at) else ("4",),
+                                        ("float32",), TRAIN) for s in range(max(0, pos[r] - 32), pos[r]))
+                views[r].update(RankState(rank=r, progress=pos[r], seq={"world": pos[r]}, fingerprints=ring), t)
+            got = summ.summary(views, t).desync
+            want = find_desync(views, 3)
+            assert (got is None) == (want is None), (trial, t, pos)
+            if want is not None:
+                assert (got.seq, got.kind, got.group) == (want.seq, want.kind, want.group)
+                assert (got.seq, got.group) == (odd_at, "world")
+                break
+        assert want is not None or odd_at >= max(pos.values())

@@ -51,6 +51,15 @@ def calm(node: NodeSummary, world_size: int) -> bool:
             and node.progress_age_s is not None and node.progress_age_s < QUIET_S)
 
 
+class _Cut:
+    """A view as ``find_desync`` reads it, with some of its fingerprints (``Summarizer._window``)."""
+
+    __slots__ = ("rank", "state", "exit", "fps")
+
+    def __init__(self, rank: int, state: Any, exit: Any, fps: dict) -> None:
+        self.rank, self.state, self.exit, self.fps = rank, state, exit, fps
+
+
 class Summarizer:
     """Makes a node's summaries; keeps the version counter and which positions were already sent."""
 
@@ -60,6 +69,9 @@ class Summarizer:
         self.digests = digests       # only several nodes need them
         self.sent: dict[str, int] = {}
         self.compared: dict[int, set] = {}  # per rank, positions whose fingerprints agreed (``find_desync``)
+        self.counted: dict[int, tuple[Any, int]] = {}  # rank -> (its view, positions it had gained) last time
+        self.proven = False                 # the previous summary carried a desync
+        self.codes: dict[int, tuple[Collective, int]] = {}   # id -> (fingerprint, its code) (``_code``)
 
     def summary(self, views: dict[int, Any], now: float, *, first_state_t: float | None = None,
                 host: str | None = None) -> NodeSummary:
@@ -114,8 +126,64 @@ class Summarizer:
             first_t=None if first_state_t is None else round(min(now, first_state_t), 3),
             progress=sum(v.state.progress for v in live), deadline=None if deadline is None else deadline[1],
             step_p90_s=_p90(times) if times else None, step_n=len(times),
-            desync=find_desync(views, len(views), self.compared),
+            desync=self._desync(views),
             digests=self._digests(seen) if self.digests else ())
+
+    def _desync(self, views: dict[int, Any]) -> Any:
+        """``find_desync`` over the positions some rank reached since the previous summary, each view cut to
+        those (a poll compared the thousands of positions each view keeps -- most of a node agent's CPU --
+        only to find them compared already).  Every position is compared as before where a view cannot say
+        what it gained, and once a desync is proven: the proof is found again and explained from all."""
+        window = None if self.proven else self._window(views)
+        d = find_desync(views if window is None else window, len(views), self.compared)
+        if d is not None and window is not None:
+            d = find_desync(views, len(views), self.compared)
+        self.proven = d is not None
+        self.counted = {r: (v, getattr(v, "fps_count", 0)) for r, v in views.items()}
+        return d
+
+    def _window(self, views: dict[int, Any]) -> dict[int, Any] | None:
+        """Each view with only its fingerprints at positions in [lowest, highest] of those some rank gained
+        since the previous summary, per group (a rank that reaches a position late is compared with the
+        others' calls there); None when a view cannot say what it gained."""
+        lo: dict[Any, int] = {}
+        hi: dict[Any, int] = {}
+        for r, v in views.items():
+            count, added = getattr(v, "fps_count", None), getattr(v, "fps_added", None)
+            if count is None or added is None:
+                return None
+            prev = self.counted.get(r)
+            n = count - prev[1] if prev is not None and prev[0] is v else count
+            if n < 0 or n > len(added):
+                return None
+            for i in range(len(added) - n, len(added)):
+                g, seq = added[i]
+                if not isinstance(seq, int):
+                    return None
+                if seq < lo.get(g, seq + 1):
+                    lo[g] = seq
+                if seq > hi.get(g, -1):
+                    hi[g] = seq
+        out = {}
+        for r, v in views.items():
+            fps = v.fps
+            cut = {}
+            for g, a in lo.items():
+                for seq in range(a, hi[g] + 1):
+                    c = fps.get((g, seq))
+                    if c is not None:
+                        cut[(g, seq)] = c
+            out[r] = _Cut(v.rank, v.state, v.exit, cut)
+        return out
+
+    def _code(self, c: Collective) -> int:
+        """``fp_code`` of a fingerprint, once per fingerprint object (the OVERLAP positions come again)."""
+        got = self.codes.get(id(c))
+        if got is None or got[0] is not c:
+            if len(self.codes) > 4096:
+                self.codes.clear()
+            got = self.codes[id(c)] = (c, fp_code(c))
+        return got[1]
 
     def _digests(self, seen: list[Any]) -> tuple[Digests, ...]:
         """The codes of each group's positions reached since the previous summary (and OVERLAP before)."""
@@ -134,7 +202,7 @@ class Summarizer:
                 for v in seen:
                     c = v.fps.get((g, s))
                     if c is not None:
-                        code = fp_code(c)
+                        code = self._code(c)
                         if code:
                             got.add(code)
                 codes.append(tuple(sorted(got)))

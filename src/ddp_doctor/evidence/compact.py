@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
 import struct
 from dataclasses import fields
 from typing import Any
@@ -33,7 +34,7 @@ MAX_SITES = 512
 
 
 def _dumps(v: Any) -> bytes:
-    return json.dumps(v, separators=(",", ":")).encode()
+    return json.dumps(v, separators=(",", ":"), default=str).encode()
 
 
 def _r(x: float | None, nd: int = 3) -> float | None:
@@ -224,6 +225,8 @@ def _fp_line(c: Collective) -> bytes:
 
 def _fps_of(lines: list[bytes], sites: dict) -> tuple[Collective, ...]:
     """Fingerprint lines -> records, in one parse; ``sites``: the decoder's Site objects by their list."""
+    if not lines:
+        return ()
     out = []
     for g, seq, op, sh, dt, site, ep, st, j in json.loads(b"[" + b",".join(lines) + b"]"):
         k = None if site is None else tuple(site)
@@ -234,23 +237,37 @@ def _fps_of(lines: list[bytes], sites: dict) -> tuple[Collective, ...]:
     return tuple(out)
 
 
-class StateEncoder:
-    """A rank's side of its posts to its node agent: a *base* (the full state, as ``to_wire``) now and then,
-    and per interval a *delta*: the top-level wire fields that differ from the base's (a few counters,
-    ~150 bytes), then one line per fingerprint issued since the base -- never the ring of 256 again.
+def _new_base_id() -> int:
+    """A base id no earlier process of this rank used: a restarted rank (torch's ``--max-restarts``) posts
+    under the same key, and its first delta must never be read against its predecessor's base."""
+    return int.from_bytes(os.urandom(4), "big") << 20
 
-    Wire: base ``[base_id, {full state}]``; delta ``[base_id, {changed fields}]`` + ``\n``-separated
-    fingerprint lines.  A delta's lines only grow until the next base, so the agent parses only the lines
-    it has not seen (``StateDecoder``) and a post it missed loses nothing."""
+
+class StateEncoder:
+    """A rank's side of its posts to its node agent (``probe.publisher``): a *base* now and then, and per
+    interval a *delta*: the top-level wire fields (``RankState.to_json`` without the ring) that differ from
+    the base's (a few counters, ~150 bytes), then one line per fingerprint issued since the base -- never the
+    ring of 256 again, never the full state's JSON per interval.
+
+    Wire (``\n``-separated lines; the first is JSON, each further line one fingerprint):
+    base ``[base_id, {fields}]`` + the ring's lines, under ``store.state_base_key``;
+    delta ``[base_id, {changed fields}]`` (``[base_id, {...}, [removed fields]]`` when a field the base has is
+    gone) + the lines since the base, under the rank's key.  A delta's lines only grow until the next base, so
+    the agent parses only the lines it has not seen (``StateDecoder``) and a post it missed loses nothing."""
 
     def __init__(self) -> None:
-        self.base_id = 0
+        self.base_id = _new_base_id()
         self.light: dict | None = None        # the base's wire fields without its ring
         self.top: tuple | None = None         # (group, seq) of the newest fingerprint posted
         self.lines: list[bytes] = []          # the fingerprints issued since the base, encoded once
         self.base_t = 0.0
 
-    def encode(self, st, now: float) -> tuple[bytes | None, bytes]:
+    def reset(self) -> None:
+        """The base may not have reached the store: post a new one next time."""
+        self.light = None
+
+    def encode(self, st, now: float, extra: dict | None = None) -> tuple[bytes | None, bytes]:
+        """(a new base to post first, or None; the delta).  ``extra``: wire fields beside the state's own."""
         ring = st.fingerprints
         new: tuple | None = ()
         if self.top is not None and ring and (ring[-1].group, ring[-1].seq) != self.top:
@@ -261,45 +278,150 @@ class StateEncoder:
             else:
                 new = None  # the newest posted fell off the ring: a new base
         light = st.with_(fingerprints=()).to_json()
+        if extra:
+            light.update(extra)
         if self.light is None or new is None or len(self.lines) + len(new) > RING_DELTA \
                 or now - self.base_t >= STATE_REBASE_S:
             self.base_id += 1
             self.light, self.lines, self.base_t = light, [], now
             self.top = (ring[-1].group, ring[-1].seq) if ring else None
-            return _dumps([self.base_id, st.to_json()]), _dumps([self.base_id, {}])
+            base = b"\n".join([_dumps([self.base_id, light]), *(_fp_line(c) for c in ring)])
+            return base, _dumps([self.base_id, {}])
         if new:
             self.lines += [_fp_line(c) for c in new]
             self.top = (new[-1].group, new[-1].seq)
         base = self.light
-        head = _dumps([self.base_id, {k: v for k, v in light.items() if base.get(k) != v}])
-        return None, b"\n".join([head, *self.lines])
+        head = [self.base_id, {k: v for k, v in light.items() if base.get(k) != v}]
+        removed = [k for k in base if k not in light]
+        if removed:
+            head.append(removed)
+        return None, b"\n".join([_dumps(head), *self.lines])
+
+
+_GONE = object()   # a wire key a delta says is no longer there
+_SCALARS: frozenset = frozenset()   # (``_scalars``, filled with the table)
+
+
+def _scalars() -> frozenset[str]:
+    """The RankState fields whose wire value, a number or text, is the field's value as ``from_json`` makes it."""
+    from ddp_doctor.evidence.rank import _PLAIN_FIELDS, RankState
+
+    hints = {f.name: str(f.type) for f in fields(RankState)}
+    simple = {"int", "float", "bool", "str", "int | None", "float | None", "str | None"}
+    return frozenset(k for k in _PLAIN_FIELDS if hints.get(k) in simple)
+
+
+def _wire_fields() -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """Each top-level wire key of ``RankState.to_json`` -> (the RankState fields it makes, the wire keys
+    ``from_json`` reads together with it to make them)."""
+    from ddp_doctor.evidence.rank import _PLAIN_FIELDS, PERF_KEYS
+
+    out = {k: ((k,), (k,)) for k in _PLAIN_FIELDS}
+    tabled = ("sites", "site_counts", "not_member")
+    out.update({k: (("site_counts", "not_member"), tabled) for k in tabled})
+    out.update({k: (("perf",), PERF_KEYS) for k in PERF_KEYS})
+    out["collectives"] = (("coll_count", "coll_time_s"), ("collectives",))
+    out["sites_seen"] = (("sites_seen",), ("sites_seen",))
+    out["group"] = (("group",), ("group",))
+    return out
 
 
 class StateDecoder:
-    """The node agent's side, one per rank: deltas -> ``RankState``, against the base it holds.  It parses a
-    delta's changed fields and only the fingerprint lines it has not seen; an unchanged delta gives the
-    previous state back."""
+    """The node agent's side, one per rank: deltas -> ``RankState``, against the base it holds.  A delta costs
+    the parse of its first line, the records of the fields whose wire value changed since the previous delta
+    (the rest is the base's, or the previous delta's, decoded once) and the fingerprint lines not seen yet; an
+    unchanged delta gives the previous state back."""
+
+    _FIELDS: dict | None = None
 
     def __init__(self) -> None:
         self.base_id: int | None = None
         self.light: dict | None = None
+        self.base_state = None                 # the base's fields as a record (its ring apart)
+        self.kw: dict = {}                     # ... field by field
         self.ring: tuple = ()                  # the base's ring
         self.extra: tuple = ()                 # the fingerprints of this base's deltas so far
+        self.body_len = 0                      # ... the length of their lines
         self.sites: dict = {}                  # their call sites, one object each
+        self.head = b""                        # the last delta's first line
+        self.wire: dict = {}                   # its wire values that differ from the base's
+        self.made: dict = {}                   # the fields those make, decoded
         self.last: tuple[bytes, Any] | None = None
 
     @staticmethod
     def base_of(delta: bytes) -> int:
         return int(json.loads(delta[:delta.index(b",")] + b"]")[0])
 
-    def set_base(self, raw: bytes) -> int:
+    def set_base(self, raw: bytes) -> int | None:
+        """Hold the base ``raw``; its id, or None for text that is not a base of this schema (never misread)."""
+        from ddp_doctor.evidence.rank import RankState
+        from ddp_doctor.evidence.records import SCHEMA
+
+        head, *lines = raw.split(b"\n")
+        bid, light = json.loads(head)
+        if not isinstance(light, dict) or light.get("schema") != SCHEMA:
+            return None
+        self.base_state = RankState.from_json(light, ())
+        self.kw = {f.name: getattr(self.base_state, f.name) for f in fields(RankState)}
+        self.base_id, self.light, self.last = int(bid), light, None
+        self.extra, self.body_len, self.head, self.wire, self.made = (), 0, b"", {}, {}
+        self.ring = _fps_of(lines, self.sites)
+        return self.base_id
+
+    def _fields(self, changed: dict, removed: list) -> None:
+        """``made``: the RankState fields that differ from the base's, for a delta's changed and removed wire
+        keys; only the keys whose value moved since the previous delta are decoded again."""
         from ddp_doctor.evidence.rank import RankState
 
-        bid, full = json.loads(raw)
-        st = RankState.from_json(full)
-        self.base_id, self.ring, self.extra, self.last = int(bid), st.fingerprints, (), None
-        self.light = {**full, "fingerprints": []}
-        return self.base_id
+        global _SCALARS
+        table = StateDecoder._FIELDS
+        if table is None:
+            table = StateDecoder._FIELDS = _wire_fields()
+            _SCALARS = _scalars()
+        wire = dict(changed)
+        wire.update((k, _GONE) for k in removed)
+        moved = [k for k, v in wire.items() if k not in self.wire or self.wire[k] != v]
+        moved += [k for k in self.wire if k not in wire]            # back at the base's value
+        if not moved:
+            return
+        base = self.light
+        redo: set[str] = set()
+        part = {"rank": base["rank"]}
+        made = self.made
+        for k in moved:
+            got = table.get(k)
+            if got is None:
+                continue   # a key no field is made of ("schema", the channel's own counts)
+            v = wire.get(k)
+            if got[1] == (k,) and isinstance(v, (int, float, str)) and k in _SCALARS:
+                if v == self.kw[k]:   # a number or text is its own record: no from_json
+                    made.pop(k, None)
+                else:
+                    made[k] = v
+                continue
+            redo.update(got[0])
+            for x in got[1]:
+                v = wire.get(x, base.get(x, _GONE))
+                if v is not _GONE:
+                    part[x] = v
+        if redo:
+            rec = RankState.from_json(part, ())
+            for f in redo:
+                v = getattr(rec, f)
+                if v == getattr(self.base_state, f):
+                    made.pop(f, None)
+                else:
+                    made[f] = v
+        self.wire = wire
+
+    def _lines(self, body: bytes) -> None:
+        """The fingerprints of a delta's lines (``body``) not parsed yet: a delta's lines only grow."""
+        n = self.body_len
+        if n and (len(body) < n or body[n:n + 1] not in (b"", b"\n")):
+            self.extra, self.body_len, n = (), 0, 0   # (not the lines seen: parse them all again)
+        if len(body) > n:
+            self.extra += _fps_of(body[n + 1 if n else 0:].split(b"\n"), self.sites)
+            self.body_len = len(body)
 
     def decode(self, raw: bytes):
         """The state of a delta; None when it needs a base this decoder does not hold."""
@@ -307,18 +429,21 @@ class StateDecoder:
 
         if self.last is not None and self.last[0] == raw:
             return self.last[1]
-        head, *lines = raw.split(b"\n")
-        bid, changed = json.loads(head)
-        if self.light is None or int(bid) != self.base_id:
+        i = raw.find(b"\n")
+        head, body = (raw, b"") if i < 0 else (raw[:i], raw[i + 1:])
+        if self.light is None:
             return None
-        if len(lines) < len(self.extra):
-            self.extra = ()
-        if len(lines) > len(self.extra):
-            self.extra += _fps_of(lines[len(self.extra):], self.sites)
-        light = self.light
-        if changed:
-            light = light.copy()
-            light.update(changed)
-        st = RankState.from_json(light, (self.ring + self.extra)[-256:] if self.extra else self.ring)
+        if head != self.head:
+            h = json.loads(head)
+            if int(h[0]) != self.base_id:
+                return None
+            self._fields(h[1], h[2] if len(h) > 2 else [])
+            self.head = head
+        self._lines(body)
+        ring = (self.ring + self.extra)[-256:] if self.extra else self.ring
+        kw = self.kw.copy()   # (dataclasses.replace asks every field of the base again: twice the time)
+        kw.update(self.made)
+        kw["fingerprints"] = ring
+        st = RankState(**kw)
         self.last = (raw, st)
         return st

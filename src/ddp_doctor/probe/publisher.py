@@ -17,6 +17,7 @@ from ddp_doctor import store as side
 from ddp_doctor import frames as kinds
 from ddp_doctor.evidence import (Collective, DataWait, DdpModel, GroupInit, LoaderState, Microbatches, RankState, Refused,
                                  SamplerState, Site, SiteCount, SkippedSync, ThreadStack, TimelineEvent, Timing, stacks_to_json)
+from ddp_doctor.evidence.compact import StateEncoder
 from ddp_doctor.probe import activity, frame_values, group_calls, stackdump
 from ddp_doctor.probe.groups import note_group
 from ddp_doctor.probe.recorder import Recorder
@@ -299,6 +300,7 @@ class Publisher(threading.Thread):
         self._flushes: list[threading.Event] = []
         local = os.environ.get(NODE_LOCAL_ENV) == "1"
         self.key = side.local_key(rec.local_rank) if local else side.rank_key(rec.rank)
+        self.encoder = StateEncoder()
 
     def _channel(self):
         """Signed, never-blocking client of the watcher's store (``ddp_doctor.channel``)."""
@@ -307,19 +309,41 @@ class Publisher(threading.Thread):
         return SideChannel(connect=lambda: side.tcp_client(*self.where(), timeout_s=15), secret=job_secret(),
                            deadline=DEADLINE_S, give_up_s=GIVE_UP_S)
 
-    def _state_json(self, *, with_stack: bool) -> str:
+    def _state(self, *, with_stack: bool) -> tuple[RankState, dict]:
+        """The rank's state, and the channel's own counts that travel beside it."""
         with no_gc():
             refused = tuple(Refused(k, why, n) for k, by in list(self.store.stats.rejected_by_key.items())
                             for why, n in list(by.items()))
-            state = snapshot(self.rec, with_stack=with_stack).with_(refused=refused).to_json()
-            state["side_channel"] = {"dropped": self.store.stats.dropped, "timeouts": self.store.stats.timeouts}
-            return json.dumps(state, separators=(",", ":"), default=str)
+            state = snapshot(self.rec, with_stack=with_stack).with_(refused=refused)
+        return state, {"side_channel": {"dropped": self.store.stats.dropped, "timeouts": self.store.stats.timeouts}}
+
+    def _state_json(self, *, with_stack: bool) -> str:
+        state, extra = self._state(with_stack=with_stack)
+        with no_gc():
+            d = state.to_json()
+            d.update(extra)
+            return json.dumps(d, separators=(",", ":"), default=str)
 
     def _refused(self) -> int:
         return sum(n for by in list(self.store.stats.rejected_by_key.values()) for n in list(by.values()))
 
     def publish(self, *, final: bool = False) -> None:
-        self.store.set(self.key, self._state_json(with_stack=final))
+        """Post the state.  Every interval: a delta against a base (``compact.StateEncoder``: the fields that
+        changed and the fingerprints issued since the base; a base first now and then), not the full
+        state's JSON.  The final state (with its timeline) is posted whole: the last word, read once."""
+        if final:
+            self.store.set(self.key, self._state_json(with_stack=True))
+            return
+        state, extra = self._state(with_stack=False)
+        with no_gc():
+            base, delta = self.encoder.encode(state, time.monotonic(), extra)
+        if base is not None:
+            try:
+                self.store.set(side.state_base_key(self.key), base)
+            except BaseException:
+                self.encoder.reset()   # a delta must never name a base the store may not hold
+                raise
+        self.store.set(self.key, delta)
 
     def _counter(self, key: str, n: int, deadline: float | None = None) -> int | None:
         """The store counter ``key`` after adding ``n``; None when it holds a value someone else wrote (refused

@@ -4,11 +4,13 @@ of life (progress, or its training thread's CPU, I/O or stack moving: ``active_t
 from __future__ import annotations
 
 import time
+from collections import deque
 
 from ddp_doctor.evidence import Activity, Collective, ExitStatus, RankState, Site, ThreadStack, WorkerStack
 
 CPU_ACTIVE = 0.02    # of a core, over ACTIVE_WINDOW_S: a thread that computes (a blocked one shows ~0)
 ACTIVE_WINDOW_S = 1.0
+FPS_LOG = 1024       # positions a view remembers it gained (more between two summaries: they compare them all)
 
 
 class RankView:
@@ -20,9 +22,14 @@ class RankView:
         self.progress = -1
         self.progress_t = time.monotonic()
         self.active_t = self.progress_t            # last sign of life: progress, CPU, I/O, stack
+        self.cpu_t = self.progress_t               # the last sample whose CPU time had grown
         self.activity: list[tuple[float, Activity]] = []  # (t, sample) over the last few seconds
         self.samples: list[tuple[float, float, Site | None]] = []  # (t, cpu_s, where)
         self.fps: dict[tuple[str | None, int | None], Collective] = {}  # (group, seq) -> fingerprint
+        # the positions ``fps`` gained, newest last: the last FPS_LOG of the ``fps_count`` ever added (a summary
+        # compares only the positions reached since the previous one: ``diagnose.summary``)
+        self.fps_added: deque[tuple] = deque(maxlen=FPS_LOG)
+        self.fps_count = 0
         self.sites_seen: set[tuple] = set()            # (op, site key)
         self.exit: ExitStatus | None = None
         self.stack: tuple[Site, ...] = ()
@@ -60,11 +67,16 @@ class RankView:
         self.samples.append((now, state.cpu_s, state.where))
         self.samples = [s for s in self.samples if now - s[0] <= 3.0]
         fps = self.fps
+        new = []
         for c in reversed(state.fingerprints):  # newest first: the ring only grows at its end, and a
             k = (c.group, c.seq)                  # fingerprint never changes once posted
             if k in fps:
                 break
             fps[k] = c
+            new.append(k)
+        if new:
+            self.fps_added.extend(reversed(new))
+            self.fps_count += len(new)
         if len(self.fps) > 4000:
             for k in sorted(self.fps, key=lambda k: k[1])[: len(self.fps) - 3000]:
                 del self.fps[k]
@@ -74,8 +86,8 @@ class RankView:
 
     def _note_activity(self, a: Activity | None, now: float) -> None:
         """Move ``active_t`` when the training thread's stack changed, it read or wrote, or it (or its loader
-        workers) used CPU over the last second.  A rank without samples (an old probe) counts as active
-        whenever its published CPU time grows."""
+        workers) used CPU over the last second (to the last sample whose CPU time had grown).  A rank without
+        samples (an old probe) counts as active whenever its published CPU time grows."""
         if a is None:
             return
         hist = self.activity
@@ -83,12 +95,17 @@ class RankView:
             prev = hist[-1][1]
             if a.stack_sig != prev.stack_sig or a.io_bytes > prev.io_bytes:
                 self.active_t = now
+            if a.cpu_s > prev.cpu_s or a.workers_cpu_s > prev.workers_cpu_s:
+                self.cpu_t = now
             old = next(((t, x) for t, x in reversed(hist) if now - t >= ACTIVE_WINDOW_S), None)
             if old is not None:
                 dt = now - old[0]
                 cpu = (a.cpu_s - old[1].cpu_s) + max(0.0, a.workers_cpu_s - old[1].workers_cpu_s)
                 if cpu > CPU_ACTIVE * dt:
-                    self.active_t = now
+                    # the CPU that counts was spent by the last sample that showed any: a rank that stopped
+                    # is idle from then on, not from the moment its last busy second leaves the window
+                    # (that credited up to a window more of life than the rank had)
+                    self.active_t = max(self.active_t, self.cpu_t)
         hist.append((now, a))
         while len(hist) > 2 and now - hist[1][0] >= 2 * ACTIVE_WINDOW_S:
             hist.pop(0)
