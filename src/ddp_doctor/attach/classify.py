@@ -1,7 +1,7 @@
 """What a rank is doing, read from its main thread's Python stack: inside which collective, or where outside.
 
 The stack is the only evidence ``attach`` has (no probe ran in the job), so the classification
-reads torch's own frames: the outermost ``torch.distributed`` collective function (an object
+reads torch's own frames: the collective function ``evidence.ops.collective_frame`` names (an object
 collective such as ``all_gather_object`` rather than the ``all_gather`` it calls), DDP's
 constructor / forward (parameter and buffer broadcasts), the autograd engine (DDP's gradient
 all-reduce runs while the main thread waits in ``backward()``), a DataLoader waiting for a batch.
@@ -75,10 +75,10 @@ def classify(stack) -> StackActivity:
     if not stack:
         return StackActivity("no_python", None, None)
     site = user_frame(stack)
-    for f in stack:  # outermost collective first: all_gather_object, not the all_gather inside it
-        if f.path.endswith(ops.C10D_FILE) and _name(f) in ops.ALL:
-            kind = "object_collective" if _name(f) in OBJECT_COLLECTIVES else "collective"
-            return StackActivity(kind, _name(f), site)
+    inside = ops.collective_frame(stack)  # the outermost: all_gather_object, not the all_gather inside it
+    if inside is not None:
+        op = inside[0]
+        return StackActivity("object_collective" if op in OBJECT_COLLECTIVES else "collective", op, site)
     for f in stack:
         if f.path.endswith(DDP_FILE):
             if _name(f) == "__init__":

@@ -2,11 +2,11 @@
 (ranks disagree at one collective position): who is at fault and at which line."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from ddp_doctor.apis import api_fix
 from ddp_doctor.evidence import GROUP_CREATION, Collective, JobEvidence, RankState, Site, Verdict
+from ddp_doctor.evidence.ops import C10D_FILE, collective_frame, op_name
 from ddp_doctor.findings import Finding, runtime_fix
 
 from ddp_doctor.diagnose.calltext import differs_text
@@ -422,23 +422,18 @@ def from_parted(ranks: dict[int, RankState], parted: dict[int, Collective], show
     return f
 
 
-C10D_MARKERS = (os.sep + "distributed" + os.sep + "distributed_c10d.py", os.sep + "distributed" + os.sep + "c10d_logger.py")
-
-
 def fatal_call(st: RankState) -> Collective | None:
-    """{op, site} of the collective a rank was inside when a fatal signal (gloo abort) killed it."""
+    """{op, site} of the collective a rank was inside when a fatal signal (gloo abort) killed it: the one
+    ``evidence.ops.collective_frame`` names (the call the user made, as the probe records it)."""
     if st.signal not in ("SIGABRT", "SIGSEGV", "SIGBUS"):
         return None
-    c10d = [f for f in st.stack if f.path.endswith(C10D_MARKERS[0])]
-    if not c10d:
-        return None
-    op, site = c10d[-1].function or "?", user_frame(st.stack)
     known = st.in_collective  # posted before the call when it was the first at its line (shapes, dtypes)
-    # the recorded call may be the outer one (broadcast_object_list around the broadcast gloo died in)
-    if known and any(f.function == known.op for f in c10d) and (not known.site or not site
-                                                                or known.site.key() == site.key()):
+    site = user_frame(st.stack)
+    if known and any(f.path.endswith(C10D_FILE) and op_name(f.function) == known.op for f in st.stack) \
+            and (not known.site or not site or known.site.key() == site.key()):
         return known
-    return Collective("world", None, op, site=site)
+    inside = collective_frame(st.stack)
+    return None if inside is None else Collective("world", None, inside[0], site=site)
 
 
 def diagnose_fatal_collective(ev: JobEvidence) -> list[Finding]:
