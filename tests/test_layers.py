@@ -154,3 +154,45 @@ def test_what_a_rank_imports_to_be_watched_is_light():
                                                 "ddp_doctor.diagnose.core", "ddp_doctor.diagnose.provenance"))]
     assert not heavy, heavy
     assert len(loaded) <= 30, loaded  # 24 today
+
+
+# -- one place per concept (issue 35): a second copy of a table is how two views of one job came to disagree --------
+ONE_PLACE = {
+    "a table of torch's collective functions": SRC / "evidence" / "ops.py",
+    "a severity order": SRC / "findings.py",
+    "a code family": SRC / "findings.py",
+    "a rank's report entry": SRC / "report" / "ranks.py",
+}
+
+
+def _copies_in(tree: ast.AST) -> set[str]:
+    from ddp_doctor.evidence import ops
+
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Set, ast.Tuple, ast.List)):
+            words = {e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+            if len(words & ops.ALL) >= 10:
+                found.add("a table of torch's collective functions")
+            if len(words & {"DDP101", "DDP201", "DDP202", "DDP203", "DDP204"}) >= 4:
+                found.add("a code family")
+        if isinstance(node, ast.Dict):
+            keyed = {k.value: v for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant)}
+            if set(keyed) >= {"error", "warning", "info"} and all(
+                    isinstance(v, ast.Constant) and isinstance(v.value, int) for v in node.values):
+                found.add("a severity order")
+            if set(keyed) >= {"rank", "state", "last_collective", "exit_code"} and not isinstance(keyed["rank"], ast.Dict):
+                # (report/v1's JSON schema names the keys too: its values are schemas)
+                found.add("a rank's report entry")
+    return found
+
+
+def test_one_place_per_concept():
+    """The op table, the severity order, the step family and the rank entry are each written once (lint's own
+    static names of APIs aside); everyone else imports them."""
+    bad = []
+    for p, text in _sources():
+        if p.relative_to(SRC).parts[0] == "lint":
+            continue
+        bad += [f"{p.relative_to(SRC)}: {what}" for what in _copies_in(ast.parse(text)) if ONE_PLACE[what] != p]
+    assert not bad, bad

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 from ddp_doctor.evidence import Collective, ExitStatus, JobEvidence, RaisedError, RankState, Site, Timing
 from ddp_doctor.findings import Finding, Location
-from ddp_doctor.session.assemble import confirm_lint, crash_exit_code, live_rows, rank_entry
+from ddp_doctor.session.assemble import confirm_lint, crash_exit_code, live_rows, state_entry as rank_entry
 from ddp_doctor.watcher.views import RankView
 
 S = Site("/u/train.py", 20, "main")

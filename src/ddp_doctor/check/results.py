@@ -11,6 +11,7 @@ from typing import Any
 
 from ddp_doctor.check import CHECK_SCHEMA_ID, audit, plan
 from ddp_doctor.findings import Finding, Severity, runtime_fix
+from ddp_doctor.report.ranks import RankWord, rank_entry
 
 BROKEN = ("timeout", "error")
 
@@ -194,17 +195,16 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
         hello = data.get(f"hello/{r}") or {}
         started = data.get(f"started/{r}") or {}
         f = failures.get(r, {})
-        state = ("exited" if r in exited else "hung" if r in stuck else "not-started" if not started
-                 else "failed" if r in culprits else "ok")
-        ranks_out.append({
-            "rank": r, "state": state, "epoch": None, "step": None, "last_collective": None, "stack": [],
-            "exit_code": f.get("exitcode"), "signal": f.get("signal"),
-            "host": hello.get("host") or started.get("host"), "pid": hello.get("pid") or started.get("pid"),
-            "local_rank": started.get("local_rank"), "node": started.get("group_rank"),
-            "device": hello.get("device"), "device_name": hello.get("device_name"), "backend": hello.get("backend"),
-            "versions": {k: hello.get(k) for k in ("python", "torch", "cuda", "nccl")} if hello else {},
-            "last_test": at(r), "log_tail": f.get("log_tail"),
-        })
+        state = (RankWord.EXITED if r in exited else RankWord.HUNG if r in stuck else RankWord.NOT_STARTED
+                 if not started else RankWord.FAILED if r in culprits else RankWord.OK)
+        ranks_out.append(rank_entry(
+            r, state, exit_code=f.get("exitcode"), signal=f.get("signal"),
+            host=hello.get("host") or started.get("host"), pid=hello.get("pid") or started.get("pid"),
+            local_rank=started.get("local_rank"), node=started.get("group_rank"),
+            device=hello.get("device"), device_name=hello.get("device_name"), backend=hello.get("backend"),
+            versions={k: hello.get(k) for k in ("python", "torch", "cuda", "nccl")} if hello else {},
+            last_test=at(r), log_tail=f.get("log_tail"),
+        ))
 
     findings.sort(key=lambda f: (-f.severity.rank, f.code, f.ranks))
     failed_tests = [t["name"] for t in tests_out if t["status"] == "fail"]

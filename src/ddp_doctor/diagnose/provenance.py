@@ -14,7 +14,7 @@ import os
 from dataclasses import replace
 
 from ddp_doctor.evidence import DdpParam, RankState, Site
-from ddp_doctor.findings import Finding, Location, runtime_fix
+from ddp_doctor.findings import STEP_FAMILY, Finding, Location, runtime_fix
 from ddp_doctor.diagnose.common import FIX_101
 from ddp_doctor.diagnose.decision import Decision, user_stack, values_at, why_it_varies
 from ddp_doctor.diagnose.collectives import NOT_MEMBER
@@ -347,9 +347,6 @@ def thread_loop(site: Site, fault: list[int], ranks: dict[int, RankState]) -> De
     d, evident = _loop_header(max(loops, key=lambda n: n.lineno), lines, others[0], fault[0], ranks, site.path, fn,
                               site.function)
     return replace(d, parting="branch", culprits=tuple(fault)) if evident else None
-
-
-STEP_FAMILY = ("DDP101", "DDP201", "DDP202", "DDP203")
 
 
 def group_choice(site: Site, fault: list[int], ranks: dict[int, RankState]) -> Decision | None:
