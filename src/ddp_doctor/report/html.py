@@ -174,7 +174,7 @@ def render_html(report: dict[str, Any]) -> str:
         out.append(f'<p class="empty">error: {_e(err.get("path"))}: {_e(err.get("message"))}</p>')
     if has_ranks:
         out.append(_ranks_html(report))
-    from ddp_doctor import __version__
+    from ddp_doctor.version import __version__
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out.append(f"</main><footer>ddp-doctor {_e(__version__)} &middot; report written {stamp}</footer>")
     out.append(f'<script type="application/json" id="ddp-report">{json_for_script(report)}</script>')
