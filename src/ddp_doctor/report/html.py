@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 from html import escape
 from importlib import resources
 from typing import Any
@@ -291,9 +290,3 @@ def _stack_html(label: str, stack: list[dict[str, Any]], user: dict[str, Any] | 
 def _dash(v: Any) -> Any:
     return "-" if v is None else v
 
-
-def write_html(report: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    """Write the report as one self-contained HTML file (atomically; OSError is the caller's)."""
-    from ddp_doctor.atomic import write_atomic
-
-    write_atomic(path, render_html(report))
