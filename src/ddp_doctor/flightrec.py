@@ -201,7 +201,7 @@ def _desc(e: Entry) -> str:
     return f"{what} (#{e.seq}) at {where(e.activity.site)}"
 
 
-def diagnose(dumps: list[RankDump], lint: tuple[LintMark, ...] | None = None
+def judge_dumps(dumps: list[RankDump], lint: tuple[LintMark, ...] | None = None
              ) -> tuple[str, list[Finding], dict[int, Entry | None]]:
     """(verdict, findings, each rank's last recorded collective) from every rank's dump; ``lint``: lint's marks
     (default: lint the user's files the entries' stacks name, where they exist here)."""
@@ -310,11 +310,11 @@ def _behind(seq, there: dict[int, Entry], behind: list[int], per_rank, lint: tup
     return Finding("DDP205", msg, runtime_fix("DDP205.stall"), location=_loc(site), ranks=behind, evidence=ev)
 
 
-def build_report(directory: str, dumps: list[RankDump]) -> dict[str, Any]:
+def dumps_report(directory: str, dumps: list[RankDump]) -> dict[str, Any]:
     """The report/v1 object of a job's Flight Recorder dumps."""
     from ddp_doctor.report.ranks import RankWord, rank_entry
 
-    verdict, findings, last = diagnose(dumps)
+    verdict, findings, last = judge_dumps(dumps)
     members = sorted({r for d in dumps for rs in d.groups.values() for r in rs} | {d.rank for d in dumps})
     ranks = []
     for r in members:

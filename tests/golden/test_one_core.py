@@ -20,7 +20,7 @@ import pytest
 
 from ddp_doctor import flightrec
 from ddp_doctor.attach.classify import classify
-from ddp_doctor.attach.assess import diagnose as diagnose_attach
+from ddp_doctor.attach.assess import judge_samples as diagnose_attach
 from ddp_doctor.attach.discover import RankProcess
 from ddp_doctor.attach.sample import SampledRank
 from ddp_doctor.attach.pyspy import main_thread, parse_pyspy_json
@@ -74,7 +74,7 @@ def test_run_attach_and_flight_recorder_name_the_same_culprit(job, with_lint):
     evidence = cap.evidence.with_(lint=lint)
     run_verdict, run_findings = diagnose_run(evidence, cap.decision, cap.failures)
     attach_verdict, attach_findings = diagnose_attach(_attach_views(cap), 2, True, lint=lint)
-    fr_verdict, fr_findings, _last = flightrec.diagnose(flightrec.read_dir(HERE / "flight_recorder" / job), lint=lint)
+    fr_verdict, fr_findings, _last = flightrec.judge_dumps(flightrec.read_dir(HERE / "flight_recorder" / job), lint=lint)
     assert _same(run_findings) == JOBS[job]
     assert _same(attach_findings) == JOBS[job]
     assert _same(fr_findings) == JOBS[job]

@@ -18,10 +18,10 @@ from ddp_doctor.report import report_v1
 from ddp_doctor.report.ranks import rank_entry
 from ddp_doctor.report.snippets import stack_sources
 
-__all__ = ["AttachError", "attach", "build_report", "find_job", "stop_job"]
+__all__ = ["AttachError", "attach", "attach_report", "find_job", "stop_job"]
 
 
-def build_report(job: DiscoveredJob, views: list[SampledRank], verdict: str, findings: list,
+def attach_report(job: DiscoveredJob, views: list[SampledRank], verdict: str, findings: list,
                  diagnosis_error: str | None = None) -> dict[str, Any]:
     """The report/v1 object; ``partial`` when this node holds only some of the job's ranks."""
     ranks = []
@@ -59,7 +59,7 @@ def attach(pids: list[int] | None = None, samples: int = 3, interval_s: float = 
     job = find_job(pids)
     views = sample_job(job, samples, interval_s)
     verdict, findings, failed = diagnose_guarded(views, job.world_size, job.whole_job_here)
-    return build_report(job, views, verdict, findings, failed)
+    return attach_report(job, views, verdict, findings, failed)
 
 
 def stop_job(report: dict[str, Any], grace_s: float = 3.0) -> dict[int, str]:

@@ -68,7 +68,7 @@ def _lint(views: list[SampledRank]) -> tuple[LintMark, ...]:
     return lint_rank_conditional(f.path for v in views if v.stack for f in v.stack.frames if is_user(f))
 
 
-def diagnose(views: list[SampledRank], world_size: int, whole_job_here: bool,
+def judge_samples(views: list[SampledRank], world_size: int, whole_job_here: bool,
              lint: Sequence[LintMark] | None = None) -> tuple[str, list[Finding]]:
     """Verdict (ok | hang | crash) and findings for one sampled job; ``lint``: lint's marks (default: lint the
     user's files the ranks stand in).  Each finding located at the decision where the ranks parted, as run's
@@ -81,10 +81,10 @@ def diagnose(views: list[SampledRank], world_size: int, whole_job_here: bool,
 
 def diagnose_guarded(views: list[SampledRank], world_size: int, whole_job_here: bool
                      ) -> tuple[str, list[Finding], str | None]:
-    """:func:`diagnose`, and when it raises (a bug of ours), the verdict the samples alone give (a rank gone:
+    """:func:`judge_samples`, and when it raises (a bug of ours), the verdict the samples alone give (a rank gone:
     crash; every live rank stuck: hang) with no finding and the error in words: the stacks are kept."""
     try:
-        verdict, findings = diagnose(views, world_size, whole_job_here)
+        verdict, findings = judge_samples(views, world_size, whole_job_here)
         return verdict, findings, None
     except Exception as e:
         live = [v for v in views if not v.gone]

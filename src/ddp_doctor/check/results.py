@@ -45,7 +45,7 @@ def bandwidth_table(results: dict[int, dict[str, Any]], world_size: int) -> list
     return rows
 
 
-def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int = 1,
+def check_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int = 1,
                  expected_world: int | None = None) -> dict[str, Any]:
     """The check/v1 document of a monitor snapshot: the rendezvous, the ranks that exited, each test's outcome,
     the environment, each rank; findings sorted gravest first, the verdict ``fail`` on any error."""

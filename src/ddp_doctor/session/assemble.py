@@ -23,7 +23,7 @@ from ddp_doctor.report.ranks import RankWord, rank_entry
 from ddp_doctor.report.facts import contradictions
 
 
-def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
+def run_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
     w = job.watcher
     decision = w.settle(job.failures)
     marks = tuple(lint_mark(f) for f in lint_findings if f.location)
