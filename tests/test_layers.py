@@ -154,3 +154,126 @@ def test_what_a_rank_imports_to_be_watched_is_light():
                                                 "ddp_doctor.diagnose.core", "ddp_doctor.diagnose.provenance"))]
     assert not heavy, heavy
     assert len(loaded) <= 30, loaded  # 24 today
+
+
+# -- one place per concept (issue 35): a second copy of a table is how two views of one job came to disagree --------
+ONE_PLACE = {
+    "a table of torch's collective functions": SRC / "evidence" / "ops.py",
+    "a severity order": SRC / "findings.py",
+    "a code family": SRC / "findings.py",
+    "a rank's report entry": SRC / "report" / "ranks.py",
+}
+
+
+def _copies_in(tree: ast.AST) -> set[str]:
+    from ddp_doctor.evidence import ops
+
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Set, ast.Tuple, ast.List)):
+            words = {e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+            if len(words & ops.ALL) >= 10:
+                found.add("a table of torch's collective functions")
+            if len(words & {"DDP101", "DDP201", "DDP202", "DDP203", "DDP204"}) >= 4:
+                found.add("a code family")
+        if isinstance(node, ast.Dict):
+            keyed = {k.value: v for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant)}
+            if set(keyed) >= {"error", "warning", "info"} and all(
+                    isinstance(v, ast.Constant) and isinstance(v.value, int) for v in node.values):
+                found.add("a severity order")
+            if set(keyed) >= {"rank", "state", "last_collective", "exit_code"} and not isinstance(keyed["rank"], ast.Dict):
+                # (report/v1's JSON schema names the keys too: its values are schemas)
+                found.add("a rank's report entry")
+    return found
+
+
+def test_one_place_per_concept():
+    """The op table, the severity order, the step family and the rank entry are each written once (lint's own
+    static names of APIs aside); everyone else imports them."""
+    bad = []
+    for p, text in _sources():
+        if p.relative_to(SRC).parts[0] == "lint":
+            continue
+        bad += [f"{p.relative_to(SRC)}: {what}" for what in _copies_in(ast.parse(text)) if ONE_PLACE[what] != p]
+    assert not bad, bad
+
+
+# -- no import circles (issue 35): an import inside a function counts (it runs when called, and a circle of
+# lazy imports is a layering no one decided) --------------------------------------------------------------
+# What is left: lint's own modules (analysis <-> its rules), and ``watch()`` at the package's top, which the
+# probe's arming calls back (a Ray worker's training function).  A new circle, or one that grows past these
+# modules, fails.
+LEFT_CIRCLES = {"lint": lambda m: m.startswith("ddp_doctor.lint."),
+                "watch": lambda m: m in ("ddp_doctor", "ddp_doctor.probe.__main__", "ddp_doctor.probe.arm")}
+
+
+def _module_graph() -> dict[str, set[str]]:
+    def name(p: Path) -> str:
+        parts = list(p.relative_to(SRC.parent).with_suffix("").parts)
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    mods = {name(p): p for p in SRC.rglob("*.py")}
+    graph = {}
+    for m, p in mods.items():
+        out = set()
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ddp_doctor"):
+                out |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
+                        for a in node.names}
+            elif isinstance(node, ast.Import):
+                out |= {a.name for a in node.names if a.name in mods}
+        graph[m] = {t for t in out if t in mods and t != m}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = set()
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.add(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(comp)
+    return out
+
+
+def test_no_import_circles():
+    found = _circles(_module_graph())
+    bad = [sorted(c) for c in found if not any(all(left(m) for m in c) for left in LEFT_CIRCLES.values())]
+    assert not bad, bad
+
+
+def test_the_circle_finder_finds_a_lazy_circle():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+    assert _circles({"a": {"b"}, "b": set()}) == []

@@ -1,6 +1,8 @@
 """ddp-doctor: find, explain and prevent the failures that hang, desync or slow PyTorch DDP training."""
 
-__version__ = "0.1.0"
+from ddp_doctor.version import __version__
+
+__all__ = ["__version__", "watch"]
 
 
 def watch() -> bool:

@@ -24,6 +24,24 @@ class Severity(str, enum.Enum):
         return {"info": 0, "warning": 1, "error": 2}[self.value]
 
 
+# The step family: codes of ranks that fell out of step (a collective or a DDP step some ranks make and others
+# do not).  Where the ranks parted is a decision in the user's code (diagnose/provenance.py locates it), and
+# lint's guess at the cause may carry another of these codes than the runtime's name for what happened (lint
+# DDP201 at a line the runtime calls DDP202 / DDP203).  A rank that ended early (ENDED_EARLY) is how such a
+# hazard ends when the loop itself is rank-dependent: it confirms lint's step-family code on that line.
+STEP_FAMILY = frozenset({"DDP101", "DDP201", "DDP202", "DDP203"})
+ENDED_EARLY = "DDP204"
+
+
+def severity_rank(value: str | None) -> int:
+    """The one order of severities (higher is worse; ``Severity.rank``) for a report's severity string, -1
+    for none known: renderers sort by it, and lint takes a graver runtime severity by it."""
+    try:
+        return Severity(value).rank
+    except ValueError:
+        return -1
+
+
 @dataclass(frozen=True)
 class CodeInfo:
     """One catalogue entry: a stable code, its kebab-case name, default severity and a one-line title."""

@@ -25,9 +25,9 @@ from typing import Any
 
 from ddp_doctor.attach.classify import StackActivity, classify
 from ddp_doctor.diagnose.blame import blame_calls, lint_code_at, lint_rank_conditional
+from ddp_doctor.diagnose.common import loc, verdict_of, where
 from ddp_doctor.diagnose.draft import Draft
 from ddp_doctor.diagnose.wording import decided
-from ddp_doctor.diagnose.common import loc, where
 from ddp_doctor.evidence import Collective, LintMark, RankState, Site
 from ddp_doctor.findings import Finding, runtime_fix
 
@@ -202,7 +202,7 @@ def _desc(e: Entry) -> str:
     return f"{what} (#{e.seq}) at {where(e.activity.site)}"
 
 
-def diagnose(dumps: list[RankDump], lint: tuple[LintMark, ...] | None = None
+def judge_dumps(dumps: list[RankDump], lint: tuple[LintMark, ...] | None = None
              ) -> tuple[str, list[Finding], dict[int, Entry | None]]:
     """(verdict, findings, each rank's last recorded collective) from every rank's dump; ``lint``: lint's marks
     (default: lint the user's files the entries' stacks name, where they exist here)."""
@@ -254,7 +254,8 @@ def diagnose(dumps: list[RankDump], lint: tuple[LintMark, ...] | None = None
                               location=_loc(ref) if ref else None, ranks=missing,
                               severity="error" if not findings else "warning",
                               evidence={"missing_dumps": missing}))
-    verdict = ("desync" if desync else "hang") if any(f.severity.value == "error" for f in findings) else "ok"
+    verdict = verdict_of(("desync" if desync else "hang") if any(f.severity.value == "error" for f in findings)
+                         else None)
     # where the ranks parted, as run and attach say it: each rank stands at its last recorded call's stack
     standing = {r: RankState(rank=r, stack=e.frames) for r, e in last.items() if e is not None}
     return verdict, decided(findings, standing), last
@@ -310,19 +311,19 @@ def _behind(seq, there: dict[int, Entry], behind: list[int], per_rank, lint: tup
     return Draft("DDP205", msg, runtime_fix("DDP205.stall"), location=_loc(site), ranks=behind, evidence=ev)
 
 
-def build_report(directory: str, dumps: list[RankDump]) -> dict[str, Any]:
+def dumps_report(directory: str, dumps: list[RankDump]) -> dict[str, Any]:
     """The report/v1 object of a job's Flight Recorder dumps."""
-    verdict, findings, last = diagnose(dumps)
+    from ddp_doctor.report.ranks import RankWord, rank_entry
+
+    verdict, findings, last = judge_dumps(dumps)
     members = sorted({r for d in dumps for rs in d.groups.values() for r in rs} | {d.rank for d in dumps})
     ranks = []
     for r in members:
         e = last.get(r)
-        state = "in_collective" if e is not None else ("no_dump" if r not in last else "unknown")
-        ranks.append({"rank": r, "state": state,
-                      "epoch": None, "step": None, "last_collective": e.report_call() if e else None,
-                      "stack": [f.to_json() for f in e.frames] if e else [],
-                      "where": e.activity.site.to_json() if e and e.activity.site else None,
-                      "exit_code": None, "signal": None})
+        state = RankWord.IN_COLLECTIVE if e is not None else (RankWord.NO_DUMP if r not in last else RankWord.UNKNOWN)
+        ranks.append(rank_entry(r, state, last_collective=e.report_call() if e else None,
+                                stack=[f.to_json() for f in e.frames] if e else [],
+                                where=e.activity.site.to_json() if e and e.activity.site else None))
     from ddp_doctor.report import report_v1
     from ddp_doctor.report.snippets import stack_sources
 

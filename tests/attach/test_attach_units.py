@@ -7,7 +7,6 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +30,24 @@ def test_object_collective_is_named_not_its_inner_all_gather():
                   F(f"{TORCH}/distributed/distributed_c10d.py", 3000, "all_gather_object"),
                   F(f"{TORCH}/distributed/distributed_c10d.py", 4280, "all_gather")])
     assert (a.kind, a.op, a.site.line) == ("object_collective", "all_gather_object", 12)
+
+
+def test_run_and_attach_read_one_stack_as_the_same_collective():
+    """A rank gloo aborted inside broadcast_object_list's inner broadcast, with no call on record: run names the
+    call the user made (as the probe records it on the other ranks), as attach does, not the inner broadcast."""
+    from ddp_doctor.diagnose.collectives import fatal_call
+    from ddp_doctor.evidence import ExitStatus, RankState
+
+    stack = (F("/job/train.py", 40, "main"), F(f"{TORCH}/distributed/c10d_logger.py", 83, "wrapper"),
+             F(f"{TORCH}/distributed/distributed_c10d.py", 3100, "broadcast_object_list"),
+             F(f"{TORCH}/distributed/distributed_c10d.py", 2700, "broadcast"),
+             F(f"{TORCH}/distributed/distributed_c10d.py", 2720, "_check_single_tensor"))
+    run = fatal_call(RankState(rank=0, stack=stack, exit=ExitStatus(-6, "SIGABRT")))
+    assert run.op == classify(list(stack)).op == "broadcast_object_list"
+    assert run.site.line == 40
+    # a frame of torch's c10d that is no collective (a helper, group creation's store barrier) is not one
+    helper = stack[:2] + (F(f"{TORCH}/distributed/distributed_c10d.py", 9, "_store_based_barrier"),)
+    assert fatal_call(RankState(rank=0, stack=helper, exit=ExitStatus(-6, "SIGABRT"))) is None
 
 
 def test_ddp_frames_with_qualified_names():

@@ -4,7 +4,7 @@ import itertools
 import pytest
 
 from ddp_doctor.check import audit, faults, plan
-from ddp_doctor.check.results import bandwidth_table, build_report
+from ddp_doctor.check.results import bandwidth_table, check_report
 from ddp_doctor.findings import CATALOGUE
 
 
@@ -141,7 +141,7 @@ def test_diagnose_hung_rank_is_named_with_its_waiters():
     snap["stuck"] = {2: "ring"}
     snap["killed"] = [{"pid": 102, "signal": "SIGTERM"}]
     snap["failures"] = {2: {"pid": 102, "exitcode": -15, "signal": "SIGTERM"}}
-    report = build_report(snap, deadline=2.0)
+    report = check_report(snap, deadline=2.0)
     assert report["verdict"] == "fail" and report["exit_code"] == 1
     errors = [f for f in report["findings"] if f["severity"] == "error"]
     assert [(f["code"], f["ranks"], f["evidence"]["test"]) for f in errors] == [("DDP502", [2], "ring")]
@@ -155,13 +155,13 @@ def test_diagnose_version_mismatch_and_rendezvous_failure():
     snap["data"]["hello/1"]["torch"] = "2.12"
     del snap["data"]["res/2/rendezvous"]
     snap["data"]["res/2/rendezvous"] = {"status": "error", "detail": "connect refused"}
-    report = build_report(snap, deadline=2.0)
+    report = check_report(snap, deadline=2.0)
     codes = {(f["code"], tuple(f["ranks"])) for f in report["findings"]}
     assert ("DDP508", (0, 1, 2)) in codes and ("DDP501", (2,)) in codes
 
 
 def test_diagnose_no_rank_came():
-    report = build_report({"master": None, "data": {}, "job_error": "RendezvousTimeoutError"}, deadline=1.0)
+    report = check_report({"master": None, "data": {}, "job_error": "RendezvousTimeoutError"}, deadline=1.0)
     assert report["verdict"] == "fail" and report["findings"][0]["code"] == "DDP501"
 
 
@@ -179,8 +179,8 @@ def test_check_report_matches_its_json_schema():
     for r in range(3):
         snap["data"][f"res/{r}/ring"] = {"status": "pass", "duration_s": 0.1,
                                          "items": [{"pair": [r, (r + 1) % 3], "peer": 1, "ok": True, "time_s": 0.01}]}
-    jsonschema.validate(build_report(snap, deadline=1.0), CHECK_JSON_SCHEMA)
-    jsonschema.validate(build_report({"master": None, "data": {}}, deadline=1.0), CHECK_JSON_SCHEMA)
+    jsonschema.validate(check_report(snap, deadline=1.0), CHECK_JSON_SCHEMA)
+    jsonschema.validate(check_report({"master": None, "data": {}}, deadline=1.0), CHECK_JSON_SCHEMA)
 
 
 # ----------------------------------------------------------------------------- CLI parsing
@@ -206,7 +206,7 @@ def test_diagnose_two_ranks_on_one_gpu():
     snap = _snapshot()
     for r, uuid in ((0, "GPU-a"), (1, "GPU-a"), (2, "GPU-b")):
         snap["data"][f"hello/{r}"]["device_uuid"] = uuid
-    report = build_report(snap, deadline=1.0)
+    report = check_report(snap, deadline=1.0)
     assert [(f["code"], f["ranks"]) for f in report["findings"] if f["code"] == "DDP509"] == [("DDP509", [0, 1])]
 
 

@@ -3,7 +3,7 @@ import io
 
 from rich.console import Console
 
-from ddp_doctor.check.results import build_report
+from ddp_doctor.check.results import check_report
 from ddp_doctor.report.check_view import print_check
 
 
@@ -34,7 +34,7 @@ def _snapshot():
 
 
 def test_failures_render_with_rank_pair_test_and_fix():
-    report = build_report(_snapshot(), deadline=2.0)
+    report = check_report(_snapshot(), deadline=2.0)
     out = _render(report)
     assert "DDP502 link-failed [ranks 0,2; test pairs] Link 0 <-> 2 failed" in out
     assert "DDP504 shm-too-small" in out and "try: --shm-size=16g" in out
@@ -48,7 +48,7 @@ def test_passing_report_renders_the_verdict():
     for r in range(3):
         snap["data"][f"res/{r}/pairs"] = {"status": "pass", "items": []}
     snap["data"]["audit/0"]["checks"] = []
-    report = build_report(snap, deadline=2.0)
+    report = check_report(snap, deadline=2.0)
     assert report["verdict"] == "fail"   # later tests did not run
     out = _render(report)
     assert "Tests (3 ranks" in out and "not-run" in out

@@ -80,7 +80,7 @@ def test_rank_behind_and_json_dumps(tmp_path):
         entries = [_entry(seq, "all_reduce", 10) for seq in (1, 2, 3) if not (r == 2 and seq == 3)]
         dump = {"version": "2.10", "pg_config": cfg, "entries": entries}
         (tmp_path / f"nccl_trace_rank_{r}").write_text(json.dumps(dump))
-    verdict, findings, last = flightrec.diagnose(flightrec.read_dir(tmp_path))
+    verdict, findings, last = flightrec.judge_dumps(flightrec.read_dir(tmp_path))
     assert verdict == "hang"
     assert [(f.code, f.ranks) for f in findings] == [("DDP205", [2])]
     assert "never reached collective #3" in findings[0].message
@@ -100,12 +100,12 @@ def test_per_rank_split_sizes_are_no_mismatch_but_other_sizes_are(tmp_path):
         entries = [_entry(1, "all_to_all_single", 10, sizes=((5 + r, 8),)), _entry(2, "all_reduce", 11)]
         (tmp_path / f"nccl_trace_rank_{r}").write_text(json.dumps({"version": "2.10", "pg_config": cfg,
                                                                     "entries": entries}))
-    verdict, findings, _ = flightrec.diagnose(flightrec.read_dir(tmp_path))
+    verdict, findings, _ = flightrec.judge_dumps(flightrec.read_dir(tmp_path))
     assert verdict == "ok" and findings == []
     bad = tmp_path / "bad"
     bad.mkdir()
     for r in range(2):
         entries = [_entry(1, "all_reduce", 10, sizes=((4 + r,),))]
         (bad / f"nccl_trace_rank_{r}").write_text(json.dumps({"version": "2.10", "pg_config": cfg, "entries": entries}))
-    verdict, findings, _ = flightrec.diagnose(flightrec.read_dir(bad))
+    verdict, findings, _ = flightrec.judge_dumps(flightrec.read_dir(bad))
     assert findings and findings[0].code == "DDP203"

@@ -20,7 +20,7 @@ import pytest
 
 from ddp_doctor import flightrec
 from ddp_doctor.attach.classify import classify
-from ddp_doctor.attach.assess import diagnose as diagnose_attach
+from ddp_doctor.attach.assess import judge_samples as diagnose_attach
 from ddp_doctor.attach.discover import RankProcess
 from ddp_doctor.attach.sample import SampledRank
 from ddp_doctor.attach.pyspy import main_thread, parse_pyspy_json
@@ -74,7 +74,7 @@ def test_run_attach_and_flight_recorder_name_the_same_culprit(job, with_lint):
     evidence = cap.evidence.with_(lint=lint)
     run_verdict, run_findings = diagnose_run(evidence, cap.decision, cap.failures)
     attach_verdict, attach_findings = diagnose_attach(_attach_views(cap), 2, True, lint=lint)
-    fr_verdict, fr_findings, _last = flightrec.diagnose(flightrec.read_dir(HERE / "flight_recorder" / job), lint=lint)
+    fr_verdict, fr_findings, _last = flightrec.judge_dumps(flightrec.read_dir(HERE / "flight_recorder" / job), lint=lint)
     assert _same(run_findings) == JOBS[job]
     assert _same(attach_findings) == JOBS[job]
     assert _same(fr_findings) == JOBS[job]
@@ -110,6 +110,24 @@ def test_blame_user_collective_against_ddp_own_and_lint():
     b = blame_calls(calls, lint)
     assert (b.code, b.ranks, b.site.line, b.lint_seen) == ("DDP201", (0,), 12, True)
     assert blame_calls(calls).code == "DDP203"
+
+
+def test_one_policy_asks_the_history_first_where_there_is_one():
+    """run's probe states carry each rank's history; the same calls without it are judged by where each stands.
+    Rank 0 in a barrier at line 29, rank 1 in DDP's gradient all-reduce: without a history (attach, Flight
+    Recorder) the user's collective is the odd one (DDP201); with one where rank 1 ran that barrier line before,
+    it is no collective only some ranks call but a mismatch at this position (DDP203, every rank); where rank 1
+    never ran it, DDP201 again."""
+    from ddp_doctor.evidence import RankState
+
+    calls = {0: _c("barrier", 29), 1: _c("ddp.backward(allreduce_grads)", 40, origin="ddp")}
+    assert blame_calls(calls).unpack() == ("DDP201", [0], calls[0].site)
+    ran = {r: RankState(rank=r, forwards=3, sites_seen=frozenset({("barrier", calls[0].site.key()),
+                                                                  ("ddp.backward(allreduce_grads)", calls[1].site.key())}))
+           for r in calls}
+    assert blame_calls(calls, ranks=ran).unpack()[:2] == ("DDP203", [0, 1])
+    never = {**ran, 1: ran[1].with_(sites_seen=frozenset({("ddp.backward(allreduce_grads)", calls[1].site.key())}))}
+    assert blame_calls(calls, ranks=never).unpack() == ("DDP201", [0], calls[0].site)
 
 
 def test_same_line_is_the_file_name_unless_both_files_are_here_and_differ(tmp_path):

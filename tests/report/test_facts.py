@@ -10,7 +10,7 @@ import pytest
 from ddp_doctor.diagnose import diagnose
 from ddp_doctor.evidence import Capture
 from ddp_doctor.report.facts import contradictions
-from ddp_doctor.session.assemble import rank_entry
+from ddp_doctor.session.assemble import state_entry as rank_entry
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 CASES = sorted((GOLDEN / "captures").glob("*.json")) + sorted((GOLDEN / "synthetic").glob("*.json"))

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from ddp_doctor.report import REPORT_JSON_SCHEMA
-from ddp_doctor.report.html import write_html
+from ddp_doctor.report.files import save_reports
 from ddp_doctor.report.terminal import print_report
 
 DATA = Path(__file__).with_name("data")
@@ -42,7 +42,7 @@ def test_captured_report_renders_what_happened(name, tmp_path):
     for want in EXPECT[name]:
         assert want in text, (want, text[-3000:])
     html = tmp_path / "r.html"
-    write_html(report, str(html))
+    save_reports(report, None, str(html))
     page = html.read_text(encoding="utf-8")
     for f in report["findings"]:
         assert f["code"] in page

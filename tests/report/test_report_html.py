@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import report_samples as S
-from ddp_doctor.report.html import json_for_script, render_html, write_html
+from ddp_doctor.report.files import save_reports
+from ddp_doctor.report.html import json_for_script, render_html
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,7 +83,7 @@ def test_renders_without_optional_fields(tmp_path, name):
     for k in ("lint", "duration_s", "command", "started_at"):
         r.pop(k, None)
     path = tmp_path / "r.html"
-    write_html(r, path)
+    save_reports(r, None, str(path))
     text = path.read_text()
     for f in r["findings"]:
         assert f'data-code="{f["code"]}"' in text
@@ -93,7 +94,7 @@ def test_renders_without_optional_fields(tmp_path, name):
 def test_browser_renders_ranks_and_findings(tmp_path, name):
     r = S.get(name)
     path = tmp_path / f"{name}.html"
-    write_html(r, path)
+    save_reports(r, None, str(path))
     dom = dump_dom(tmp_path, path)
     assert 'data-rendered="1"' in dom, "the page script did not run"
     for f in r["findings"]:
@@ -116,7 +117,7 @@ def test_browser_renders_ranks_and_findings(tmp_path, name):
 @needs_browser
 def test_browser_xss_is_escaped_not_executed(tmp_path):
     path = tmp_path / "xss.html"
-    write_html(S.xss_report(), path)
+    save_reports(S.xss_report(), None, str(path))
     dom = dump_dom(tmp_path, path)
     assert 'data-rendered="1"' in dom
     assert "data-pwned" not in dom.split("<body", 1)[1].split(">", 1)[0], "injected script ran"
@@ -129,7 +130,7 @@ def test_browser_xss_is_escaped_not_executed(tmp_path):
 @pytest.mark.parametrize("name", ["hang", "ok_perf"])
 def test_browser_screenshot(tmp_path, capsys, name):
     path = tmp_path / f"{name}.html"
-    write_html(S.get(name), path)
+    save_reports(S.get(name), None, str(path))
     shot = artifacts_dir(tmp_path) / f"report-{name}.png"
     chromium(tmp_path, path.as_uri(), f"--screenshot={shot}", "--window-size=1400,1000")
     assert shot.exists() and shot.stat().st_size > 10_000
@@ -144,7 +145,7 @@ def test_browser_real_run_report(tmp_path):
     import json
     r = json.loads((Path(__file__).parent / "data" / "run_seed000_desync.json").read_text())
     path = tmp_path / "real.html"
-    write_html(r, path)
+    save_reports(r, None, str(path))
     dom = dump_dom(tmp_path, path)
     assert 'data-rendered="1"' in dom and 'data-code="DDP202"' in dom
     assert 'data-range="training"' in dom, "start-up should be skipped by default"
@@ -162,7 +163,7 @@ def test_browser_crash_without_timeline(tmp_path):
         rk.pop("timeline", None)
         rk.pop("timing", None)
     path = tmp_path / "crash.html"
-    write_html(r, path)
+    save_reports(r, None, str(path))
     dom = dump_dom(tmp_path, path)
     assert 'data-rendered="1"' in dom and 'data-code="DDP203"' in dom
     assert "No timeline was recorded" in dom and "No step timing was recorded" in dom

@@ -55,7 +55,8 @@ class Job:
                 st = RankState(rank=r, world_size=len(self.views), progress=kw.pop("progress", 50),
                                activity=Activity(self.cpu[r], 0, 0.0, 1), **kw)
                 self.views[r].update(st, self.t)
-            flat = self.flat.decide(self.views, len(self.views), 1.0, now=self.t)
+            node = Summarizer().summary(self.views, self.t, first_state_t=1.0)  # one node deciding alone
+            flat = self.flat.decide_job(JobView(len(self.views), [(node, 0.0)]), self.t)
             sums = [s.summary({r: self.views[r] for r in rs}, self.t, first_state_t=1.0)
                     for s, rs in zip(self.summarizers, self.nodes)]
             group = JobView(len(self.views), [(s, 0.0) for s in sums])

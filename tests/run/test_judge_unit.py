@@ -2,7 +2,9 @@
 and watch on, or stop there with --stop-on-stall; warn otherwise.  Views are the watcher's real RankView fed with typed states on a controlled clock."""
 from __future__ import annotations
 
+from ddp_doctor.diagnose.jobview import JobView
 from ddp_doctor.diagnose.live import NO_PROGRESS_S, TRANSPORT_S, Judge, group_ranks, stops
+from ddp_doctor.diagnose.summary import Summarizer
 from ddp_doctor.evidence import Activity, Collective, ExitStatus, RankState, Site
 from ddp_doctor.watcher.views import RankView
 
@@ -43,7 +45,8 @@ class Job:
                 st = RankState(rank=r, world_size=len(self.views), progress=kw.pop("progress", 50),
                                activity=Activity(self.cpu[r], 0, 0.0, self.sig[r]), **kw)
                 self.views[r].update(st, self.t)
-            verdict = self.judge.decide(self.views, len(self.views), 1.0, now=self.t)
+            node = Summarizer().summary(self.views, self.t, first_state_t=1.0)  # a single node, as the watcher
+            verdict = self.judge.decide_job(JobView(len(self.views), [(node, 0.0)]), self.t)
         return verdict
 
     def start(self) -> "Job":

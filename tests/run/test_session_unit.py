@@ -8,7 +8,7 @@ from ddp_doctor.diagnose.blame import lint_mark
 from ddp_doctor.diagnose.draft import Draft
 from ddp_doctor.diagnose.wording import decided
 from ddp_doctor.findings import Finding, Location
-from ddp_doctor.session.assemble import confirm_lint, crash_exit_code, live_rows, rank_entry
+from ddp_doctor.session.assemble import confirm_lint, crash_exit_code, live_rows, state_entry as rank_entry
 from ddp_doctor.watcher.views import RankView
 
 S = Site("/u/train.py", 20, "main")

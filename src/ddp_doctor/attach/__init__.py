@@ -15,32 +15,32 @@ from ddp_doctor.attach.discover import DiscoveredJob, find_job
 from ddp_doctor.attach.sample import SampledRank, sample_job
 from ddp_doctor.attach.pyspy import AttachError
 from ddp_doctor.report import report_v1
+from ddp_doctor.report.ranks import rank_entry
 from ddp_doctor.report.snippets import stack_sources
 
-__all__ = ["AttachError", "attach", "build_report", "find_job", "stop_job"]
+__all__ = ["AttachError", "attach", "attach_report", "find_job", "stop_job"]
 
 
-def build_report(job: DiscoveredJob, views: list[SampledRank], verdict: str, findings: list,
+def attach_report(job: DiscoveredJob, views: list[SampledRank], verdict: str, findings: list,
                  diagnosis_error: str | None = None) -> dict[str, Any]:
     """The report/v1 object; ``partial`` when this node holds only some of the job's ranks."""
     ranks = []
     for v in views:
         a = v.activity
-        ranks.append({
-            "rank": v.proc.rank, "state": activity_state(a, v.gone), "epoch": None, "step": None,
-            "last_collective": {"op": a.op, "state": "waiting" if v.stuck else "in progress"} if a.in_collective
+        ranks.append(rank_entry(
+            v.proc.rank, activity_state(a, v.gone),
+            last_collective={"op": a.op, "state": "waiting" if v.stuck else "in progress"} if a.in_collective
             else None,
-            "stack": [f.to_json() for f in (v.stack.frames if v.stack else [])],
-            "where": a.site.to_json() if a.site else None,
-            "exit_code": None, "signal": None, "pid": v.proc.pid, "local_rank": v.proc.local_rank,
-            "node": job.node, "unchanged_s": round(v.unchanged_s, 1),
-            "activity": {"kind": a.kind, "op": a.op, "moved": v.moved, "gone": v.gone,
+            stack=[f.to_json() for f in (v.stack.frames if v.stack else [])],
+            where=a.site.to_json() if a.site else None, pid=v.proc.pid, local_rank=v.proc.local_rank,
+            node=job.node, unchanged_s=round(v.unchanged_s, 1),
+            activity={"kind": a.kind, "op": a.op, "moved": v.moved, "gone": v.gone,
                          "cpu_s": None if v.cpu_s is None else round(v.cpu_s, 3), "window_s": round(v.window_s, 3),
-                         "io_bytes": v.io_bytes},
-            "threads": [{"name": t.name, "stack": [f.to_json() for f in t.frames]} for t in v.threads if not t.main],
-            "workers": [{"pid": w.pid, "stack": [f.to_json() for f in (w.stack.frames if w.stack else [])],
-                         "unchanged_s": round(w.unchanged_s, 1)} for w in v.workers],
-        })
+                      "io_bytes": v.io_bytes},
+            threads=[{"name": t.name, "stack": [f.to_json() for f in t.frames]} for t in v.threads if not t.main],
+            workers=[{"pid": w.pid, "stack": [f.to_json() for f in (w.stack.frames if w.stack else [])],
+                      "unchanged_s": round(w.unchanged_s, 1)} for w in v.workers],
+        ))
     cmd = views[0].proc.cmdline if views else []
     stacks = [st for r in ranks for st in (r["stack"], *(t["stack"] for t in r["threads"]),
                                            *(w["stack"] for w in r["workers"]))]
@@ -59,7 +59,7 @@ def attach(pids: list[int] | None = None, samples: int = 3, interval_s: float = 
     job = find_job(pids)
     views = sample_job(job, samples, interval_s)
     verdict, findings, failed = diagnose_guarded(views, job.world_size, job.whole_job_here)
-    return build_report(job, views, verdict, findings, failed)
+    return attach_report(job, views, verdict, findings, failed)
 
 
 def stop_job(report: dict[str, Any], grace_s: float = 3.0) -> dict[int, str]:

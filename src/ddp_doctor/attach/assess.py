@@ -20,11 +20,12 @@ from ddp_doctor.attach.classify import StackActivity, is_user, to_collective
 from ddp_doctor.attach.sample import SampledRank
 from ddp_doctor.diagnose.blame import agreement, blame_calls, lint_code_at, lint_rank_conditional
 from ddp_doctor.diagnose import failure_text
+from ddp_doctor.diagnose.common import loc, user_frame, verdict_of, where
 from ddp_doctor.diagnose.draft import Draft
 from ddp_doctor.diagnose.wording import decided
-from ddp_doctor.diagnose.common import loc, user_frame, where
 from ddp_doctor.evidence import LintMark, RankState
 from ddp_doctor.findings import Finding, runtime_fix
+from ddp_doctor.report.ranks import RankWord
 
 FIX_201, FIX_202, FIX_203 = runtime_fix("DDP201"), runtime_fix("DDP202"), runtime_fix("DDP203")
 FIX_204, FIX_205, FIX_TRANSPORT = runtime_fix("DDP204"), runtime_fix("DDP205.stall"), runtime_fix("DDP205.transport")
@@ -69,7 +70,7 @@ def _lint(views: list[SampledRank]) -> tuple[LintMark, ...]:
     return lint_rank_conditional(f.path for v in views if v.stack for f in v.stack.frames if is_user(f))
 
 
-def diagnose(views: list[SampledRank], world_size: int, whole_job_here: bool,
+def judge_samples(views: list[SampledRank], world_size: int, whole_job_here: bool,
              lint: Sequence[LintMark] | None = None) -> tuple[str, list[Finding]]:
     """Verdict (ok | hang | crash) and findings for one sampled job; ``lint``: lint's marks (default: lint the
     user's files the ranks stand in).  Each finding located at the decision where the ranks parted, as run's
@@ -82,14 +83,15 @@ def diagnose(views: list[SampledRank], world_size: int, whole_job_here: bool,
 
 def diagnose_guarded(views: list[SampledRank], world_size: int, whole_job_here: bool
                      ) -> tuple[str, list[Finding], str | None]:
-    """:func:`diagnose`, and when it raises (a bug of ours), the verdict the samples alone give (a rank gone:
+    """:func:`judge_samples`, and when it raises (a bug of ours), the verdict the samples alone give (a rank gone:
     crash; every live rank stuck: hang) with no finding and the error in words: the stacks are kept."""
     try:
-        verdict, findings = diagnose(views, world_size, whole_job_here)
+        verdict, findings = judge_samples(views, world_size, whole_job_here)
         return verdict, findings, None
     except Exception as e:
         live = [v for v in views if not v.gone]
-        verdict = "crash" if len(live) < len(views) else ("hang" if live and all(v.stuck for v in live) else "ok")
+        verdict = verdict_of("exit" if len(live) < len(views) else "hang" if live and all(v.stuck for v in live)
+                             else None)
         return verdict, [], failure_text(e)
 
 
@@ -193,8 +195,10 @@ def _busy_notes(live: list[SampledRank]) -> list[Draft]:
                   ranks=sorted(v.proc.rank for v in busy), evidence=_evidence(live))]
 
 
-def activity_state(a: StackActivity, gone: bool) -> str:
+def activity_state(a: StackActivity, gone: bool) -> RankWord:
+    """The report's word for a sampled rank."""
     if gone:
-        return "exited"
-    return {"collective": "in_collective", "object_collective": "in_collective", "ddp": "in_collective",
-            "data": "data_wait", "no_python": "unknown"}.get(a.kind, "running")
+        return RankWord.EXITED
+    if a.in_collective:
+        return RankWord.IN_COLLECTIVE
+    return {"data": RankWord.DATA_WAIT, "no_python": RankWord.UNKNOWN}.get(a.kind, RankWord.RUNNING)

@@ -1,7 +1,7 @@
 """What a rank is doing, read from its main thread's Python stack: inside which collective, or where outside.
 
 The stack is the only evidence ``attach`` has (no probe ran in the job), so the classification
-reads torch's own frames: the outermost ``torch.distributed`` collective function (an object
+reads torch's own frames: the collective function ``evidence.ops.collective_frame`` names (an object
 collective such as ``all_gather_object`` rather than the ``all_gather`` it calls), DDP's
 constructor / forward (parameter and buffer broadcasts), the autograd engine (DDP's gradient
 all-reduce runs while the main thread waits in ``backward()``), a DataLoader waiting for a batch.
@@ -15,16 +15,9 @@ from dataclasses import dataclass
 from ddp_doctor import frames as _frames
 from ddp_doctor.diagnose.common import user_frame, where
 from ddp_doctor.evidence import Collective, Site
-from ddp_doctor.evidence.agreement import OBJECT_COLLECTIVES
+from ddp_doctor.evidence import ops
+from ddp_doctor.evidence.ops import OBJECT_COLLECTIVES
 
-C10D_FILES = ("distributed_c10d.py",)
-COLLECTIVES = frozenset({
-    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "_all_gather_base",
-    "all_gather_coalesced", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "broadcast",
-    "reduce", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier", "monitored_barrier",
-    "send", "recv", "batch_isend_irecv", "all_gather_object", "gather_object", "broadcast_object_list",
-    "scatter_object_list", "send_object_list", "recv_object_list",
-})
 DDP_FILE = os.path.join("nn", "parallel", "distributed.py")
 
 
@@ -74,8 +67,7 @@ def to_collective(a: StackActivity) -> Collective | None:
 
 
 def _name(f: Site) -> str:
-    """The bare function name (py-spy gives qualified names on Python >= 3.11: ``Class.method``)."""
-    return (f.function or "").rsplit(".", 1)[-1]
+    return ops.op_name(f.function)
 
 
 def classify(stack) -> StackActivity:
@@ -83,10 +75,10 @@ def classify(stack) -> StackActivity:
     if not stack:
         return StackActivity("no_python", None, None)
     site = user_frame(stack)
-    for f in stack:  # outermost collective first: all_gather_object, not the all_gather inside it
-        if f.path.endswith(C10D_FILES) and _name(f) in COLLECTIVES:
-            kind = "object_collective" if _name(f) in OBJECT_COLLECTIVES else "collective"
-            return StackActivity(kind, _name(f), site)
+    inside = ops.collective_frame(stack)  # the outermost: all_gather_object, not the all_gather inside it
+    if inside is not None:
+        op = inside[0]
+        return StackActivity("object_collective" if op in OBJECT_COLLECTIVES else "collective", op, site)
     for f in stack:
         if f.path.endswith(DDP_FILE):
             if _name(f) == "__init__":

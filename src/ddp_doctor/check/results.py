@@ -11,6 +11,7 @@ from typing import Any
 
 from ddp_doctor.check import CHECK_SCHEMA_ID, audit, plan
 from ddp_doctor.findings import Finding, Severity, runtime_fix
+from ddp_doctor.report.ranks import RankWord, rank_entry
 
 BROKEN = ("timeout", "error")
 
@@ -44,8 +45,10 @@ def bandwidth_table(results: dict[int, dict[str, Any]], world_size: int) -> list
     return rows
 
 
-def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int = 1,
+def check_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int = 1,
                  expected_world: int | None = None) -> dict[str, Any]:
+    """The check/v1 document of a monitor snapshot: the rendezvous, the ranks that exited, each test's outcome,
+    the environment, each rank; findings sorted gravest first, the verdict ``fail`` on any error."""
     data = snapshot.get("data", {})
     master = snapshot.get("master") or {}
     world = int(master.get("world_size") or expected_world or 0)
@@ -53,16 +56,45 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
     failures: dict[int, dict[str, Any]] = {int(k): v for k, v in (snapshot.get("failures") or {}).items()}
     stuck: dict[int, str] = {int(k): v for k, v in (snapshot.get("stuck") or {}).items()}
     killed_pids = {k["pid"] for k in snapshot.get("killed", [])}
-    findings: list[Finding] = []
+    exited = _exited_on_their_own(data, failures, stuck, killed_pids)
+    findings, culprits = _rendezvous_findings(data, world, exited, stuck, snapshot.get("job_error"))
+    findings += _exit_findings(exited, culprits)
+    tests_out = _test_results(data, world, exited, stuck, culprits, deadline, findings)
+    audits = [data[k] for k in sorted(data) if k.startswith("audit/")]
+    findings += _environment_findings(data, world, audits)
+    ranks_out = _rank_entries(data, world, failures, exited, stuck, culprits)
+    findings.sort(key=lambda f: (-f.severity.rank, f.code, f.ranks))
+    failed_tests = [t["name"] for t in tests_out if t["status"] == "fail"]
+    errors = [f for f in findings if f.severity is Severity.ERROR]
+    incomplete = [t["name"] for t in tests_out if t["status"] not in ("pass", "skip")]
+    verdict = "fail" if (errors or failed_tests or incomplete or world == 0) else "ok"
+    out_findings = []
+    for f in findings:
+        d = f.to_report_dict()
+        d["source"] = "check"
+        out_findings.append(d)
+    return {
+        "schema": CHECK_SCHEMA_ID, "verdict": verdict, "exit_code": 1 if verdict == "fail" else 0,
+        "world_size": world, "nnodes": nnodes, "deadline_s": deadline,
+        "findings": out_findings, "ranks": ranks_out, "tests": tests_out,
+        "bandwidth": next((t.get("bandwidth", []) for t in tests_out if t["name"] == "all_reduce"), []),
+        "audit": audits, "job_error": snapshot.get("job_error"),
+    }
 
-    def res(r: int, test: str) -> dict[str, Any] | None:
-        return data.get(f"res/{r}/{test}")
 
-    def at(r: int) -> str | None:
-        value = data.get(f"at/{r}")
-        return value["test"] if value else None
+def _result(data: dict[str, Any], r: int, test: str) -> dict[str, Any] | None:
+    return data.get(f"res/{r}/{test}")
 
-    # ranks that exited on their own (not stopped by the agent or by us) and where
+
+def _at(data: dict[str, Any], r: int) -> str | None:
+    """The test rank ``r`` was in last."""
+    value = data.get(f"at/{r}")
+    return value["test"] if value else None
+
+
+def _exited_on_their_own(data: dict[str, Any], failures: dict[int, dict[str, Any]], stuck: dict[int, str],
+                         killed_pids: set) -> dict[int, dict[str, Any]]:
+    """Ranks that exited on their own (not stopped by the agent or by us), with the test they were in."""
     exited: dict[int, dict[str, Any]] = {}
     for r, f in failures.items():
         pid = f.get("pid")
@@ -70,30 +102,33 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
         if pid in killed_pids:
             continue
         if (f.get("exitcode") or 0) > 0 or (sig and sig not in ("SIGTERM",)):
-            exited[r] = {**f, "test": at(r) or "rendezvous"}
+            exited[r] = {**f, "test": _at(data, r) or "rendezvous"}
     if not exited and failures and not stuck:
         # everyone was stopped by the agent: the first failure is the root cause
         first = min(failures.items(), key=lambda kv: kv[1].get("timestamp", 0))
-        exited[first[0]] = {**first[1], "test": at(first[0]) or "rendezvous"}
+        exited[first[0]] = {**first[1], "test": _at(data, first[0]) or "rendezvous"}
+    return exited
 
-    # ---------------------------------------------------------------- rendezvous
+
+def _rendezvous_findings(data: dict[str, Any], world: int, exited: dict[int, dict[str, Any]], stuck: dict[int, str],
+                         job_error: Any) -> tuple[list[Finding], set[int]]:
+    """DDP501: no rank joined, or ranks that did not join the process group (the culprits so far)."""
+    findings: list[Finding] = []
     if world == 0:
         findings.append(_finding(
             "DDP501", "No rank joined: the rendezvous did not complete"
-            + (f" ({snapshot.get('job_error')})" if snapshot.get("job_error") else ""),
+            + (f" ({job_error})" if job_error else ""),
             runtime_fix("DDP501.no-rank"),
-            [], "rendezvous", error=snapshot.get("job_error")))
+            [], "rendezvous", error=job_error))
     culprits: set[int] = set()
-    rdzv_bad = []
     for r in range(world):
-        rr = res(r, "rendezvous")
+        rr = _result(data, r, "rendezvous")
         if rr and rr.get("status") == "pass":
             continue
         if r in exited and exited[r]["test"] == "rendezvous":
             continue  # reported as an exit below
         if exited and r not in stuck:
             continue  # stopped by the launcher because another rank exited: a victim, not a cause
-        rdzv_bad.append(r)
         culprits.add(r)
         started = data.get(f"started/{r}")
         what = (f"init_process_group failed: {rr['detail']}" if rr else
@@ -102,8 +137,12 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
             "DDP501", f"Rank {r} did not join the process group: {what}",
             runtime_fix("DDP501.not-joined"),
             [r], "rendezvous", host=(started or {}).get("host"), detail=(rr or {}).get("detail")))
+    return findings, culprits
 
-    # ---------------------------------------------------------------- exits
+
+def _exit_findings(exited: dict[int, dict[str, Any]], culprits: set[int]) -> list[Finding]:
+    """A rank that exited during a test (DDP501 in the rendezvous, else DDP204); each is a culprit."""
+    findings: list[Finding] = []
     for r, f in sorted(exited.items()):
         culprits.add(r)
         how = f"was killed by {f['signal']}" if f.get("signal") and (f.get("exitcode") or 0) <= 0 else \
@@ -113,13 +152,17 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
             code, f"Rank {r} {how} during '{f['test']}'; the launcher stopped the job",
             runtime_fix("DDP204.check-exit"),
             [r], f["test"], exit_code=f.get("exitcode"), signal=f.get("signal"), log_tail=f.get("log_tail")))
+    return findings
 
-    # ---------------------------------------------------------------- per test
+
+def _test_results(data: dict[str, Any], world: int, exited: dict[int, dict[str, Any]], stuck: dict[int, str],
+                  culprits: set[int], deadline: float, findings: list[Finding]) -> list[dict[str, Any]]:
+    """Each test's per-rank (and per-pair) outcome; its findings appended to ``findings``."""
     tests_out = []
     for test in plan.ALL_TESTS:
         per_rank = []
         for r in range(world):
-            rr = res(r, test)
+            rr = _result(data, r, test)
             if rr is not None:
                 entry = {"rank": r, **{k: rr.get(k) for k in ("status", "duration_s", "detail", "waiting_for")}}
             elif stuck.get(r) == test:
@@ -146,16 +189,19 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
         if test in plan.P2P_TESTS:
             entry["pairs"] = _pairs(world, test, data)
         if test == "all_reduce":
-            results = {r: res(r, test) for r in range(world) if res(r, test) and res(r, test).get("items")}
+            results = {r: rr for r in range(world) if (rr := _result(data, r, test)) and rr.get("items")}
             entry["bandwidth"] = bandwidth_table(results, world)
         if test == "broadcast":
             entry["sources"] = _sources(world, data)
         tests_out.append(entry)
         if test != "rendezvous":
             findings.extend(_test_findings(test, per_rank, entry.get("pairs"), stuck, culprits, deadline))
+    return tests_out
 
-    # ---------------------------------------------------------------- environment and versions
-    audits = [data[k] for k in sorted(data) if k.startswith("audit/")]
+
+def _environment_findings(data: dict[str, Any], world: int, audits: list[dict[str, Any]]) -> list[Finding]:
+    """Every node's environment audit merged per check, versions that differ across ranks, a GPU shared."""
+    findings: list[Finding] = []
     by_key: dict[tuple[str, str], dict[str, Any]] = {}
     for node in audits:
         for check in node.get("checks", []):
@@ -187,42 +233,28 @@ def build_report(snapshot: dict[str, Any], *, deadline: float, nnodes_hint: int 
             findings.append(_finding(
                 "DDP509", f"{_ranks_str(ranks)} on {host} use the same GPU ({uuid})",
                 runtime_fix("DDP509"), ranks, None, host=host, device_uuid=uuid))
+    return findings
 
-    # ---------------------------------------------------------------- ranks
+
+def _rank_entries(data: dict[str, Any], world: int, failures: dict[int, dict[str, Any]],
+                  exited: dict[int, dict[str, Any]], stuck: dict[int, str], culprits: set[int]) -> list[dict[str, Any]]:
+    """The check/v1 entry of each rank (``report.ranks.rank_entry``)."""
     ranks_out = []
     for r in range(world):
         hello = data.get(f"hello/{r}") or {}
         started = data.get(f"started/{r}") or {}
         f = failures.get(r, {})
-        state = ("exited" if r in exited else "hung" if r in stuck else "not-started" if not started
-                 else "failed" if r in culprits else "ok")
-        ranks_out.append({
-            "rank": r, "state": state, "epoch": None, "step": None, "last_collective": None, "stack": [],
-            "exit_code": f.get("exitcode"), "signal": f.get("signal"),
-            "host": hello.get("host") or started.get("host"), "pid": hello.get("pid") or started.get("pid"),
-            "local_rank": started.get("local_rank"), "node": started.get("group_rank"),
-            "device": hello.get("device"), "device_name": hello.get("device_name"), "backend": hello.get("backend"),
-            "versions": {k: hello.get(k) for k in ("python", "torch", "cuda", "nccl")} if hello else {},
-            "last_test": at(r), "log_tail": f.get("log_tail"),
-        })
-
-    findings.sort(key=lambda f: (-f.severity.rank, f.code, f.ranks))
-    failed_tests = [t["name"] for t in tests_out if t["status"] == "fail"]
-    errors = [f for f in findings if f.severity is Severity.ERROR]
-    incomplete = [t["name"] for t in tests_out if t["status"] not in ("pass", "skip")]
-    verdict = "fail" if (errors or failed_tests or incomplete or world == 0) else "ok"
-    out_findings = []
-    for f in findings:
-        d = f.to_report_dict()
-        d["source"] = "check"
-        out_findings.append(d)
-    return {
-        "schema": CHECK_SCHEMA_ID, "verdict": verdict, "exit_code": 1 if verdict == "fail" else 0,
-        "world_size": world, "nnodes": nnodes, "deadline_s": deadline,
-        "findings": out_findings, "ranks": ranks_out, "tests": tests_out,
-        "bandwidth": next((t.get("bandwidth", []) for t in tests_out if t["name"] == "all_reduce"), []),
-        "audit": audits, "job_error": snapshot.get("job_error"),
-    }
+        state = (RankWord.EXITED if r in exited else RankWord.HUNG if r in stuck else RankWord.NOT_STARTED
+                 if not started else RankWord.FAILED if r in culprits else RankWord.OK)
+        ranks_out.append(rank_entry(
+            r, state, exit_code=f.get("exitcode"), signal=f.get("signal"),
+            host=hello.get("host") or started.get("host"), pid=hello.get("pid") or started.get("pid"),
+            local_rank=started.get("local_rank"), node=started.get("group_rank"),
+            device=hello.get("device"), device_name=hello.get("device_name"), backend=hello.get("backend"),
+            versions={k: hello.get(k) for k in ("python", "torch", "cuda", "nccl")} if hello else {},
+            last_test=_at(data, r), log_tail=f.get("log_tail"),
+        ))
+    return ranks_out
 
 
 def _pairs(world: int, test: str, data: dict[str, Any]) -> list[dict[str, Any]]:

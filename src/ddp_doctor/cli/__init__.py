@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from ddp_doctor import __version__
+from ddp_doctor.version import __version__
 
 # name -> (module under ddp_doctor.cli, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {

@@ -190,7 +190,7 @@ def run_check(rest: list[str], *, deadline: float = 10.0, sizes=None, workers: i
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     from ddp_doctor.channel import ensure_job_secret
-    from ddp_doctor.check.results import build_report
+    from ddp_doctor.check.results import check_report
     from ddp_doctor.check.monitor import Monitor, stop_all_descendants
     from ddp_doctor.launch import launch
     from ddp_doctor.report import check_view
@@ -239,7 +239,7 @@ def run_check(rest: list[str], *, deadline: float = 10.0, sizes=None, workers: i
     snapshot["failures"] = failures
     if error and not snapshot.get("job_error"):
         snapshot["job_error"] = error
-    report = build_report(snapshot, deadline=deadline, nnodes_hint=int(str(args.nnodes).split(":")[-1]))
+    report = check_report(snapshot, deadline=deadline, nnodes_hint=int(str(args.nnodes).split(":")[-1]))
     for r in report["ranks"]:
         if r["state"] != "ok":
             r["log_tail"] = _log_tail(logdir, r["rank"])

@@ -66,10 +66,10 @@ def _gather(args) -> dict | None:
         if args.report:
             print("ddp-doctor report: give either REPORT.json files or --flight-recorder DIR", file=sys.stderr)
             return None
-        from ddp_doctor.flightrec import FlightRecorderError, build_report, read_dir
+        from ddp_doctor.flightrec import FlightRecorderError, dumps_report, read_dir
 
         try:
-            return build_report(args.flight_recorder, read_dir(args.flight_recorder))
+            return dumps_report(args.flight_recorder, read_dir(args.flight_recorder))
         except FlightRecorderError as exc:
             print(f"ddp-doctor report: {exc}", file=sys.stderr)
             return None

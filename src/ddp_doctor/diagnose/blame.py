@@ -29,6 +29,10 @@ class Blame:
     site: Site | None
     lint_seen: bool = False
 
+    def unpack(self) -> tuple[str, list[int], Site | None]:
+        """(code, ranks at fault, their line), as run's wording takes them."""
+        return self.code, list(self.ranks), self.site
+
 
 def ddp_own(c: Collective) -> bool:
     """A collective DDP issues itself (parameter / buffer broadcast, gradient all-reduce), not the user's code."""
@@ -124,28 +128,128 @@ def lint_code_at(lint: Sequence[LintMark] | None, site: Site | None) -> str | No
                  and same_line(m.path, m.line, site.path, site.line)), None)
 
 
-def blame_calls(calls: Mapping[int, Collective], lint: Sequence[LintMark] | None = None) -> Blame:
-    """Ranks whose calls differ (``attach``: where each is stuck; Flight Recorder: one sequence number).
+def blame_calls(calls: Mapping[int, Collective | None], lint: Sequence[LintMark] | None = None,
+                ranks: Mapping[int, RankState] | None = None) -> Blame:
+    """Whom to blame where ranks' calls differ (``run``: at one collective position, None for a rank outside
+    collectives; ``attach``: where each is stuck; Flight Recorder: one sequence number).
 
-    In order: ranks in the user's own collective while the others are in DDP's (a collective only some reach:
-    DDP201, or DDP202 when a subset runs DDP's forward); the one group of agreeing calls lint flags as
-    rank-conditional; else the ranks outside the majority (DDP203)."""
-    own = [r for r, c in sorted(calls.items()) if ddp_own(c)]
-    user = [r for r in sorted(calls) if r not in own]
-    if user and own:
-        fwd = [r for r in own if calls[r].op.startswith("ddp.forward")]
-        if fwd and len(fwd) < len(own) and len({agreement(calls[r]) for r in fwd}) == 1:
-            return Blame("DDP202", tuple(fwd), calls[fwd[0]].site)
-        same_op = len({c.op for c in calls.values()}) == 1
-        if not same_op and len({agreement(calls[r]) for r in user}) == 1:
-            site = calls[user[0]].site
-            return Blame(lint_code_at(lint, site) or "DDP201", tuple(user), site)
-    flagged = [rs for rs in _agreeing(calls).values() if lint_code_at(lint, calls[rs[0]].site)]
+    One order for every source, the firmest fact first: what the ranks' history proves, where there is one
+    (``ranks``: run's probe states; a line the others never ran is a fact, and one they did run refutes "a
+    collective only some ranks call"); without it, where each rank stands against DDP's own collectives; then
+    the one group of agreeing calls lint flags as rank-conditional; else the ranks outside the majority
+    (DDP203)."""
+    b = _by_history(calls, ranks) if ranks is not None else _by_position(calls, lint)
+    if b is not None:
+        return b
+    flagged = [rs for rs in _agreeing(calls).values()
+               if lint_code_at(lint, calls[rs[0]].site)]  # type: ignore[union-attr]
     if len(flagged) == 1 and len(flagged[0]) < len(calls):
-        site = calls[flagged[0][0]].site
+        site = calls[flagged[0][0]].site  # type: ignore[union-attr]
         return Blame(lint_code_at(lint, site) or "DDP201", tuple(flagged[0]), site, lint_seen=True)
     fault, site = odd_ones_out(calls)
     return Blame("DDP203", tuple(fault), site)
+
+
+def _by_position(calls: Mapping[int, Collective | None], lint: Sequence[LintMark] | None) -> Blame | None:
+    """Without a history (a stack, a dump): ranks in the user's own collective while the others are in DDP's
+    (a collective only some reach: DDP201, or DDP202 when a subset runs DDP's forward)."""
+    there = {r: c for r, c in sorted(calls.items()) if c is not None}
+    own = [r for r, c in there.items() if ddp_own(c)]
+    user = [r for r in there if r not in own]
+    if user and own:
+        fwd = [r for r in own if there[r].op.startswith("ddp.forward")]
+        if fwd and len(fwd) < len(own) and len({agreement(there[r]) for r in fwd}) == 1:
+            return Blame("DDP202", tuple(fwd), there[fwd[0]].site)
+        same_op = len({c.op for c in there.values()}) == 1
+        if not same_op and len({agreement(there[r]) for r in user}) == 1:
+            site = there[user[0]].site
+            return Blame(lint_code_at(lint, site) or "DDP201", tuple(user), site)
+    return None
+
+
+def _by_history(calls: Mapping[int, Collective | None], ranks: Mapping[int, RankState]) -> Blame | None:
+    """What the ranks' history proves (``run``'s probe: the collectives each rank ever issued and where, its DDP
+    forwards): ranks in a DDP forward or a collective at a line the others never ran (DDP202, DDP201)."""
+    seen = {r: _st(ranks, r).sites_seen for r in calls}
+    # a rank killed by a signal published its last state up to 0.25 s before: what it "never ran" is unknown
+    reliable = {o for o in calls if not (_st(ranks, o).exit and _st(ranks, o).exit.killed)}
+
+    def unseen_by_others(r, c):
+        k = (c.op, c.site.key() if c.site else None)
+        others = [o for o in calls if o != r and calls[o] is not None and o in reliable]
+        return bool(others) and all(k not in seen[o] for o in others)
+
+    def others_ran_ddp(r):
+        # "the DDP model where the others never run it" needs others that did run it: a rank that has not
+        # made a single DDP forward yet (stuck in a collective before training) is the odd one out instead
+        return all(_st(ranks, o).forwards > 0 for o in calls if o != r and calls[o] is not None)
+
+    subset = [r for r, c in calls.items() if c and c.op.startswith("ddp.forward") and unseen_by_others(r, c)
+              and others_ran_ddp(r)]
+    if subset:
+        return Blame("DDP202", tuple(subset), calls[subset[0]].site)
+    subset, site = ddp_subset_forwards(dict(ranks))
+    if subset and any(c and c.op.startswith("ddp.") for c in calls.values()):
+        return Blame("DDP202", tuple(subset), site)
+    # DDP201: some ranks issue a collective at a line where the others never issued one, while the others
+    # are on the common path: in DDP's own collectives, or at a line the culprits issue collectives at too
+    # (Lightning's per-batch broadcast at `trainer.fit`, a metric all_reduce every rank makes each step).
+    # Before the DDP-op check below: a DDP backward the culprit has not reached yet is not a subset's.
+    lines = {r: {k for _op, k in seen[r]} for r in calls}
+    subset = [r for r, c in calls.items()
+              if c and not c.op.startswith("ddp.") and _line_unseen(r, c, calls, lines, reliable)]
+
+    def common_path(c):
+        return c.op.startswith("ddp.") or (c.site is not None and all(c.site.key() in lines[r] for r in subset))
+
+    if subset and len(subset) < len(calls) and all(not c or r in subset or common_path(c) for r, c in calls.items()):
+        return Blame("DDP201", tuple(subset), calls[subset[0]].site)
+    subset = [r for r, c in calls.items() if c and c.op.startswith("ddp.") and c.op != "ddp.init(broadcast_params)"
+              and unseen_by_others(r, c) and others_ran_ddp(r)]
+    if subset and len(subset) < len(calls):
+        return Blame("DDP202", tuple(subset), calls[subset[0]].site)
+    return None
+
+
+def _line_unseen(r: int, c: Collective, calls: Mapping[int, Collective | None], lines: dict[int, set],
+                 reliable: set[int]) -> bool:
+    """No other rank (whose record is reliable) ever issued any collective at ``c``'s line.  The others
+    include ranks outside collectives now (None): what they ever ran is still on record."""
+    others = [o for o in calls if o != r and o in reliable]
+    return c.site is not None and bool(others) and all(c.site.key() not in lines[o] for o in others)
+
+
+def ddp_forward_sites(st: RankState) -> dict[tuple, tuple[Site, int]]:
+    """{(file name, line, function): (site, calls)} of the DDP model's forward calls on one rank that took part
+    in a collective (DDP broadcast the buffers).  A forward that issued none -- under no_grad, of a model
+    without buffers (nanoGPT's rank-0 evaluation) -- pairs with nothing: harmless on a subset of ranks."""
+    synced = {sc.site.key() for sc in st.site_counts if sc.op == "ddp.forward(broadcast_buffers)" and sc.site}
+    return {sc.site.key(): (sc.site, sc.calls) for sc in st.site_counts
+            if sc.op == "ddp.forward" and sc.site and sc.site.key() in synced}
+
+
+def _st(ranks: Mapping[int, RankState], r: int) -> RankState:
+    return ranks.get(r) or RankState(rank=r, missing=True)
+
+
+def ddp_subset_forwards(ranks: dict[int, RankState]) -> tuple[list[int], Site | None]:
+    """Ranks that called the DDP model at a line no other rank ever called it at (and that line)."""
+    per = {r: ddp_forward_sites(st) for r, st in ranks.items() if not st.missing}
+    if len(per) < 2:
+        return [], None
+    only: dict[tuple, list[int]] = {}
+    fwd = {r: ranks[r].forwards for r in per}
+    for r, sites in per.items():
+        for k, (_s, n) in sites.items():
+            others = [o for o in per if k not in per[o]]
+            # the others must have done at least the forwards this rank did elsewhere (not merely be behind)
+            if others and all(fwd[o] > 0 and fwd[o] >= fwd[r] - n for o in others):
+                only.setdefault(k, []).append(r)
+    if not only:
+        return [], None
+    # the line run by the fewest ranks, most calls
+    k = min(only, key=lambda k: (len(only[k]), -sum(per[r][k][1] for r in only[k])))
+    return sorted(only[k]), per[only[k][0]][k][0]
 
 
 def lint_mark(f: Finding) -> LintMark:

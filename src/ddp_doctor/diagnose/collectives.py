@@ -2,18 +2,19 @@
 (ranks disagree at one collective position): who is at fault and at which line."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from ddp_doctor.diagnose.draft import Draft
 from ddp_doctor.apis import api_fix
 from ddp_doctor.evidence import GROUP_CREATION, Collective, JobEvidence, RankState, Site, Verdict
+from ddp_doctor.evidence.ops import C10D_FILE, collective_frame, op_name
 from ddp_doctor.findings import runtime_fix
 
 from ddp_doctor.diagnose.calltext import differs_text
 from ddp_doctor.diagnose.apiwords import (api_of, api_parting, called, lint_subset, more_often, op_text,
                                           went_alone, why_all)
-from ddp_doctor.diagnose.blame import agreement, group_members, not_members_passed, odd_ones_out, thread_ran_on
+from ddp_doctor.diagnose.blame import (agreement, blame_calls, ddp_subset_forwards, group_members, not_members_passed,
+                                      thread_ran_on)
 from ddp_doctor.diagnose.common import (FIX_101, FIX_201, FIX_202, FIX_203, lint_flagged, lint_line, loc, others_text, ranks_of,
                                         step_evidence, user_frame, where)
 from ddp_doctor.diagnose.sizes import explain as explain_sizes
@@ -25,39 +26,6 @@ FIX_203_NOT_MEMBER = runtime_fix("DDP203.not_member")
 NOT_MEMBER = "not_member"
 # why ranks are blamed, when it is not that their calls differ (``PositionBlame.why``, decided once)
 THREAD_EXTRA = "thread"  # their own thread made one call more than the others' (whose thread has ended)
-
-
-def ddp_forward_sites(st: RankState) -> dict[tuple, tuple[Site, int]]:
-    """{(file name, line, function): (site, calls)} of the DDP model's forward calls on one rank that took part
-    in a collective (DDP broadcast the buffers).  A forward that issued none -- under no_grad, of a model
-    without buffers (nanoGPT's rank-0 evaluation) -- pairs with nothing: harmless on a subset of ranks."""
-    synced = {sc.site.key() for sc in st.site_counts if sc.op == "ddp.forward(broadcast_buffers)" and sc.site}
-    return {sc.site.key(): (sc.site, sc.calls) for sc in st.site_counts
-            if sc.op == "ddp.forward" and sc.site and sc.site.key() in synced}
-
-
-def _st(ranks: dict[int, RankState], r: int) -> RankState:
-    return ranks.get(r) or RankState(rank=r, missing=True)
-
-
-def ddp_subset_forwards(ranks: dict[int, RankState]) -> tuple[list[int], Site | None]:
-    """Ranks that called the DDP model at a line no other rank ever called it at (and that line)."""
-    per = {r: ddp_forward_sites(st) for r, st in ranks.items() if not st.missing}
-    if len(per) < 2:
-        return [], None
-    only: dict[tuple, list[int]] = {}
-    fwd = {r: ranks[r].forwards for r in per}
-    for r, sites in per.items():
-        for k, (_s, n) in sites.items():
-            others = [o for o in per if k not in per[o]]
-            # the others must have done at least the forwards this rank did elsewhere (not merely be behind)
-            if others and all(fwd[o] > 0 and fwd[o] >= fwd[r] - n for o in others):
-                only.setdefault(k, []).append(r)
-    if not only:
-        return [], None
-    # the line run by the fewest ranks, most calls
-    k = min(only, key=lambda k: (len(only[k]), -sum(per[r][k][1] for r in only[k])))
-    return sorted(only[k]), per[only[k][0]][k][0]
 
 
 def diagnose_ddp_subset(ev: JobEvidence) -> list[Draft]:
@@ -73,59 +41,6 @@ def diagnose_ddp_subset(ev: JobEvidence) -> list[Draft]:
            "collectives: a hang or silently mixed training follows.")
     return [Draft("DDP202", msg, FIX_202, location=loc(site), ranks=subset,
                   evidence={"forwards": fwd, **step_evidence(ranks)})]
-
-
-def classify_calls(calls: dict[int, Collective | None],
-                   ranks: dict[int, RankState]) -> tuple[str, list[int], Site | None]:
-    """(code, ranks at fault, their site) for ranks that disagree at one collective position."""
-    seen = {r: _st(ranks, r).sites_seen for r in calls}
-    # a rank killed by a signal published its last state up to 0.25 s before: what it "never ran" is unknown
-    reliable = {o for o in calls if not (_st(ranks, o).exit and _st(ranks, o).exit.killed)}
-
-    def unseen_by_others(r, c):
-        k = (c.op, c.site.key() if c.site else None)
-        others = [o for o in calls if o != r and calls[o] is not None and o in reliable]
-        return bool(others) and all(k not in seen[o] for o in others)
-
-    def others_ran_ddp(r):
-        # "the DDP model where the others never run it" needs others that did run it: a rank that has not
-        # made a single DDP forward yet (stuck in a collective before training) is the odd one out instead
-        return all(_st(ranks, o).forwards > 0 for o in calls if o != r and calls[o] is not None)
-
-    subset = [r for r, c in calls.items() if c and c.op.startswith("ddp.forward") and unseen_by_others(r, c)
-              and others_ran_ddp(r)]
-    if subset:
-        return "DDP202", subset, calls[subset[0]].site
-    subset, site = ddp_subset_forwards(dict(ranks))
-    if subset and any(c and c.op.startswith("ddp.") for c in calls.values()):
-        return "DDP202", subset, site
-    # DDP201: some ranks issue a collective at a line where the others never issued one, while the others
-    # are on the common path: in DDP's own collectives, or at a line the culprits issue collectives at too
-    # (Lightning's per-batch broadcast at `trainer.fit`, a metric all_reduce every rank makes each step).
-    # Before the DDP-op check below: a DDP backward the culprit has not reached yet is not a subset's.
-    lines = {r: {k for _op, k in seen[r]} for r in calls}
-    subset = [r for r, c in calls.items()
-              if c and not c.op.startswith("ddp.") and _line_unseen(r, c, calls, lines, reliable)]
-
-    def common_path(c):
-        return c.op.startswith("ddp.") or (c.site is not None and all(c.site.key() in lines[r] for r in subset))
-
-    if subset and len(subset) < len(calls) and all(not c or r in subset or common_path(c) for r, c in calls.items()):
-        return "DDP201", subset, calls[subset[0]].site
-    subset = [r for r, c in calls.items() if c and c.op.startswith("ddp.") and c.op != "ddp.init(broadcast_params)"
-              and unseen_by_others(r, c) and others_ran_ddp(r)]
-    if subset and len(subset) < len(calls):
-        return "DDP202", subset, calls[subset[0]].site
-    # same op/site, disagreeing shapes or dtypes; or different ops both sides know
-    minority, site = odd_ones_out(calls)
-    return "DDP203", minority, site
-
-
-def _line_unseen(r: int, c: Collective, calls, lines: dict[int, set], reliable: set[int]) -> bool:
-    """No other rank (whose record is reliable) ever issued any collective at ``c``'s line.  The others
-    include ranks outside collectives now (None): what they ever ran is still on record."""
-    others = [o for o in calls if o != r and o in reliable]
-    return c.site is not None and bool(others) and all(c.site.key() not in lines[o] for o in others)
 
 
 def on_group(group: str | None, ranks: dict[int, RankState] | None = None) -> str:
@@ -201,7 +116,7 @@ def blame_positions(in_coll: dict[int, Collective], ranks: dict[int, RankState])
         if ran_on and extra is None:  # a thread that made one call more: what the others' calls wait for
             extra = PositionBlame("DDP201", ran_on, calls[ran_on[0]].site, calls, g, s, THREAD_EXTRA)
             continue
-        code, fault, site = classify_calls(calls, ranks)
+        code, fault, site = blame_calls(calls, ranks=ranks).unpack()
         if code in ("DDP201", "DDP202") and set(fault) <= set(waiters):
             key = (code, site.key() if site else None)
             if key not in found:
@@ -343,7 +258,7 @@ def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Draft]:
         alone = went_alone(ranks)
         return [_went_alone_finding(alone, calls, ranks, d.group, d.seq) if alone is not None
                 else _ran_longer(longer, calls, ranks, d.group, d.seq)]
-    code, fault, site = classify_calls(calls, ranks)
+    code, fault, site = blame_calls(calls, ranks=ranks).unpack()
     if code == "DDP203" and (flagged := lint_subset(calls, ranks, lint)):
         code, fault, site = "DDP201", flagged, calls[flagged[0]].site
     if code == "DDP201":
@@ -402,7 +317,7 @@ def from_parted(ranks: dict[int, RankState], parted: dict[int, Collective], show
     first = next(iter(parted.values()))
     if first.op.startswith("ddp.") and all(c.site for c in parted.values()) \
             and len({c.site.key() for c in parted.values()}) > 1:
-        code, fault, site = classify_calls(parted, ranks)
+        code, fault, site = blame_calls(parted, ranks=ranks).unpack()
         if code == "DDP202":
             return finding_for_calls(code, fault, site, parted, ranks, first.group, first.seq,
                                      f"The ranks parted there; {showed}")
@@ -424,23 +339,18 @@ def from_parted(ranks: dict[int, RankState], parted: dict[int, Collective], show
     return f
 
 
-C10D_MARKERS = (os.sep + "distributed" + os.sep + "distributed_c10d.py", os.sep + "distributed" + os.sep + "c10d_logger.py")
-
-
 def fatal_call(st: RankState) -> Collective | None:
-    """{op, site} of the collective a rank was inside when a fatal signal (gloo abort) killed it."""
+    """{op, site} of the collective a rank was inside when a fatal signal (gloo abort) killed it: the one
+    ``evidence.ops.collective_frame`` names (the call the user made, as the probe records it)."""
     if st.signal not in ("SIGABRT", "SIGSEGV", "SIGBUS"):
         return None
-    c10d = [f for f in st.stack if f.path.endswith(C10D_MARKERS[0])]
-    if not c10d:
-        return None
-    op, site = c10d[-1].function or "?", user_frame(st.stack)
     known = st.in_collective  # posted before the call when it was the first at its line (shapes, dtypes)
-    # the recorded call may be the outer one (broadcast_object_list around the broadcast gloo died in)
-    if known and any(f.function == known.op for f in c10d) and (not known.site or not site
-                                                                or known.site.key() == site.key()):
+    site = user_frame(st.stack)
+    if known and any(f.path.endswith(C10D_FILE) and op_name(f.function) == known.op for f in st.stack) \
+            and (not known.site or not site or known.site.key() == site.key()):
         return known
-    return Collective("world", None, op, site=site)
+    inside = collective_frame(st.stack)
+    return None if inside is None else Collective("world", None, inside[0], site=site)
 
 
 def diagnose_fatal_collective(ev: JobEvidence) -> list[Draft]:
@@ -467,7 +377,7 @@ def diagnose_fatal_collective(ev: JobEvidence) -> list[Draft]:
     if longer is not None:
         c = calls[longer[0][0]]
         return [_ran_longer(longer, calls, ranks, c.group, c.seq)]
-    code, fault, site = classify_calls(calls, ranks)
+    code, fault, site = blame_calls(calls, ranks=ranks).unpack()
     seqs = {(c.group, c.seq) for c in calls.values() if c.seq is not None}
     group, seq = seqs.pop() if len(seqs) == 1 else ("world", "?")
     f = finding_for_calls(code, fault, site, calls, ranks, group, seq,

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from ddp_doctor.evidence import ExitStatus, JobEvidence, OutsideWait, RankState, Site, rank_runs
-from ddp_doctor.findings import Location, runtime_fix
+from ddp_doctor.findings import ENDED_EARLY, STEP_FAMILY, Location, runtime_fix
 from ddp_doctor.frames import LIBRARY, innermost_user, kind
 
 # -- helpers ------------------------------------------------------------------------
@@ -199,16 +199,27 @@ def same_file(path_a: str | None, path_b: str | None) -> bool:
     return True
 
 
+def verdict_of(reason: str | None, *, failed: bool = False, blocked: bool = False, ended_early: bool = False) -> str:
+    """The report's verdict for what was decided (``reason``, the words of ``evidence.Verdict.reason``: desync,
+    hang, stalled, exit; None: nothing wrong) -- the one mapping for run, its guarded fallback, attach and Flight
+    Recorder (docs/verdicts.md).  A desync a rank then failed on is a crash, one the ranks stay blocked in a
+    hang; an exit is a crash unless ranks merely left the training loop early (``ended_early``: a desync)."""
+    if reason == "desync":
+        return "crash" if failed else ("hang" if blocked else "desync")
+    if reason in ("hang", "stalled"):
+        return reason
+    if reason == "exit":
+        return "desync" if ended_early else "crash"
+    return "ok"
+
+
 def same_line(path_a: str | None, line_a: int | None, path_b: str | None, line_b: int | None) -> bool:
     """One source line seen from lint and from the runtime (``same_file``, same line number)."""
     return line_a == line_b and same_file(path_a, path_b)
 
 
-# the ranks-fall-out-of-step family: lint's guess at the cause and the runtime's name for what happened
-# may differ (lint DDP201 at a line the runtime calls DDP202/DDP203); other codes confirm only themselves
-_STEP_FAMILY = {"DDP101", "DDP201", "DDP202", "DDP203", "DDP204"}
 
 
 def same_hazard(lint_code: str, runtime_code: str) -> bool:
     """Does a runtime finding of ``runtime_code`` confirm lint's ``lint_code`` on the same line?"""
-    return lint_code == runtime_code or {lint_code, runtime_code} <= _STEP_FAMILY
+    return lint_code == runtime_code or {lint_code, runtime_code} <= STEP_FAMILY | {ENDED_EARLY}

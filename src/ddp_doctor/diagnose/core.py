@@ -4,6 +4,7 @@ made, never by the live judge a rank's watcher runs every poll."""
 from __future__ import annotations
 
 from ddp_doctor.diagnose import collectives, exits, groups, hang, joined, steps
+from ddp_doctor.diagnose.common import verdict_of
 from ddp_doctor.diagnose.draft import Draft
 from ddp_doctor.diagnose.wording import decided
 from ddp_doctor.evidence import ExitStatus, JobEvidence, Verdict, missing_rank
@@ -32,7 +33,7 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
     failed = any(st.failed for st in ranks.values())
     stale = exits.diagnose_restart_connect(evidence) if reason in ("exit", "hang") or failed else None
     if stale is not None:  # restarted ranks could not connect: nothing after that is its own cause
-        return ("hang" if reason == "hang" else "crash"), decided([stale], ranks, evidence.lint)
+        return verdict_of("hang" if reason == "hang" else "exit"), decided([stale], ranks, evidence.lint)
     waited = exits.timeouts_as_waits(ranks) if reason != "desync" and (reason == "exit" or failed) else {}
     if waited:  # a collective timed out waiting for a rank that never came: judge the wait, not the timeout
         e = next(iter(ranks[r].exc for r in waited))
@@ -44,10 +45,10 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
     ended = exits.finished_case(exits.beyond_lost_nodes(evidence, ranks), decision)
     if reason == "desync":
         failed_then = decision.failed if decision.failed is not None else failed
-        verdict = "crash" if failed_then else ("hang" if decision.blocked else "desync")
+        verdict = verdict_of("desync", failed=bool(failed_then), blocked=bool(decision.blocked))
         findings += collectives.diagnose_desync(evidence, decision)
     elif reason in ("hang", "stalled"):
-        verdict = reason
+        verdict = verdict_of(reason)
         findings += exits.diagnose_lost_nodes(evidence)  # several nodes: an agent that went silent first
         findings += hang.diagnose_hang(evidence, decision)
         if decision.kind == "frozen-workers":  # the fact that made the stall a stop
@@ -55,12 +56,10 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
         if reason == "stalled":  # no proof: the job runs on; say so, and what would stop it
             findings = hang.still_watching(evidence, findings)
     elif reason == "exit" or failed or ended:
-        verdict = "crash"
-        if ended:
-            # a rank left early: sys.exit() is an exit (crash); a loop left early is uneven steps (desync)
-            done_exit = [st for st in ranks.values() if st.done and st.exit_site]
-            verdict = "crash" if done_exit else "desync"
-        else:  # a collective of the user's inside a Join another rank joined, else a mismatch gloo aborted on
+        # a rank left early: sys.exit() is an exit (crash); a loop left early is uneven steps (desync)
+        done_exit = [st for st in ranks.values() if st.done and st.exit_site]
+        verdict = verdict_of("exit", ended_early=bool(ended) and not done_exit)
+        if not ended:  # a collective of the user's inside a Join another rank joined, else a mismatch gloo aborted on
             findings += (joined.diagnose_join_own_collective(evidence)
                          or collectives.diagnose_fatal_collective(evidence))
         findings += exits.diagnose_exit(evidence, decision or Verdict("exit"))
@@ -103,12 +102,12 @@ def _verdict_of(evidence: JobEvidence, decision: Verdict | None, failures: dict[
     failed = any(st.failed for st in evidence.ranks.values()) or any(
         (x.exit_code or 0) != 0 for x in (failures or {}).values())
     if decision is None:
-        return "crash" if failed else "ok"
-    if decision.reason in ("hang", "stalled"):
-        return decision.reason
+        return verdict_of("exit" if failed else None)
     if decision.reason == "desync":
-        return "crash" if decision.failed else ("hang" if decision.blocked else "desync")
-    return "crash" if failed or not decision.finished else "desync"
+        return verdict_of("desync", failed=bool(decision.failed), blocked=bool(decision.blocked))
+    if decision.reason in ("hang", "stalled"):
+        return verdict_of(decision.reason)
+    return verdict_of("exit", ended_early=bool(decision.finished) and not failed)
 
 
 def _perf(evidence: JobEvidence) -> list[Draft]:
@@ -133,6 +132,5 @@ def _dedupe(findings: list[Finding]) -> list[Finding]:
             continue
         seen.add(key)
         out.append(f)
-    order = {"error": 0, "warning": 1, "info": 2}
-    out.sort(key=lambda f: order[f.severity.value])
+    out.sort(key=lambda f: -f.severity.rank)
     return out

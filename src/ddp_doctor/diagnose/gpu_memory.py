@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_doctor.diagnose.perf import _loc, _ranks, _where
+from ddp_doctor.diagnose.perfwire import wire_loc, wire_ranks, wire_where
 from ddp_doctor.diagnose.draft import Draft
 from ddp_doctor.findings import runtime_fix
 
 
 def diagnose_gpu_memory(ev: dict[str, Any]) -> list[Draft]:
-    ranks = _ranks(ev)
+    ranks = wire_ranks(ev)
     gpu = ev.get("gpu")
     if not gpu:  # the probe's NVML samples: one per host (taken by its local rank 0)
         by_host = {}
@@ -38,12 +38,12 @@ def _gpu_finding(item: dict[str, Any]) -> Draft:
             f"own GPU {own}: memory is uneven across GPUs and GPU {dev} can run out of memory first.")
     load = item.get("load")
     if load:
-        msg = (base + f" Cause: torch.load at {_where(load.get('site'))} (map_location={load.get('map_location')!r}) "
+        msg = (base + f" Cause: torch.load at {wire_where(load.get('site'))} (map_location={load.get('map_location')!r}) "
                f"put tensors on {', '.join(load.get('devices') or [])}.")
         return Draft("DDP301", msg, runtime_fix("DDP301"),
-                     location=_loc(load.get("site")), ranks=[r], evidence=item)
+                     location=wire_loc(load.get("site")), ranks=[r], evidence=item)
     init = item.get("cuda_init")
-    where = f" Cause: CUDA was first used at {_where(init.get('site'))} on device {init.get('device')}" \
+    where = f" Cause: CUDA was first used at {wire_where(init.get('site'))} on device {init.get('device')}" \
         f"{' before torch.cuda.set_device()' if init.get('before_set_device') else ''}." if init else ""
     return Draft("DDP302", base + where, runtime_fix("DDP302"),
-                 location=_loc(init.get("site")) if init else None, ranks=[r], evidence=item)
+                 location=wire_loc(init.get("site")) if init else None, ranks=[r], evidence=item)

@@ -9,9 +9,8 @@ from ddp_doctor.diagnose.draft import Draft
 from ddp_doctor.evidence import Collective, JobEvidence, RankState, Verdict
 from ddp_doctor.findings import runtime_fix
 
-from ddp_doctor.diagnose.blame import agreement
-from ddp_doctor.diagnose.collectives import (blame_positions, classify_calls, finding_for_calls, not_member_blame,
-                                             on_group)
+from ddp_doctor.diagnose.blame import agreement, blame_calls
+from ddp_doctor.diagnose.collectives import blame_positions, finding_for_calls, not_member_blame, on_group
 from ddp_doctor.diagnose.common import (FIX_201, FIX_202, blocked_words, doing, loc, others_text, rank_site,
                                         ranks_of, step_evidence, user_frame, where)
 from ddp_doctor.diagnose.exits import diagnose_exit
@@ -81,7 +80,7 @@ def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Draft]:
                 steps = {r: st.step for r, st in live.items()}
                 if len(set(steps.values())) > 1:
                     return [uneven_steps(ranks, "(all)", steps, how.lower(), lint=ev.lint)]
-            code, fault, site = classify_calls(calls, ranks)
+            code, fault, site = blame_calls(calls, ranks=ranks).unpack()
             seq = min(c.seq for c in calls.values())
             group = next(iter(calls.values())).group
             return [finding_for_calls(code, fault, site, calls, ranks, group, seq, how)]

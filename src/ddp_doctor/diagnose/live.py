@@ -88,15 +88,6 @@ class Judge:
             return self.hang_timeout, "--hang-timeout"
         return NO_PROGRESS_S, f"default: {NO_PROGRESS_S:g}s without any sign of life on any rank"
 
-    def decide(self, views: dict[int, Any], world_size: int, first_state_t: float | None,
-               now: float | None = None) -> Verdict | None:
-        """The live verdict of a job whose every rank is in ``views`` (a single node)."""
-        from ddp_doctor.diagnose.summary import Summarizer
-
-        now = time.monotonic() if now is None else now
-        node = Summarizer().summary(views, now, first_state_t=first_state_t)
-        return self.decide_job(JobView(world_size, [(node, 0.0)]), now)
-
     def decide_job(self, job: JobView, now: float | None = None) -> Verdict | None:
         """The live verdict: proof (a desync, a failed rank, a finished rank someone waits for), the process
         group's timeout ahead, or an event: a job in which no rank has shown a sign of life for the limit is

@@ -17,8 +17,10 @@ import os
 import statistics
 from typing import Any
 
+from ddp_doctor.diagnose.gpu_memory import diagnose_gpu_memory
+from ddp_doctor.diagnose.perfwire import wire_loc, wire_ranks, wire_where
 from ddp_doctor.diagnose.draft import Draft
-from ddp_doctor.findings import Location, runtime_fix
+from ddp_doctor.findings import runtime_fix
 
 # thresholds (documented in docs/perf.md)
 DATA_SHARE = 0.30          # DDP401: data wait >= 30% of the step time ...
@@ -40,33 +42,11 @@ def diagnose_perf(evidence: dict[str, Any]) -> list[Draft]:
     out += diagnose_straggler(evidence, data_bound={r for f in out for r in f.ranks})
     out += diagnose_worker_restarts(evidence)
     out += diagnose_unused_parameters(evidence)
-    from ddp_doctor.diagnose.gpu_memory import diagnose_gpu_memory  # (it uses this module's helpers)
-
     out += diagnose_gpu_memory(evidence)
     return out
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def _ranks(ev: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    out = {}
-    for r, st in (ev.get("ranks") or {}).items():
-        if isinstance(st, dict) and not st.get("missing"):
-            out[int(r)] = st
-    return dict(sorted(out.items()))
-
-
-def _loc(site: dict[str, Any] | None) -> Location | None:
-    if not site or not site.get("path") or not site.get("line"):
-        return None
-    return Location(site["path"], int(site["line"]), site.get("function"))
-
-
-def _where(site: dict[str, Any] | None) -> str:
-    if not site or not site.get("path"):
-        return "an unknown line"
-    return f"{os.path.basename(site['path'])}:{site.get('line')}"
-
-
 def _ms(s: float) -> str:
     return f"{s * 1000:.0f} ms" if s < 10 else f"{s:.1f} s"
 
@@ -231,7 +211,7 @@ def recommend_workers(cpu_count: int, ranks_per_node: int) -> int:
 
 
 def diagnose_data_bound(ev: dict[str, Any]) -> list[Draft]:
-    ranks = _ranks(ev)
+    ranks = wire_ranks(ev)
     splits = {r: rank_split(st) for r, st in ranks.items()}
     bound = {}
     for r, sp in splits.items():
@@ -266,7 +246,7 @@ def diagnose_data_bound(ev: dict[str, Any]) -> list[Draft]:
         verb = "spends" if len(rs) == 1 else "spend"
         msg = (f"{_ranks_str(rs)} {verb} {share:.0%} of each training step waiting for the next batch "
                f"({_ms(data)} of {_ms(step)} per step, over {sp['steps']} steps) from the DataLoader at "
-               f"{_where(ld.get('site'))} ({_settings_str(settings)}). The GPU idles meanwhile, and every other "
+               f"{wire_where(ld.get('site'))} ({_settings_str(settings)}). The GPU idles meanwhile, and every other "
                f"rank waits for the slowest loader at each all-reduce. Per-step split: {split}.")
         overload = _overload(ev, ranks, cpus)
         if overload is not None:
@@ -292,7 +272,7 @@ def diagnose_data_bound(ev: dict[str, Any]) -> list[Draft]:
             fix_parts.append("On GPU, add pin_memory=True and overlap the copy with "
                              "ddp_doctor.fixes.CUDAPrefetcher(loader, device).")
         out.append(Draft(
-            "DDP401", msg, " ".join(fix_parts), location=_loc(ld.get("site")), ranks=sorted(rs),
+            "DDP401", msg, " ".join(fix_parts), location=wire_loc(ld.get("site")), ranks=sorted(rs),
             evidence={"share": {r: round(bound[r], 3) for r in sorted(rs)},
                       "per_step_s": {r: {k: round(splits[r][k], 5) for k in PHASES} for r in sorted(rs)},
                       "steps": sp["steps"], "source": sp["source"], "loader": settings,
@@ -308,7 +288,7 @@ def diagnose_data_bound(ev: dict[str, Any]) -> list[Draft]:
 def diagnose_straggler(ev: dict[str, Any], data_bound: set[int] = frozenset()) -> list[Draft]:
     """DDP404: one rank's own work is consistently slower.  ``data_bound``: the ranks DDP401 found waiting on
     their loader; when that is every rank, a slower loader is DDP401's story, not a straggler rank."""
-    ranks = _ranks(ev)
+    ranks = wire_ranks(ev)
     if len(ranks) < 2:
         return []
     phases = {r: step_phases(st) for r, st in ranks.items()}
@@ -366,10 +346,10 @@ def diagnose_straggler(ev: dict[str, Any], data_bound: set[int] = frozenset()) -
            f"in the gradient all-reduce ({_ms(wait_others)} per step).")
     if phase == "data loading":
         ld = train_loader(ranks[slow]) or {}
-        fix = (f"Rank {slow}'s loader is slower than the others' (DataLoader at {_where(ld.get('site'))}, "
+        fix = (f"Rank {slow}'s loader is slower than the others' (DataLoader at {wire_where(ld.get('site'))}, "
                f"{_settings_str(_settings(ld))}): check its data shard (larger or slower files, remote storage) "
                "and give the loader more workers.")
-        loc = _loc(ld.get("site"))
+        loc = wire_loc(ld.get("site"))
     else:
         fix = (f"Find why rank {slow} computes slower: another process on its GPU/CPU (nvidia-smi, top), a slower "
                "or throttled device, CPU threads oversubscribed (set OMP_NUM_THREADS per rank), or rank-dependent "
@@ -385,7 +365,7 @@ def diagnose_straggler(ev: dict[str, Any], data_bound: set[int] = frozenset()) -
 
 # -- DDP403 workers restarted every epoch ------------------------------------------------------
 def diagnose_worker_restarts(ev: dict[str, Any]) -> list[Draft]:
-    ranks = _ranks(ev)
+    ranks = wire_ranks(ev)
     groups: dict[tuple, dict[str, Any]] = {}
     for r, st in ranks.items():
         for ld in st.get("loaders") or []:
@@ -412,14 +392,14 @@ def diagnose_worker_restarts(ev: dict[str, Any]) -> list[Draft]:
         startup = _median(g["startup"])
         steady = _median(g["steady"])
         wasted = (startup - steady) * max(0, g["epochs"] - 1)
-        msg = (f"The DataLoader at {_where(ld.get('site'))} (num_workers={ld.get('num_workers')}, "
+        msg = (f"The DataLoader at {wire_where(ld.get('site'))} (num_workers={ld.get('num_workers')}, "
                f"persistent_workers=False) starts its {ld.get('num_workers')} worker processes again every epoch: "
                f"the first batch of an epoch takes {_ms(startup)} against {_ms(steady)} for a steady batch, on "
                f"{_ranks_str(g['ranks'])} -- about {_ms(wasted)} lost over {g['epochs']} epochs (each epoch also "
                "re-imports and re-builds whatever the dataset does at worker start).")
         out.append(Draft(
             "DDP403", msg, runtime_fix("DDP403"),
-            location=_loc(ld.get("site")), ranks=sorted(g["ranks"]),
+            location=wire_loc(ld.get("site")), ranks=sorted(g["ranks"]),
             evidence={"epoch_start_s": round(startup, 4), "steady_batch_s": round(steady, 5),
                       "epochs": g["epochs"], "wasted_s": round(wasted, 3), "num_workers": ld.get("num_workers")}))
     return out
@@ -427,7 +407,7 @@ def diagnose_worker_restarts(ev: dict[str, Any]) -> list[Draft]:
 
 # -- DDP405 find_unused_parameters=True, none unused ------------------------------------------
 def diagnose_unused_parameters(ev: dict[str, Any]) -> list[Draft]:
-    ranks = _ranks(ev)
+    ranks = wire_ranks(ev)
     sites: dict[tuple, dict[str, Any]] = {}
     for r, st in ranks.items():
         if (st.get("backwards") or 0) < UNUSED_MIN_STEPS:
@@ -448,11 +428,11 @@ def diagnose_unused_parameters(ev: dict[str, Any]) -> list[Draft]:
         if g["seen"] or g["unknown"]:
             continue  # a parameter was unused on some rank: the flag is needed
         d = g["d"]
-        msg = (f"The DDP model built at {_where(d.get('site'))} has find_unused_parameters=True, but no rank "
+        msg = (f"The DDP model built at {wire_where(d.get('site'))} has find_unused_parameters=True, but no rank "
                f"ever had an unused parameter ({_ranks_str(g['ranks'])} checked, {d.get('params')} parameters): "
                "every backward pass pays an extra traversal of the autograd graph for nothing.")
         out.append(Draft(
             "DDP405", msg, runtime_fix("DDP405"),
-            location=_loc(d.get("site")), ranks=sorted(g["ranks"]),
+            location=wire_loc(d.get("site")), ranks=sorted(g["ranks"]),
             evidence={"params": d.get("params"), "unused_parameter_size": d.get("unused_parameter_size", 0)}))
     return out

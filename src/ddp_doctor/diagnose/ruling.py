@@ -14,10 +14,7 @@ from ddp_doctor.diagnose.rankbranch import branch_in, caller_branch
 from ddp_doctor.diagnose.stepexit import skipped_syncs, sync_skip_exit
 from ddp_doctor.diagnose.unused import unused_branch
 from ddp_doctor.evidence import RankState, Site
-from ddp_doctor.findings import runtime_fix
-
-# the codes of ranks that parted in the program (a step, a collective, a DDP forward): located at a decision
-STEP_FAMILY = ("DDP101", "DDP201", "DDP202", "DDP203")
+from ddp_doctor.findings import STEP_FAMILY, runtime_fix
 
 
 def rule(d: Draft, ranks: dict[int, RankState]) -> Ruling:

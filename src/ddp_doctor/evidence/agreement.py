@@ -3,6 +3,8 @@ two ranks' collectives that proves a desync (docs/verdicts.md, "What proves a de
 the live watcher, the root's cross-node codes and Flight Recorder dumps."""
 from __future__ import annotations
 
+from ddp_doctor.evidence.ops import OBJECT_COLLECTIVES
+
 # The group key of process-group creation (new_group and the torch APIs that call it): every rank must
 # make these calls in the same order with the same arguments, and torch pairs them by a counter of its
 # own (the group's name), not by a sequence number of the world group, so they get a sequence of their own.
@@ -19,8 +21,6 @@ OP_ALIASES = {"_all_gather_base": "all_gather_into_tensor", "_reduce_scatter_bas
               "reduce_scatter_v": "reduce_scatter", "all_gather_single": "all_gather_into_tensor",
               "reduce_scatter_single": "reduce_scatter_tensor"}
 ROOT = "root="  # a rooted collective's root among its shapes ("root=0", probe/describe.py)
-OBJECT_COLLECTIVES = frozenset({"all_gather_object", "gather_object", "broadcast_object_list",
-                                "scatter_object_list"})
 
 
 def must_agree(op: str, group: str | None, shapes: tuple[str, ...], dtypes: tuple[str, ...]) -> tuple:

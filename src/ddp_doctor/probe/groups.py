@@ -22,6 +22,7 @@ import sys
 import threading
 
 from ddp_doctor import store as side
+from ddp_doctor.probe.group_calls import group_key
 from ddp_doctor.probe.recorder import user_site
 
 ERA = 1_000_000_000
@@ -196,9 +197,7 @@ def _patch_join(rec) -> None:
                 rec.join_exits += 1
                 if exc[0] is None:
                     try:
-                        from ddp_doctor.probe.hooks import _group_key
-
-                        rec.seq[_group_key(self._process_group)] = rec.join_exits * ERA
+                        rec.seq[group_key(self._process_group)] = rec.join_exits * ERA
                     except Exception:
                         pass
                 rec.version += 1

@@ -17,19 +17,13 @@ import time
 import weakref
 
 from ddp_doctor import store as side
+from ddp_doctor.evidence import ops
 from ddp_doctor.evidence.agreement import GROUP_CREATION
 from ddp_doctor.probe import ddp_params, funcol, group_calls, groups, lifeline, p2p, workers
 from ddp_doctor.probe.apisite import user_site_api
 from ddp_doctor.probe.describe import describe as describe_call
 from ddp_doctor.probe.recorder import EpochRec, LoaderRec, Recorder, user_site
 
-COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "reduce_scatter",
-    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list",
-    "reduce", "gather", "gather_object", "scatter", "scatter_object_list", "barrier", "monitored_barrier",
-    "all_reduce_coalesced", "all_gather_coalesced", "_all_gather_base", "_reduce_scatter_base",
-    "all_gather_single", "reduce_scatter_single",  # torch >= 2.13; FSDP2's all-gather and reduce-scatter
-)
 
 REC: Recorder | None = None
 _tls = threading.local()
@@ -160,7 +154,7 @@ def _patch_collectives() -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    for name in COLLECTIVES:
+    for name in ops.C10D:
         fn = getattr(c10d, name, None)
         if fn is None or hasattr(fn, "__ddp_doctor_wrapped__"):
             continue

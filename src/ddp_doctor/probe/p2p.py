@@ -14,9 +14,9 @@ import sys
 import threading
 
 from ddp_doctor.apis import BY_NAME, STEP_OP
+from ddp_doctor.evidence.ops import P2P
 from ddp_doctor.probe.apisite import user_site_api
 
-OPS = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
 _SCHEDULES = ("PipelineScheduleSingle", "PipelineScheduleMulti")
 _STEP_NAMES = {a.name for a in BY_NAME.values() if a.qualname.endswith(".step") and "pipelining" in a.path}
 _tls = threading.local()
@@ -110,7 +110,7 @@ def patch(rec_of) -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    for op in OPS:
+    for op in P2P:
         fn = getattr(c10d, op, None)
         if fn is None or hasattr(fn, "__ddp_doctor_wrapped__"):
             continue

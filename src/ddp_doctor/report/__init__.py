@@ -9,6 +9,9 @@ import json
 import os
 from typing import Any
 
+from ddp_doctor.findings import Severity
+from ddp_doctor.report.ranks import RANK_KEYS
+
 LINT_SCHEMA_ID = "ddp-doctor/lint/v1"
 REPORT_SCHEMA_ID = "ddp-doctor/report/v1"
 # `ddp-doctor check --report`: report/v1 keys plus per-test results (see ddp_doctor.check).
@@ -17,7 +20,7 @@ CHECK_SCHEMA_ID = "ddp-doctor/check/v1"
 _NULLABLE_STR = {"type": ["string", "null"]}
 _NULLABLE_INT = {"type": ["integer", "null"]}
 _CODE = {"type": "string", "pattern": "^DDP[0-9]{3}$"}
-_SEVERITY = {"enum": ["error", "warning", "info"]}
+_SEVERITY = {"enum": [s.value for s in Severity]}
 _FRAME = {
     "type": "object",
     "required": ["path", "line", "function"],
@@ -111,7 +114,7 @@ REPORT_JSON_SCHEMA: dict[str, Any] = {
             "type": "array",
             "items": {
                 "type": "object",
-                "required": ["rank", "state", "epoch", "step", "last_collective", "stack", "exit_code", "signal"],
+                "required": list(RANK_KEYS),
                 "properties": {
                     "rank": {"type": "integer"}, "state": {"type": "string"},
                     "epoch": _NULLABLE_INT, "step": _NULLABLE_INT,

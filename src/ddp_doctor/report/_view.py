@@ -6,10 +6,10 @@ from typing import Any
 
 from ddp_doctor import frames
 from ddp_doctor.evidence import Collective
+from ddp_doctor.findings import severity_rank
 from ddp_doctor.report import LINT_SCHEMA_ID
+from ddp_doctor.report.ranks import GOOD
 
-SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
-GOOD_STATES = {"ok", "done", "finished", "completed", "exited_ok", "running", "training", "idle", "succeeded"}
 
 
 
@@ -120,7 +120,7 @@ def split_findings(report: dict[str, Any]) -> tuple[list[dict], list[dict]]:
             continue
         seen.add(_loc_key(f))
         lint.append(f)
-    key = lambda f: (SEVERITY_ORDER.get(f.get("severity"), 3), str(f.get("code")))  # noqa: E731
+    key = lambda f: (-severity_rank(f.get("severity")), str(f.get("code")))  # noqa: E731
     return sorted(runtime, key=key), sorted(lint, key=key)
 
 
@@ -207,7 +207,7 @@ def rank_is_bad(r: dict[str, Any]) -> bool:
     state = str(r.get("state") or "").lower()
     if r.get("signal") or (r.get("exit_code") not in (None, 0)):
         return True
-    return bool(state) and state not in GOOD_STATES
+    return bool(state) and state not in GOOD
 
 
 def exit_text(r: dict[str, Any]) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 from html import escape
 from importlib import resources
 from typing import Any
@@ -174,7 +173,7 @@ def render_html(report: dict[str, Any]) -> str:
         out.append(f'<p class="empty">error: {_e(err.get("path"))}: {_e(err.get("message"))}</p>')
     if has_ranks:
         out.append(_ranks_html(report))
-    from ddp_doctor import __version__
+    from ddp_doctor.version import __version__
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out.append(f"</main><footer>ddp-doctor {_e(__version__)} &middot; report written {stamp}</footer>")
     out.append(f'<script type="application/json" id="ddp-report">{json_for_script(report)}</script>')
@@ -291,9 +290,3 @@ def _stack_html(label: str, stack: list[dict[str, Any]], user: dict[str, Any] | 
 def _dash(v: Any) -> Any:
     return "-" if v is None else v
 
-
-def write_html(report: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    """Write the report as one self-contained HTML file (atomically; OSError is the caller's)."""
-    from ddp_doctor.atomic import write_atomic
-
-    write_atomic(path, render_html(report))

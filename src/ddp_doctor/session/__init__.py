@@ -357,7 +357,7 @@ class Job:
             pass
         self.watcher.gather_finals()  # several nodes: the nodes' last states meet at the root
         try:
-            report = self.build_report(job_error, lint_findings, t_end)
+            report = self.run_report(job_error, lint_findings, t_end)
         finally:
             # the stack dumps are in the report now: leave nothing behind in the temp dir
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -379,8 +379,8 @@ class Job:
         except Exception:
             pass
 
-    def build_report(self, job_error, lint_findings, t_end) -> dict[str, Any]:
-        return assemble.build_report(self, job_error, lint_findings, t_end)
+    def run_report(self, job_error, lint_findings, t_end) -> dict[str, Any]:
+        return assemble.run_report(self, job_error, lint_findings, t_end)
 
     def emit(self, report: dict[str, Any], is_host: bool) -> int:
         return assemble.emit(self, report, is_host)

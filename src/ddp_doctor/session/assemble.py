@@ -16,12 +16,13 @@ from ddp_doctor import store as side
 from ddp_doctor.diagnose import diagnose_guarded
 from ddp_doctor.diagnose.blame import lint_mark
 from ddp_doctor.evidence import EVIDENCE_OUT_ENV, Capture, ExitStatus, JobEvidence, LintMark, RankState, Verdict
-from ddp_doctor.findings import plain
+from ddp_doctor.findings import plain, severity_rank
 from ddp_doctor.report import report_v1
+from ddp_doctor.report.ranks import RankWord, rank_entry
 from ddp_doctor.report.facts import contradictions
 
 
-def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
+def run_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
     w = job.watcher
     decision = w.settle(job.failures)
     marks = tuple(lint_mark(f) for f in lint_findings if f.location)
@@ -45,7 +46,7 @@ def build_report(job, job_error, lint_findings, t_end) -> dict[str, Any]:
     runtime = [f.to_report_dict() | {"source": "runtime"} for f in findings]
     lint = [f.to_report_dict() | {"source": "lint"} for f in lint_findings]
     confirm_lint(runtime, lint)
-    ranks = stall_bands([rank_entry(r, st, job.failures, lost) for r, st in sorted(evidence.ranks.items())],
+    ranks = stall_bands([state_entry(r, st, job.failures, lost) for r, st in sorted(evidence.ranks.items())],
                         evidence, t_end=time.time() - job.t0)
     report = report_v1(
         verdict, w.world_size, runtime, ranks,
@@ -96,7 +97,7 @@ def stall_report(job, decision: Verdict) -> dict[str, Any]:
     lost = {r for n in evidence.lost_nodes for r in n.ranks}
     report = report_v1(
         "stalled", w.world_size, [f.to_report_dict() | {"source": "runtime"} for f in findings],
-        stall_bands([rank_entry(r, st, {}, lost) for r, st in sorted(evidence.ranks.items())], evidence,
+        stall_bands([state_entry(r, st, {}, lost) for r, st in sorted(evidence.ranks.items())], evidence,
                     t_end=time.time() - job.t0),
         exit_code=None, command=["ddp-doctor", "run", *job.argv], launcher="ddp-doctor run",
         started_at=job.started_at, duration_s=round(time.time() - job.t0, 3), hang_timeout_s=evidence.hang_limit_s,
@@ -253,7 +254,6 @@ def confirm_lint(runtime: list[dict[str, Any]], lint: list[dict[str, Any]]) -> N
     """The lint finding a runtime finding's wording found on its line (``evidence["lint"]``, same hazard: the
     static warning came true) takes the runtime finding's severity when that is graver (a DDP101 seen happen is
     an error; a DDP403 seen happen stays advice) and says so (report/v1 lint finding dicts, changed in place)."""
-    grave = {"error": 0, "warning": 1, "info": 2}
     for rf in runtime:
         mark = rf["evidence"].get("lint")
         if not isinstance(mark, dict):
@@ -261,7 +261,7 @@ def confirm_lint(runtime: list[dict[str, Any]], lint: list[dict[str, Any]]) -> N
         for lf in lint:
             ll = lf.get("location") or {}
             if (lf["code"], ll.get("path"), ll.get("line")) == (mark.get("code"), mark.get("path"), mark.get("line")):
-                if grave.get(rf["severity"], 2) < grave.get(lf["severity"], 2):
+                if severity_rank(rf["severity"]) > severity_rank(lf["severity"]):
                     lf["severity"] = rf["severity"]
                 lf["confirmed_by_runtime"] = rf["code"]
                 mark["message"] = lf["message"]
@@ -275,53 +275,44 @@ def earlier_attempt(earlier, lint: tuple[LintMark, ...]) -> dict[str, Any]:
     return {"attempt": earlier.attempt, "verdict": verdict, **({"diagnosis_error": failed_diagnosis}
                                                                if failed_diagnosis else {}),
             "findings": [f.to_report_dict() | {"source": "runtime"} for f in findings],
-            "ranks": [rank_entry(r, st, {}) for r, st in sorted(evidence.ranks.items())]}
+            "ranks": [state_entry(r, st, {}) for r, st in sorted(evidence.ranks.items())]}
 
 
 _RANK_EXTRAS = ("host", "pid", "local_rank", "timing", "timeline", "workers", "exc", "where", "forwards",
                 "steps_by_epoch", "loaders", "ddp")
 
 
-def rank_state_word(st: RankState, ex: ExitStatus | None, lost: bool = False) -> str:
+def rank_state_word(st: RankState, ex: ExitStatus | None, lost: bool = False) -> RankWord:
     """The report's one-word state of a rank (``lost``: its node's launcher went silent)."""
     if st.missing:
-        return "missing"
+        return RankWord.MISSING
     if lost and not st.exc and not ex:
-        return "lost"
+        return RankWord.LOST
     if st.exc:
-        return "crashed"
+        return RankWord.CRASHED
     if ex and ex.killed:
-        return "killed"
+        return RankWord.KILLED
     if st.done:
-        return "finished"
+        return RankWord.FINISHED
     if st.in_collective:
-        return "in_collective"
+        return RankWord.IN_COLLECTIVE
     if st.in_data_wait:
-        return "data_wait"
+        return RankWord.DATA_WAIT
     if ex:
-        return "stopped" if ex.signal == "SIGTERM" else "exited"
-    return "running"
+        return RankWord.STOPPED if ex.signal == "SIGTERM" else RankWord.EXITED
+    return RankWord.RUNNING
 
 
-def rank_entry(r: int, st: RankState, failures: dict[int, ExitStatus], lost: set[int] = frozenset()) -> dict[str, Any]:
-    """The report/v1 entry of one rank."""
+def state_entry(r: int, st: RankState, failures: dict[int, ExitStatus], lost: set[int] = frozenset()) -> dict[str, Any]:
+    """The report/v1 entry of one rank from its published state (``report.rank_entry``)."""
     ex = st.exit or failures.get(r)
     stack = st.stack
     if not stack and st.exc:
         stack = st.exc.traceback
-    entry = {
-        "rank": r, "state": rank_state_word(st, ex, r in lost), "epoch": st.epoch, "step": None if st.missing else st.step,
-        "last_collective": plain(st.in_collective or st.last_collective),
-        "stack": plain(stack), "exit_code": ex.exit_code if ex else st.exit_code,
-        "signal": ex.signal if ex else None,
-    }
-    if st.missing:
-        return entry
-    for k in _RANK_EXTRAS:
-        v = getattr(st, k)
-        if v is not None:
-            entry[k] = plain(v)
-    return entry
+    extras = {} if st.missing else {k: plain(v) for k in _RANK_EXTRAS if (v := getattr(st, k)) is not None}
+    return rank_entry(r, rank_state_word(st, ex, r in lost), epoch=st.epoch, step=None if st.missing else st.step,
+                      last_collective=plain(st.in_collective or st.last_collective), stack=plain(stack),
+                      exit_code=ex.exit_code if ex else st.exit_code, signal=ex.signal if ex else None, **extras)
 
 
 def emit(job, report: dict[str, Any], is_host: bool) -> int:
@@ -378,7 +369,7 @@ def live_rows(watcher) -> list[dict[str, Any]]:
     for r, v in sorted(watcher.views.items()):
         st = v.state
         if st is None:
-            rows.append({"rank": r, "state": "starting", "epoch": None, "step": None, "steps_per_s": None,
+            rows.append({"rank": r, "state": RankWord.STARTING.value, "epoch": None, "step": None, "steps_per_s": None,
                          "data_wait_pct": None, "where": ""})
             continue
         times = st.step_times[-20:]
@@ -387,7 +378,7 @@ def live_rows(watcher) -> list[dict[str, Any]]:
         w = (c.site if c else None) or st.where
         rows.append({
             "rank": r,
-            "state": ("finished" if st.done else "in " + c.op if c else "data wait" if st.in_data_wait else "running"),
+            "state": (RankWord.FINISHED.value if st.done else "in " + c.op if c else "data wait" if st.in_data_wait else "running"),
             "epoch": st.epoch, "step": st.step,
             "steps_per_s": round(len(times) / sum(times), 2) if times and sum(times) > 0 else None,
             "data_wait_pct": round(100 * tm.data_wait_s / tm.step_time_s, 1) if tm and tm.step_time_s else None,

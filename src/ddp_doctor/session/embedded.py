@@ -148,7 +148,7 @@ def _write_report(w, t0: float) -> None:
         w.read_states()
         job = Job.for_report(w, argv=list(sys.argv), script=sys.argv[0] if sys.argv else "", t0=t0)
         lint = w.lint_job.findings() if getattr(w, "lint_job", None) is not None else []
-        report = job.build_report(None, lint, time.monotonic())
+        report = job.run_report(None, lint, time.monotonic())
         report["command"] = _command()
         report["launcher"] = launcher.detect()
         paths = _report_paths()
