@@ -34,9 +34,9 @@ from ddp_doctor.diagnose import live as judge
 from ddp_doctor.diagnose.jobview import JobView
 from ddp_doctor.diagnose.summary import Summarizer, calm
 from ddp_doctor.evidence import (ExitStatus, JobEvidence, NodeDetail, NodeSummary, RankState, Stall, Verdict,
-                                 WorkerStack, rank_state_from_wire, stacks_from_wire)
-from ddp_doctor.evidence.compact import StateDecoder
+                                 WorkerStack, stacks_from_wire)
 from ddp_doctor.watcher import outside
+from ddp_doctor.watcher.posts import RankPosts
 from ddp_doctor.watcher.root import DETAIL_ALL
 from ddp_doctor.watcher.stacks import FATAL, fatal_stack, parse_faulthandler, peek_exit, signal_dumps, tore_down
 from ddp_doctor.watcher.views import RankView
@@ -85,9 +85,9 @@ class Watcher(threading.Thread):
         self.req = 0
         self.lock = threading.Lock()
         self.local_pids: dict[int, int] = {}   # pid -> rank (this node's ranks)
-        self.last_raw: dict[str, bytes] = {}   # key -> the post last read (read once, however often polled)
-        self.decoders: dict[str, StateDecoder] = {}   # key -> its rank's base and what its deltas added
-        self.batched = True                    # every rank's post read in one request (``_posts``)
+        self.posts = RankPosts(store)          # the ranks' posts: read, decoded
+        self.last_raw = self.posts.last_raw    # key -> the post last read (read once, however often polled)
+        self.decoders = self.posts.decoders    # key -> its rank's base and what its deltas added
         self.news = 0                          # the ranks' NEWS counter at the last look
         self.exit_posted: set[int] = set()
         self.acked: set[int] = set()
@@ -97,49 +97,9 @@ class Watcher(threading.Thread):
         self.earlier: list[Attempt] = []  # per failed attempt
 
     # -- reading -------------------------------------------------------------------
-    def _peek(self, key: str) -> bytes | None:
-        """The verified value of ``key``, None when absent or refused: one request (``check`` then ``get``
-        asked the store three times and verified the value twice, for every rank at every look)."""
-        try:
-            return self.store.peek(key)
-        except Exception:
-            return None
-
     def _get(self, key: str) -> str | None:
-        raw = self._peek(key)
+        raw = self.posts.peek(key)
         return None if raw is None else raw.decode()
-
-    def _state_of(self, key: str, raw: bytes) -> RankState | None:
-        """A rank's post: its full state (its final one, or one answering a stack request), or a delta read
-        against the base the rank keeps beside it (``compact.StateDecoder``: only what changed is parsed).
-        None for anything else, and for a delta whose base is not there yet (a newer one: read next time)."""
-        if raw[:1] == b"{":
-            return rank_state_from_wire(raw.decode())
-        dec = self.decoders.get(key)
-        if dec is None:
-            dec = self.decoders[key] = StateDecoder()
-        try:
-            st = dec.decode(raw)
-            if st is None:   # a base it does not hold yet
-                base = self._peek(side.state_base_key(key))
-                if base is None or dec.set_base(base) is None:
-                    return None
-                st = dec.decode(raw)
-            return st
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-            return None   # not a post of this schema: never misread
-
-    def _posts(self, keys: list[str]) -> list[bytes | None]:
-        """The ranks' posts.  Once every rank has posted: two requests (are they all there; all of them), not
-        one per rank -- the round trips were most of a node agent's CPU.  A key gone since (only a stranger
-        deletes one: the store's ``multi_get`` would wait for it) ends the batching for good."""
-        if self.batched and keys and all(k in self.last_raw for k in keys):
-            try:
-                if self.store.present(keys):
-                    return self.store.multi_get(keys)
-            except Exception:
-                self.batched = False
-        return [self._peek(k) for k in keys]
 
     def read_states(self) -> None:
         now = time.monotonic()
@@ -147,11 +107,11 @@ class Watcher(threading.Thread):
             keys = [(side.local_key(i), None) for i in range(self.local_world)]
         else:
             keys = [(side.rank_key(r), r) for r in range(self.world_size)]
-        for (key, r), raw in zip(keys, self._posts([k for k, _ in keys])):
+        for (key, r), raw in zip(keys, self.posts.read([k for k, _ in keys])):
             if raw is None or raw == self.last_raw.get(key):
                 continue
             self.last_raw[key] = raw
-            state = self._state_of(key, raw)
+            state = self.posts.state_of(key, raw)
             if state is None:
                 continue
             r = state.rank if r is None else r
