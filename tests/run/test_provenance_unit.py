@@ -491,6 +491,43 @@ def test_a_rank_local_no_sync_choice_is_the_decision(tmp_path):
     assert d["values"]["1"] == {"sync_now": "True", "tokens": "101"}
 
 
+def test_the_fewer_ranks_of_a_no_sync_choice_are_its_culprits(tmp_path):
+    """A per-rank no_sync() choice over 3+ ranks: the group of ranks in the minority -- the ones still in a
+    gradient sync (they synced more often), or the ones elsewhere (they synced less often) -- took the odd way:
+    DDP101 on them at the choice, not DDP203/DDP201 on whoever stood at the mismatch.  Of two ranks, neither."""
+    path = _script(tmp_path, """
+        def main(model, batches):
+            tokens = 0
+            for ids in batches:
+                tokens += count(ids)
+                sync_now = tokens >= 96
+                if not sync_now:  # decision
+                    with model.no_sync():
+                        model(ids).sum().backward()
+                else:
+                    model(ids).sum().backward()  # sync
+                if sync_now:
+                    tokens = 0
+            dist.all_reduce(done)  # end
+    """)
+    dec, sync, end = _line(path, "# decision"), _line(path, "# sync"), _line(path, "# end")
+
+    def job(in_sync: set[int], world: int):
+        return {r: _in_grad_sync(_rank(r, [Site(path, sync, "main")], {"main": {"sync_now": "True"}}), 12, 6)
+                if r in in_sync else replace(_rank(r, [Site(path, end, "main")], {"main": {"sync_now": "False"}}),
+                                             forwards=16, sync_forwards=5) for r in range(world)}
+
+    for in_sync, world, culprits in (({3}, 4, [3]), ({1, 2}, 3, [0])):
+        f = Finding("DDP203", "The ranks disagree.", "", location=Location(path, sync, "main"), ranks=[1])
+        f = provenance.with_decisions([f], job(in_sync, world))[0]
+        assert (f.code, f.ranks, f.location.line) == ("DDP101", culprits, dec), (in_sync, f.code, f.ranks)
+        assert f.evidence["decision"]["parting"] == "skip"
+        # `not sync_now` over a recorded True/False tests a flag, not an empty batch
+        assert "empty" not in f.evidence["decision"]["why"]
+    f = Finding("DDP203", "The ranks disagree.", "", location=Location(path, sync, "main"), ranks=[1])
+    f = provenance.with_decisions([f], job({1}, 2))[0]
+    assert (f.code, f.ranks, f.location.line) == ("DDP203", [1], dec)
+
 def test_an_accumulation_schedule_on_the_step_is_not_the_decision(tmp_path):
     """`if (step + 1) % accum != 0: with model.no_sync()` is the same on every rank at one step: ranks whose
     syncs differ parted elsewhere (uneven batches), so the choice is not named."""
