@@ -407,7 +407,8 @@ def k_no_sync_choice(r, w, names, placement) -> Parts:
     """Gradient accumulation whose boundary each rank decides from its own token count: one rank's micro-batches
     hold more tokens, so it leaves ``no_sync()`` after fewer of them (DDP101 at the choice, on that rank)."""
     bad, budget = r.randrange(w), r.choice((96, 120, 144))
-    few, many = budget // 3, budget // 2  # the others sync every 3rd micro-batch, the culprit every 2nd
+    # the others sync every 3rd micro-batch, the culprit every 2nd (or the others every 2nd, the culprit every 3rd)
+    few, many = (budget // 3, budget // 2) if r.random() < 0.5 else (budget // 2, budget // 3)
     m = names["model"]
     count = _ind(f"""
         tokens_seen += {many} if rank == {bad} else {few}  # this shard's real (unpadded) tokens
@@ -728,6 +729,25 @@ WORLDS = {"no_sync_choice": (3, 3, 4), "fabric_rank0": (2, 2, 3), "accelerate_ma
           "lightning_hook": (2, 2, 3), "hf_callback": (2, 2, 3)}
 
 
+# the plain-loop kinds also run under Lightning Fabric and accelerate (launched by torchrun, they adopt its ranks):
+# the framework wraps the model and the optimizer, the loop calls its backward
+FORM_KINDS = {"skip_continue", "skip_return", "skip_except", "rank_collective", "forward_rank0", "early_stop",
+              "uneven_count", "counter_continue", "time_budget", "empty_gather"}
+FORMS = ("ddp", "ddp", "fabric", "accelerate")
+FORM_IMPORTS = {"fabric": "from lightning.fabric import Fabric\n",
+                "accelerate": "from accelerate import Accelerator\nfrom accelerate.utils import InitProcessGroupKwargs\n"}
+INIT = {"fabric": "    fabric = Fabric(accelerator=\"cpu\", strategy=\"ddp\", devices=int(os.environ[\"WORLD_SIZE\"]))\n"
+                  "    fabric.launch()\n    rank = fabric.global_rank\n",
+        "accelerate": "    accelerator = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(\n"
+                      "        backend=\"gloo\", timeout=datetime.timedelta(seconds=60))])\n"
+                      "    rank = accelerator.process_index\n"}
+SETUP = {"fabric": "fabric.setup", "accelerate": "accelerator.prepare"}
+
+
+def form_obj(form: str) -> str:
+    return {"fabric": "fabric", "accelerate": "accelerator"}[form]
+
+
 def generate(seed: int) -> Job:
     r = random.Random(seed)
     kind = list(KINDS)[seed % len(KINDS)]
@@ -747,16 +767,25 @@ def generate(seed: int) -> Job:
     steps = parts.steps.format(steps=r.randrange(14, 24))
     fsdp = ("from torch.distributed.device_mesh import init_device_mesh\n"
             "from torch.distributed.fsdp import fully_shard\n") if parts.fsdp2 else ""
-    main = (f"{HEADER}{fsdp}{parts.imports}\n\n{parts.helpers}\n\ndef main():\n"
-            "    dist.init_process_group(\"gloo\", timeout=datetime.timedelta(seconds=60))\n"
-            "    rank = dist.get_rank()\n"
+    form = r.choice(FORMS) if kind in FORM_KINDS else "fsdp2" if parts.fsdp2 else "ddp"
+    if form == "fsdp2":
+        setup = (f"    {m} = nn.Sequential({layers})\n"
+                 "    mesh = init_device_mesh(\"cpu\", (dist.get_world_size(),))\n"
+                 f"    for layer in {m}:\n        if isinstance(layer, nn.Linear):\n"
+                 "            fully_shard(layer, mesh=mesh)\n"
+                 f"    fully_shard({m}, mesh=mesh)\n"
+                 f"    opt = torch.optim.SGD({m}.parameters(), lr=0.01)\n")
+    elif form == "ddp":
+        setup = f"    {m} = DDP(nn.Sequential({layers}))\n    opt = torch.optim.SGD({m}.parameters(), lr=0.01)\n"
+    else:  # the framework wraps the model (in DDP) and the optimizer; its backward in the loop
+        setup = (f"    net = nn.Sequential({layers})\n"
+                 f"    {m}, opt = {SETUP[form]}(net, torch.optim.SGD(net.parameters(), lr=0.01))\n")
+        parts.body = parts.body.replace("loss.backward()", f"{form_obj(form)}.backward(loss)")
+    main = (f"{HEADER}{fsdp}{FORM_IMPORTS.get(form, '')}{parts.imports}\n\n{parts.helpers}\n\ndef main():\n"
+            + INIT.get(form, "    dist.init_process_group(\"gloo\", timeout=datetime.timedelta(seconds=60))\n"
+                             "    rank = dist.get_rank()\n") +
             "    torch.manual_seed(1234 + rank)\n"
-            + (f"    {m} = nn.Sequential({layers})\n"
-               "    mesh = init_device_mesh(\"cpu\", (dist.get_world_size(),))\n"
-               f"    for layer in {m}:\n        if isinstance(layer, nn.Linear):\n"
-               "            fully_shard(layer, mesh=mesh)\n"
-               f"    fully_shard({m}, mesh=mesh)\n" if parts.fsdp2 else f"    {m} = DDP(nn.Sequential({layers}))\n") +
-            f"    opt = torch.optim.SGD({m}.parameters(), lr=0.01)\n"
+            + setup +
             f"{parts.pre}"
             f"    {parts.loop.format(steps=steps)}\n"
             "        x = torch.randn(4, 8)\n"
@@ -768,8 +797,7 @@ def generate(seed: int) -> Job:
     files = {"job.py": main.replace("\n\n\n\n\n", "\n\n\n")}
     if parts.module is not None:
         files[names["module"] + ".py"] = parts.module
-    return Job(seed, w, kind, placement, "fsdp2" if parts.fsdp2 else parts.form, files, parts.truth_file,
-               parts.culprits, parts.code)
+    return Job(seed, w, kind, placement, form, files, parts.truth_file, parts.culprits, parts.code)
 
 
 def run(job: Job, workdir: Path, timeout: float = 240.0) -> Outcome:
