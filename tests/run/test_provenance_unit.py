@@ -528,6 +528,32 @@ def test_the_fewer_ranks_of_a_no_sync_choice_are_its_culprits(tmp_path):
     f = provenance.with_decisions([f], job({1}, 2))[0]
     assert (f.code, f.ranks, f.location.line) == ("DDP203", [1], dec)
 
+def test_a_while_loop_left_by_its_own_test_is_the_decision(tmp_path):
+    """A per-rank time budget, `while spent < budget:` with no break: the slower rank left after fewer optimizer
+    steps than the others are in.  No value read at the test survived (the ranks were killed); the step counts
+    and a loop with no other way out make its header the decision, DDP101 on the rank that left."""
+    path = _script(tmp_path, """
+        def main(model, opt, budget, cost):
+            spent = 0.0
+            while spent < budget:  # decision
+                model(x).sum().backward()  # sync
+                opt.step()
+                spent += cost
+            dist.all_reduce(done)  # end
+    """)
+    dec, sync, end = _line(path, "# decision"), _line(path, "# sync"), _line(path, "# end")
+    ranks = {0: replace(_in_grad_sync(_rank(0, [Site(path, sync, "main")]), 14, 14), step=13),
+             1: replace(_rank(1, [Site(path, end, "main")]), step=13)}
+    f = Finding("DDP201", "Rank 1 called all_reduce() at a line the others never reach.", "",
+                location=Location(path, end, "main"), ranks=[1])
+    f = provenance.with_decisions([f], ranks)[0]
+    assert (f.code, f.ranks, f.location.line) == ("DDP101", [1], dec)
+    assert "left it after 13 optimizer steps while rank 0 trains in it, in step 14" in f.message
+    # the same ranks with as many steps: nothing says the loop's test let one out sooner
+    ranks[1] = replace(ranks[1], step=14)
+    f = Finding("DDP201", "Rank 1 called all_reduce().", "", location=Location(path, end, "main"), ranks=[1])
+    assert provenance.with_decisions([f], ranks)[0].location.line != dec
+
 def test_an_accumulation_schedule_on_the_step_is_not_the_decision(tmp_path):
     """`if (step + 1) % accum != 0: with model.no_sync()` is the same on every rank at one step: ranks whose
     syncs differ parted elsewhere (uneven batches), so the choice is not named."""
