@@ -585,6 +585,15 @@ def k_accelerate_main(r, w, names, placement) -> Parts:
             {_rank0_test(r, who, "step", k)}  {MARK}
                 {op}
         """, 12)
+    elif placement == "decorator":  # accelerate's own main-process-only decorator, on a function of main's
+        after = _ind(f"""
+            @accelerator.on_main_process  {MARK}
+            def {fn}():
+                print("epoch", epoch, "loss", loss.item(), flush=True)
+                {op}
+
+            {fn}()
+        """, 8)
     else:
         helpers = f"def {fn}(accelerator, loss):\n    {op}\n\n\n"
         inloop = _ind(f"""
@@ -620,8 +629,21 @@ def k_lightning_hook(r, w, names, placement) -> Parts:
     at an epoch's end or a batch's end, or a hook decorated ``@rank_zero_only`` (DDP201 on rank 0, at the test or the
     decoration)."""
     cb, op = r.choice(("ExportWeights", "SaveEveryEpoch", "MetricsLogger", "Snapshot")), r.choice(LIGHTNING_OPS)
+    cb_helpers = ""
     save = "torch.save(pl_module.state_dict(), os.path.join(tempfile.gettempdir(), f\"pl-{os.getpid()}.pt\"))"
-    if placement == "rank_zero_only":
+    if placement == "rank_zero_helper":  # a @rank_zero_only function of the callback's module, called by a hook
+        helper = r.choice(("export", "publish", "write_snapshot"))
+        hook = _ind(f"""
+            def on_train_epoch_end(self, trainer, pl_module):
+                {helper}(trainer, pl_module)
+        """, 4)
+        cb_helpers = _ind(f"""
+            @rank_zero_only  {MARK}
+            def {helper}(trainer, pl_module):
+                {save}
+                {op}
+        """, 0) + "\n\n"
+    elif placement == "rank_zero_only":
         hook = _ind(f"""
             @rank_zero_only  {MARK}
             def on_train_epoch_end(self, trainer, pl_module):
@@ -652,7 +674,7 @@ def k_lightning_hook(r, w, names, placement) -> Parts:
                "    def training_step(self, batch, batch_idx):\n        x, y = batch\n"
                "        return nn.functional.mse_loss(self.net(x), y)\n\n"
                "    def configure_optimizers(self):\n        return torch.optim.SGD(self.parameters(), lr=0.01)\n\n\n"
-               f"class {cb}(Callback):\n{hook}\n\n"
+               f"{cb_helpers}class {cb}(Callback):\n{hook}\n\n"
                "def main():\n" + FW_DATA.format(n=16 * w) +
                f"    trainer = L.Trainer(accelerator=\"cpu\", devices={w}, max_epochs=3, logger=False,\n"
                "                        strategy=DDPStrategy(process_group_backend=\"gloo\", timeout=datetime.timedelta(seconds=60)),\n"
@@ -719,8 +741,8 @@ KINDS = {
     "time_budget": (k_time_budget, ("while", "break")),
     "thread_dies": (k_thread_dies, ("collective", "monitored")),
     "fabric_rank0": (k_fabric_rank0, ("inline", "helper", "setup")),
-    "accelerate_main": (k_accelerate_main, ("inline", "helper", "epoch_end")),
-    "lightning_hook": (k_lightning_hook, ("batch_end", "epoch_end", "rank_zero_only")),
+    "accelerate_main": (k_accelerate_main, ("inline", "helper", "epoch_end", "decorator")),
+    "lightning_hook": (k_lightning_hook, ("batch_end", "epoch_end", "rank_zero_only", "rank_zero_helper")),
     "hf_callback": (k_hf_callback, ("step_end", "epoch_end")),
 }
 # the world sizes a kind is built for: a per-rank no_sync() choice needs a majority that agrees (3+ ranks); the
