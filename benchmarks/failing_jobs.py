@@ -5,8 +5,11 @@ own evidence contradicts.
 Each job is one program (and, for some placements, a module beside it) built from a divergence kind -- a step
 skipped by `continue`, by a helper's or another module's method's early `return`, by a caught exception; a
 collective or a DDP forward under a rank condition, inline, in a helper, in another module, behind a
-main-process-only decorator; an early stop on a rank-local signal; a per-rank batch count; an object collective
-skipped on an empty shard -- at random names, ranks, steps and world sizes.  The truth is known by construction:
+main-process-only decorator; an early stop on a rank-local signal; a per-rank batch count or time budget; a
+per-rank no_sync() choice; an object collective skipped on an empty shard; a prefetch thread that dies -- and the
+frameworks' own rank-0 places: a Lightning callback hook (``trainer.is_global_zero``, ``@rank_zero_only``), an HF
+``TrainerCallback`` hook, an accelerate main-process block or decorator, Fabric's ``global_rank == 0`` -- with the
+plain loops also under Fabric and accelerate, at random names, ranks, steps and world sizes (2-4).  The truth is known by construction:
 the template marks the decision line (``# DECISION``), the culprit ranks and the code.  A miss is a bug in the
 mechanism: fix the mechanism, never the template.
 
