@@ -553,6 +553,23 @@ def test_a_while_loop_left_by_its_own_test_is_the_decision(tmp_path):
     ranks[1] = replace(ranks[1], step=14)
     f = Finding("DDP201", "Rank 1 called all_reduce().", "", location=Location(path, end, "main"), ranks=[1])
     assert provenance.with_decisions([f], ranks)[0].location.line != dec
+    # an epoch's loop inside an epoch loop: rank 0 may be in the next epoch's round of it (generated job: a
+    # rank-0-only step between epochs was blamed on the batch loop; a file of its own: sources are cached by path)
+    (tmp_path / "nested").mkdir()
+    path = _script(tmp_path / "nested", """
+        def main(model, opt, loader, epochs):
+            for epoch in range(epochs):
+                for x in loader:  # inner
+                    model(x).sum().backward()  # sync
+                    opt.step()
+                log_on_rank0()  # end
+    """)
+    inner, sync, end = _line(path, "# inner"), _line(path, "# sync"), _line(path, "# end")
+    ranks = {0: replace(_in_grad_sync(_rank(0, [Site(path, sync, "main")]), 5, 5), step=4),
+             1: replace(_rank(1, [Site(path, end, "main")]), step=4)}
+    f = Finding("DDP201", "Rank 1 called barrier().", "", location=Location(path, end, "main"), ranks=[1])
+    f = provenance.with_decisions([f], ranks)[0]
+    assert f.location.line != inner and "optimizer steps while" not in f.message
 
 def test_an_accumulation_schedule_on_the_step_is_not_the_decision(tmp_path):
     """`if (step + 1) % accum != 0: with model.no_sync()` is the same on every rank at one step: ranks whose
