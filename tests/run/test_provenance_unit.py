@@ -571,6 +571,46 @@ def test_a_while_loop_left_by_its_own_test_is_the_decision(tmp_path):
     f = provenance.with_decisions([f], ranks)[0]
     assert f.location.line != inner and "optimizer steps while" not in f.message
 
+def test_a_rank_that_went_alone_into_an_api_through_a_helper(tmp_path):
+    """A rank-0 evaluation of an FSDP2 model through a helper (3 ranks): rank 0 issued all-gathers at the helper's
+    forward line, which no other rank ran, and stands at the shared forward again by the time the mismatch shows.
+    The helper's every call is under `if rank == 0`: rank 0 went alone (generated job: rank 2 was blamed for
+    entering the backward more often)."""
+    from ddp_doctor.diagnose.apiwords import went_alone
+    from ddp_doctor.evidence import SiteCount
+
+    path = _script(tmp_path, """
+        def run_eval(model, x):
+            print(model(x).mean().item())  # eval
+
+        def main(model, opt):
+            for step in range(17):
+                loss = model(x).sum()  # fwd
+                loss.backward()  # bwd
+                if rank == 0 and step == 5:
+                    run_eval(model, x)
+                opt.step()
+    """)
+    ev, fwd, bwd = _line(path, "# eval"), _line(path, "# fwd"), _line(path, "# bwd")
+    at = {n: Site(path, ln, fn, api="fsdp2.forward") for n, ln, fn in
+          (("eval", ev, "run_eval"), ("fwd", fwd, "main"), ("bwd", bwd, "main"))}
+    seen = lambda *names: frozenset(("all_gather_single", at[n].key()) for n in names)  # noqa: E731
+    ranks = {0: replace(_rank(0, [Site(path, fwd, "main")]), sites_seen=seen("eval", "fwd", "bwd"),
+                        site_counts=(SiteCount("all_gather_single", at["eval"], 2),)),
+             1: replace(_rank(1, [Site(path, bwd, "main")]), sites_seen=seen("fwd", "bwd")),
+             2: replace(_rank(2, [Site(path, bwd, "main")]), sites_seen=seen("fwd", "bwd"))}
+    got = went_alone(ranks)
+    assert got is not None and got[0] == [0] and got[1].site.line == ev
+    # called from a line every rank runs too: not a rank's own way
+    path2 = tmp_path / "other"
+    path2.mkdir()
+    p2 = _script(path2, open(path).read().replace("if rank == 0 and step == 5:", "if step == 5:"))
+    moved = {r: replace(st, site_counts=tuple(SiteCount(c.op, replace(c.site, path=p2), c.calls) for c in st.site_counts),
+                        stack=(Site(p2, st.stack[0].line, "main"),),
+                        threads=(replace(st.threads[0], frames=(Site(p2, st.stack[0].line, "main"),)),))
+             for r, st in ranks.items()}
+    assert went_alone(moved) is None
+
 def test_an_accumulation_schedule_on_the_step_is_not_the_decision(tmp_path):
     """`if (step + 1) % accum != 0: with model.no_sync()` is the same on every rank at one step: ranks whose
     syncs differ parted elsewhere (uneven batches), so the choice is not named."""
