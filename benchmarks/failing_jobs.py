@@ -5,8 +5,11 @@ own evidence contradicts.
 Each job is one program (and, for some placements, a module beside it) built from a divergence kind -- a step
 skipped by `continue`, by a helper's or another module's method's early `return`, by a caught exception; a
 collective or a DDP forward under a rank condition, inline, in a helper, in another module, behind a
-main-process-only decorator; an early stop on a rank-local signal; a per-rank batch count; an object collective
-skipped on an empty shard -- at random names, ranks, steps and world sizes.  The truth is known by construction:
+main-process-only decorator; an early stop on a rank-local signal; a per-rank batch count or time budget; a
+per-rank no_sync() choice; an object collective skipped on an empty shard; a prefetch thread that dies -- and the
+frameworks' own rank-0 places: a Lightning callback hook (``trainer.is_global_zero``, ``@rank_zero_only``), an HF
+``TrainerCallback`` hook, an accelerate main-process block or decorator, Fabric's ``global_rank == 0`` -- with the
+plain loops also under Fabric and accelerate, at random names, ranks, steps and world sizes (2-4).  The truth is known by construction:
 the template marks the decision line (``# DECISION``), the culprit ranks and the code.  A miss is a bug in the
 mechanism: fix the mechanism, never the template.
 
@@ -42,6 +45,7 @@ class Job:
     nproc: int
     kind: str
     placement: str
+    form: str
     files: dict[str, str]          # relative path -> source; "job.py" is the entry
     truth_file: str                # the file holding the decision line
     culprits: list[int]
@@ -128,6 +132,8 @@ class Parts:
     loop: str = "for step in range({steps}):"
     batchnorm: bool = False
     fsdp2: bool = False  # the model is sharded with FSDP2 (`fully_shard`) instead of wrapped in DDP
+    program: str | None = None  # a whole job.py of its own (a framework's training form)
+    form: str = "ddp"            # the training form: ddp, fsdp2, fabric, accelerate, lightning, hf
 
 
 def _ind(text: str, n: int) -> str:
@@ -400,6 +406,327 @@ def k_empty_gather(r, w, names, placement) -> Parts:
                  truth_file="job.py" if module is None else names["module"] + ".py",
                  culprits=[q for q in range(w) if q != empty])
 
+def k_no_sync_choice(r, w, names, placement) -> Parts:
+    """Gradient accumulation whose boundary each rank decides from its own token count: one rank's micro-batches
+    hold more tokens, so it leaves ``no_sync()`` after fewer of them (DDP101 at the choice, on that rank)."""
+    bad, budget = r.randrange(w), r.choice((96, 120, 144))
+    # the others sync every 3rd micro-batch, the culprit every 2nd (or the others every 2nd, the culprit every 3rd)
+    few, many = (budget // 3, budget // 2) if r.random() < 0.5 else (budget // 2, budget // 3)
+    m = names["model"]
+    count = _ind(f"""
+        tokens_seen += {many} if rank == {bad} else {few}  # this shard's real (unpadded) tokens
+        sync_now = tokens_seen >= {budget}
+    """, 8)
+    if placement == "value":
+        body = count + _ind(f"""
+            ctx = contextlib.nullcontext() if sync_now else {m}.no_sync()  {MARK}
+            with ctx:
+                {m}(x).pow(2).mean().backward()
+        """, 8)
+    else:
+        body = count + _ind(f"""
+            if not sync_now:  {MARK}
+                with {m}.no_sync():
+                    {m}(x).pow(2).mean().backward()
+            else:
+                {m}(x).pow(2).mean().backward()
+        """, 8)
+    body += _ind("""
+        if sync_now:
+            opt.step()
+            opt.zero_grad()
+            tokens_seen = 0
+    """, 8)
+    return Parts(imports="import contextlib\n", pre=_ind("tokens_seen = 0", 4), body=body, culprits=[bad])
+
+
+def k_time_budget(r, w, names, placement) -> Parts:
+    """A training-time budget spent at each rank's own measured step cost (deterministic here: one host is slower
+    by construction): the slower rank runs fewer steps and leaves the loop first (DDP101 at the budget test)."""
+    bad, cost = r.randrange(w), r.choice((0.05, 0.1, 0.2))
+    slow = r.choice((1.5, 2.0))
+    pre = _ind(f"""
+        budget_s, spent_s = {cost * r.randrange(12, 20):.2f}, 0.0
+        step_cost_s = {cost} * ({slow} if rank == {bad} else 1.0)  # this host's measured seconds per step
+    """, 4)
+    body = _train(names["model"]) + _ind("spent_s += step_cost_s", 8)
+    if placement == "while":
+        return Parts(pre=pre, loop=f"while spent_s < budget_s:  {MARK}", body=body, culprits=[bad])
+    return Parts(pre=pre, loop="for step in range(1000):", culprits=[bad], body=body + _ind(f"""
+        if spent_s >= budget_s:
+            break  {MARK}
+    """, 8))
+
+
+def k_thread_dies(r, w, names, placement) -> Parts:
+    """A prefetch thread that dies on one rank (the exception only printed by the thread): that rank's loop waits
+    on the batch queue forever while the others wait in a collective (DDP205 on that rank, at its wait)."""
+    bad, n = r.randrange(w), r.randrange(8, 14)
+    k = r.randrange(3, n - 1)
+    if placement == "collective":  # dies mid-epoch, before it hands over a batch
+        helpers = textwrap.dedent("""
+            def prefetch(q, n, fail_at):
+                for i in range(n):
+                    if i == fail_at:
+                        raise OSError("shard 7: stale file handle")  # the thread dies; nobody joins it
+                    q.put(torch.randn(4, 8))
+                q.put(None)
+        """).lstrip()
+    else:  # dies after the epoch's batches, before it posts the end of the epoch
+        helpers = textwrap.dedent("""
+            def prefetch(q, n, fail):
+                for i in range(n):
+                    q.put(torch.randn(4, 8))
+                if fail:
+                    raise OSError("shard 7: stale file handle")  # the thread dies; nobody joins it
+                q.put(None)
+        """).lstrip()
+    m = names["model"]
+    if placement == "collective":  # dies mid-epoch: the others wait in the gradient all-reduce
+        pre = _ind(f"""
+            q = queue.Queue(maxsize=4)
+            threading.Thread(target=prefetch, args=(q, {n}, {k} if rank == {bad} else -1), daemon=True).start()
+        """, 4)
+        body = _ind(f"""
+            x = q.get()  {MARK}
+            if x is None:
+                break
+        """, 8) + _train(m)
+        return Parts(imports="import queue\nimport threading\n", helpers=helpers, pre=pre, loop="while True:",
+                     body=body, code="DDP205", culprits=[bad])
+    # dies at the end of the second epoch, after its batches: the others wait in an epoch-end monitored_barrier
+    body = _ind(f"""
+        q = queue.Queue(maxsize=4)
+        threading.Thread(target=prefetch, args=(q, {n}, rank == {bad} and epoch == 1), daemon=True).start()
+        while True:
+            x = q.get()  {MARK}
+            if x is None:
+                break
+            loss = {m}(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=8))
+    """, 8)
+    return Parts(imports="import queue\nimport threading\n", helpers=helpers, loop="for epoch in range(3):",
+                 body=body, code="DDP205", culprits=[bad])
+
+
+# -- the framework forms: each a whole program -------------------------------------------------------------------
+FW_DATA = """\
+    torch.manual_seed(0)
+    data = torch.randn({n}, 8)
+    loader = DataLoader(TensorDataset(data, data.sum(1, keepdim=True)), batch_size=4)
+"""
+
+
+def _rank0_test(r, who: str, step: str, k: int) -> str:
+    return r.choice((f"if {who} and {step} == {k}:", f"if {step} == {k} and {who}:"))
+
+
+def k_fabric_rank0(r, w, names, placement) -> Parts:
+    """Lightning Fabric: a Fabric collective on global rank 0 only, in the loop, in a helper, or in a rank-0 data
+    preparation block above the loop (DDP201 on rank 0, at the rank test)."""
+    k, fn = r.randrange(1, 3), names["sync_fn"]
+    who = r.choice(("fabric.global_rank == 0", "fabric.is_global_zero"))
+    op = r.choice(("fabric.barrier()", "fabric.all_reduce(loss.detach())", "fabric.broadcast(loss.detach())"))
+    helpers, pre, inloop = "", "", ""
+    if placement == "setup":  # the issue's make_dataset(): rank 0 writes a cache, then waits for the others
+        pre = _ind(f"""
+            if {who}:  {MARK}
+                torch.save(data, os.path.join(tempfile.gettempdir(), f"cache-{{os.getpid()}}.pt"))
+                fabric.barrier()
+        """, 4)
+    elif placement == "inline":
+        inloop = _ind(f"""
+            {_rank0_test(r, who, "step", k)}  {MARK}
+                {op}
+        """, 12)
+    else:
+        helpers = f"def {fn}(fabric, loss):\n    {op}\n\n\n"
+        inloop = _ind(f"""
+            {_rank0_test(r, who, "step", k)}  {MARK}
+                {fn}(fabric, loss)
+        """, 12)
+    program = (f"import os\nimport tempfile\n\nimport torch\nimport torch.nn as nn\n"
+               "from lightning.fabric import Fabric\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\n"
+               f"{helpers}def main():\n"
+               f"    fabric = Fabric(accelerator=\"cpu\", strategy=\"ddp\", devices={w})\n"
+               "    fabric.launch()  # under torchrun: adopts its ranks\n"
+               + FW_DATA.format(n=16 * w) + pre +
+               "    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))\n"
+               "    model, opt = fabric.setup(net, torch.optim.SGD(net.parameters(), lr=0.01))\n"
+               "    loader = fabric.setup_dataloaders(loader)\n"
+               "    for epoch in range(2):\n"
+               "        for step, (xb, yb) in enumerate(loader):\n"
+               "            loss = nn.functional.mse_loss(model(xb), yb)\n"
+               "            opt.zero_grad()\n"
+               "            fabric.backward(loss)\n"
+               "            opt.step()\n"
+               + inloop +
+               "    fabric.print(\"done\")\n\n\nif __name__ == \"__main__\":\n    main()\n")
+    return Parts(program=program, code="DDP201", culprits=[0], form="fabric")
+
+
+def k_accelerate_main(r, w, names, placement) -> Parts:
+    """accelerate: ``wait_for_everyone()`` / ``gather()`` / ``reduce()`` inside an ``if accelerator.is_main_process:``
+    block, in the loop or at an epoch's end, inline or through a helper (DDP201 on rank 0, at the block's test)."""
+    k, fn = r.randrange(1, 3), names["sync_fn"]
+    who = r.choice(("accelerator.is_main_process", "accelerator.process_index == 0"))
+    op = r.choice(("accelerator.wait_for_everyone()", "accelerator.gather(loss.detach())",
+                   "accelerator.reduce(loss.detach(), reduction=\"mean\")"))
+    helpers, inloop, after = "", "", ""
+    if placement == "epoch_end":  # save on the main process, then "let the others wait for the file"
+        after = _ind(f"""
+            if {who}:  {MARK}
+                torch.save(accelerator.unwrap_model(model).state_dict(),
+                           os.path.join(tempfile.gettempdir(), f"acc-{{os.getpid()}}.pt"))
+                accelerator.wait_for_everyone()
+        """, 8)
+    elif placement == "inline":
+        inloop = _ind(f"""
+            {_rank0_test(r, who, "step", k)}  {MARK}
+                {op}
+        """, 12)
+    elif placement == "decorator":  # accelerate's own main-process-only decorator, on a function of main's
+        after = _ind(f"""
+            @accelerator.on_main_process  {MARK}
+            def {fn}():
+                print("epoch", epoch, "loss", loss.item(), flush=True)
+                {op}
+
+            {fn}()
+        """, 8)
+    else:
+        helpers = f"def {fn}(accelerator, loss):\n    {op}\n\n\n"
+        inloop = _ind(f"""
+            {_rank0_test(r, who, "step", k)}  {MARK}
+                {fn}(accelerator, loss)
+        """, 12)
+    program = ("import datetime\nimport os\nimport tempfile\n\nimport torch\nimport torch.nn as nn\n"
+               "from accelerate import Accelerator\nfrom accelerate.utils import InitProcessGroupKwargs\n"
+               "from torch.utils.data import DataLoader, TensorDataset\n\n\n"
+               f"{helpers}def main():\n"
+               "    accelerator = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(\n"
+               "        backend=\"gloo\", timeout=datetime.timedelta(seconds=60))])\n"
+               + FW_DATA.format(n=16 * w) +
+               "    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))\n"
+               "    model, opt, loader = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.01), loader)\n"
+               "    for epoch in range(3):\n"
+               "        for step, (xb, yb) in enumerate(loader):\n"
+               "            loss = nn.functional.mse_loss(model(xb), yb)\n"
+               "            opt.zero_grad()\n"
+               "            accelerator.backward(loss)\n"
+               "            opt.step()\n"
+               + inloop + after +
+               "    accelerator.print(\"done\")\n\n\nif __name__ == \"__main__\":\n    main()\n")
+    return Parts(program=program, code="DDP201", culprits=[0], form="accelerate")
+
+
+LIGHTNING_OPS = ("trainer.strategy.barrier()", "torch.distributed.barrier()",
+                 "trainer.strategy.reduce(torch.ones(1))")
+
+
+def k_lightning_hook(r, w, names, placement) -> Parts:
+    """Lightning: a collective in a Callback hook that only global rank 0 runs -- under ``if trainer.is_global_zero:``
+    at an epoch's end or a batch's end, or a hook decorated ``@rank_zero_only`` (DDP201 on rank 0, at the test or the
+    decoration)."""
+    cb, op = r.choice(("ExportWeights", "SaveEveryEpoch", "MetricsLogger", "Snapshot")), r.choice(LIGHTNING_OPS)
+    cb_helpers = ""
+    save = "torch.save(pl_module.state_dict(), os.path.join(tempfile.gettempdir(), f\"pl-{os.getpid()}.pt\"))"
+    if placement == "rank_zero_helper":  # a @rank_zero_only function of the callback's module, called by a hook
+        helper = r.choice(("export", "publish", "write_snapshot"))
+        hook = _ind(f"""
+            def on_train_epoch_end(self, trainer, pl_module):
+                {helper}(trainer, pl_module)
+        """, 4)
+        cb_helpers = _ind(f"""
+            @rank_zero_only  {MARK}
+            def {helper}(trainer, pl_module):
+                {save}
+                {op}
+        """, 0) + "\n\n"
+    elif placement == "rank_zero_only":
+        hook = _ind(f"""
+            @rank_zero_only  {MARK}
+            def on_train_epoch_end(self, trainer, pl_module):
+                {save}
+                {op}
+        """, 4)
+    elif placement == "epoch_end":
+        hook = _ind(f"""
+            def on_train_epoch_end(self, trainer, pl_module):
+                if trainer.is_global_zero:  {MARK}
+                    {save}
+                    {op}
+        """, 4)
+    else:
+        k = r.randrange(1, 3)
+        hook = _ind(f"""
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+                {_rank0_test(r, "trainer.is_global_zero", "batch_idx", k)}  {MARK}
+                    {op}
+        """, 4)
+    program = ("import datetime\nimport os\nimport tempfile\n\nimport lightning as L\nimport torch\nimport torch.nn as nn\n"
+               "from lightning.pytorch.callbacks import Callback\nfrom lightning.pytorch.strategies import DDPStrategy\n"
+               "from lightning.pytorch.utilities import rank_zero_only\n"
+               "from torch.utils.data import DataLoader, TensorDataset\n\n\n"
+               "class Regressor(L.LightningModule):\n"
+               "    def __init__(self):\n        super().__init__()\n"
+               "        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))\n\n"
+               "    def training_step(self, batch, batch_idx):\n        x, y = batch\n"
+               "        return nn.functional.mse_loss(self.net(x), y)\n\n"
+               "    def configure_optimizers(self):\n        return torch.optim.SGD(self.parameters(), lr=0.01)\n\n\n"
+               f"{cb_helpers}class {cb}(Callback):\n{hook}\n\n"
+               "def main():\n" + FW_DATA.format(n=16 * w) +
+               f"    trainer = L.Trainer(accelerator=\"cpu\", devices={w}, max_epochs=3, logger=False,\n"
+               "                        strategy=DDPStrategy(process_group_backend=\"gloo\", timeout=datetime.timedelta(seconds=60)),\n"
+               "                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,\n"
+               f"                        callbacks=[{cb}()])\n"
+               "    trainer.fit(Regressor(), loader)\n\n\nif __name__ == \"__main__\":\n    main()\n")
+    return Parts(program=program, code="DDP201", culprits=[0], form="lightning")
+
+
+def k_hf_callback(r, w, names, placement) -> Parts:
+    """The HF Trainer: a collective in a ``TrainerCallback`` hook under the world's process zero
+    (``state.is_world_process_zero`` or ``args.process_index == 0``) at a step's end, a log or an epoch's end (DDP201
+    on rank 0, at the test)."""
+    cb = r.choice(("SyncCheckpoint", "GlobalLogger", "EvalHook", "PushMetrics"))
+    who = r.choice(("state.is_world_process_zero", "args.process_index == 0"))
+    op = r.choice(("torch.distributed.barrier()", "torch.distributed.all_reduce(torch.ones(1))"))
+    if placement == "step_end":
+        k = r.randrange(2, 4)
+        hook = _ind(f"""
+            def on_step_end(self, args, state, control, **kwargs):
+                {_rank0_test(r, who, "state.global_step", k)}  {MARK}
+                    {op}
+        """, 4)
+    else:
+        hook = _ind(f"""
+            def on_epoch_end(self, args, state, control, **kwargs):
+                if {who}:  {MARK}
+                    print("epoch", state.epoch, "done", flush=True)
+                    {op}
+        """, 4)
+    program = ("import torch\nimport torch.nn as nn\n"
+               "from transformers import Trainer, TrainerCallback, TrainingArguments\n\n\n"
+               "class Regressor(nn.Module):\n"
+               "    def __init__(self):\n        super().__init__()\n        self.lin = nn.Linear(8, 1)\n\n"
+               "    def forward(self, x, labels=None):\n        out = self.lin(x).squeeze(-1)\n"
+               "        return {\"loss\": nn.functional.mse_loss(out, labels), \"logits\": out}\n\n\n"
+               "class Rows(torch.utils.data.Dataset):\n"
+               "    def __len__(self):\n        return 64\n\n"
+               "    def __getitem__(self, i):\n        x = torch.randn(8, generator=torch.Generator().manual_seed(i))\n"
+               "        return {\"x\": x, \"labels\": x.sum()}\n\n\n"
+               f"class {cb}(TrainerCallback):\n{hook}\n\n"
+               "def main():\n"
+               "    args = TrainingArguments(output_dir=\"out\", per_device_train_batch_size=4, num_train_epochs=3,\n"
+               "                             use_cpu=True, ddp_backend=\"gloo\", report_to=[], save_strategy=\"no\",\n"
+               "                             logging_strategy=\"no\", disable_tqdm=True, dataloader_num_workers=0)\n"
+               f"    Trainer(model=Regressor(), args=args, train_dataset=Rows(), callbacks=[{cb}()]).train()\n\n\n"
+               "if __name__ == \"__main__\":\n    main()\n")
+    return Parts(program=program, code="DDP201", culprits=[0], form="hf")
+
 
 KINDS = {
     "skip_continue": (k_skip_continue, ("inline",)),
@@ -413,7 +740,37 @@ KINDS = {
     "counter_continue": (k_counter_continue, ("inline",)),
     "fsdp2_rank0": (k_fsdp2_rank0, ("inline", "helper")),
     "empty_gather": (k_empty_gather, ("helper", "module", "method")),
+    "no_sync_choice": (k_no_sync_choice, ("value", "if")),
+    "time_budget": (k_time_budget, ("while", "break")),
+    "thread_dies": (k_thread_dies, ("collective", "monitored")),
+    "fabric_rank0": (k_fabric_rank0, ("inline", "helper", "setup")),
+    "accelerate_main": (k_accelerate_main, ("inline", "helper", "epoch_end", "decorator")),
+    "lightning_hook": (k_lightning_hook, ("batch_end", "epoch_end", "rank_zero_only", "rank_zero_helper")),
+    "hf_callback": (k_hf_callback, ("step_end", "epoch_end")),
 }
+# the world sizes a kind is built for: a per-rank no_sync() choice needs a majority that agrees (3+ ranks); the
+# frameworks' jobs are the slow ones (2-3 ranks); every other kind 2-4
+WORLDS = {"no_sync_choice": (3, 3, 4), "fabric_rank0": (2, 2, 3), "accelerate_main": (2, 2, 3),
+          "lightning_hook": (2, 2, 3), "hf_callback": (2, 2, 3)}
+
+
+# the plain-loop kinds also run under Lightning Fabric and accelerate (launched by torchrun, they adopt its ranks):
+# the framework wraps the model and the optimizer, the loop calls its backward
+FORM_KINDS = {"skip_continue", "skip_return", "skip_except", "rank_collective", "forward_rank0", "early_stop",
+              "uneven_count", "counter_continue", "time_budget", "empty_gather"}
+FORMS = ("ddp", "ddp", "fabric", "accelerate")
+FORM_IMPORTS = {"fabric": "from lightning.fabric import Fabric\n",
+                "accelerate": "from accelerate import Accelerator\nfrom accelerate.utils import InitProcessGroupKwargs\n"}
+INIT = {"fabric": "    fabric = Fabric(accelerator=\"cpu\", strategy=\"ddp\", devices=int(os.environ[\"WORLD_SIZE\"]))\n"
+                  "    fabric.launch()\n    rank = fabric.global_rank\n",
+        "accelerate": "    accelerator = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(\n"
+                      "        backend=\"gloo\", timeout=datetime.timedelta(seconds=60))])\n"
+                      "    rank = accelerator.process_index\n"}
+SETUP = {"fabric": "fabric.setup", "accelerate": "accelerator.prepare"}
+
+
+def form_obj(form: str) -> str:
+    return {"fabric": "fabric", "accelerate": "accelerator"}[form]
 
 
 def generate(seed: int) -> Job:
@@ -421,27 +778,39 @@ def generate(seed: int) -> Job:
     kind = list(KINDS)[seed % len(KINDS)]
     make, placements = KINDS[kind]
     placement = r.choice(placements)
-    w = r.choice((2, 2, 3))
+    w = r.choice(WORLDS.get(kind, (2, 2, 3, 4)))
     names = {"model": r.choice(MODELS), "step_fn": r.choice(STEP_FNS), "eval_fn": r.choice(EVAL_FNS),
              "sync_fn": r.choice(SYNC_FNS), "cls": r.choice(CLASSES), "module": r.choice(MODULES),
              "decorator": r.choice(DECORATORS)}
     parts = make(r, w, names, placement) if make.__code__.co_argcount == 4 else make(r, w, names)
+    if parts.program is not None:
+        return Job(seed, w, kind, placement, parts.form, {"job.py": parts.program}, parts.truth_file, parts.culprits,
+                   parts.code)
     m = names["model"]
     layers = "nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 1)" if parts.batchnorm else \
         "nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)"
     steps = parts.steps.format(steps=r.randrange(14, 24))
     fsdp = ("from torch.distributed.device_mesh import init_device_mesh\n"
             "from torch.distributed.fsdp import fully_shard\n") if parts.fsdp2 else ""
-    main = (f"{HEADER}{fsdp}{parts.imports}\n\n{parts.helpers}\n\ndef main():\n"
-            "    dist.init_process_group(\"gloo\", timeout=datetime.timedelta(seconds=60))\n"
-            "    rank = dist.get_rank()\n"
+    form = r.choice(FORMS) if kind in FORM_KINDS else "fsdp2" if parts.fsdp2 else "ddp"
+    if form == "fsdp2":
+        setup = (f"    {m} = nn.Sequential({layers})\n"
+                 "    mesh = init_device_mesh(\"cpu\", (dist.get_world_size(),))\n"
+                 f"    for layer in {m}:\n        if isinstance(layer, nn.Linear):\n"
+                 "            fully_shard(layer, mesh=mesh)\n"
+                 f"    fully_shard({m}, mesh=mesh)\n"
+                 f"    opt = torch.optim.SGD({m}.parameters(), lr=0.01)\n")
+    elif form == "ddp":
+        setup = f"    {m} = DDP(nn.Sequential({layers}))\n    opt = torch.optim.SGD({m}.parameters(), lr=0.01)\n"
+    else:  # the framework wraps the model (in DDP) and the optimizer; its backward in the loop
+        setup = (f"    net = nn.Sequential({layers})\n"
+                 f"    {m}, opt = {SETUP[form]}(net, torch.optim.SGD(net.parameters(), lr=0.01))\n")
+        parts.body = parts.body.replace("loss.backward()", f"{form_obj(form)}.backward(loss)")
+    main = (f"{HEADER}{fsdp}{FORM_IMPORTS.get(form, '')}{parts.imports}\n\n{parts.helpers}\n\ndef main():\n"
+            + INIT.get(form, "    dist.init_process_group(\"gloo\", timeout=datetime.timedelta(seconds=60))\n"
+                             "    rank = dist.get_rank()\n") +
             "    torch.manual_seed(1234 + rank)\n"
-            + (f"    {m} = nn.Sequential({layers})\n"
-               "    mesh = init_device_mesh(\"cpu\", (dist.get_world_size(),))\n"
-               f"    for layer in {m}:\n        if isinstance(layer, nn.Linear):\n"
-               "            fully_shard(layer, mesh=mesh)\n"
-               f"    fully_shard({m}, mesh=mesh)\n" if parts.fsdp2 else f"    {m} = DDP(nn.Sequential({layers}))\n") +
-            f"    opt = torch.optim.SGD({m}.parameters(), lr=0.01)\n"
+            + setup +
             f"{parts.pre}"
             f"    {parts.loop.format(steps=steps)}\n"
             "        x = torch.randn(4, 8)\n"
@@ -453,7 +822,7 @@ def generate(seed: int) -> Job:
     files = {"job.py": main.replace("\n\n\n\n\n", "\n\n\n")}
     if parts.module is not None:
         files[names["module"] + ".py"] = parts.module
-    return Job(seed, w, kind, placement, files, parts.truth_file, parts.culprits, parts.code)
+    return Job(seed, w, kind, placement, form, files, parts.truth_file, parts.culprits, parts.code)
 
 
 def run(job: Job, workdir: Path, timeout: float = 240.0) -> Outcome:
@@ -493,7 +862,7 @@ def run_many(seeds: list[int], workdir: Path, parallel: int = 2, echo=print) -> 
             outcomes.append(o)
             j = o.job
             flag = "ok" if o.right else "MISS"
-            echo(f"{flag:5} seed {j.seed:4} {j.nproc} ranks {j.kind:21} {j.placement:7} want {j.code} {j.culprits} "
+            echo(f"{flag:5} seed {j.seed:4} {j.nproc} ranks {j.form:10} {j.kind:21} {j.placement:14} want {j.code} {j.culprits} "
                  f"{j.truth_file}:{j.truth_line}  got {[(c, rs, os.path.basename(p or '-'), ln) for c, rs, p, ln in o.got]}"
                  + (f" CONTRADICTED {o.contradictions}" if o.contradictions else "") + (f" {o.note}" if o.note else "")
                  + f" {o.seconds:.1f}s")
@@ -507,6 +876,8 @@ def table(outcomes: list[Outcome]) -> str:
                 f"{sum(o.line_ok for o in os_)} | {sum(o.right for o in os_)} | {sum(bool(o.contradictions) for o in os_)} |")
     lines = ["| kind / placement | jobs | code right | code + culprits right | code + line right | all right "
              "| contradicted |", "|---|---|---|---|---|---|---|", row("**all**", outcomes)]
+    for form in sorted({o.job.form for o in outcomes}):
+        lines.append(row(f"form: {form}", [o for o in outcomes if o.job.form == form]))
     for key in sorted({(o.job.kind, o.job.placement) for o in outcomes}):
         lines.append(row(f"{key[0]} / {key[1]}", [o for o in outcomes if (o.job.kind, o.job.placement) == key]))
     return "\n".join(lines)
@@ -523,7 +894,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.show is not None:
         j = generate(a.show)
-        print(f"# {j.nproc} ranks, {j.kind} / {j.placement}: want {j.code} on {j.culprits} at "
+        print(f"# {j.nproc} ranks, {j.form}: {j.kind} / {j.placement}: want {j.code} on {j.culprits} at "
               f"{j.truth_file}:{j.truth_line}")
         for rel, text in j.files.items():
             print(f"# ---- {rel}\n{text}")

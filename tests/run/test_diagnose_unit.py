@@ -277,6 +277,20 @@ def test_a_collective_timeout_is_the_consequence_of_the_rank_it_waited_for():
     verdict, fs = diagnose(ev, {"reason": "exit", "rank": 0})
     assert verdict == "crash" and fs[0].code == "DDP204" and fs[0].ranks == [0]
 
+    # a third rank that passed the barrier loses its connection to rank 0 when rank 0 raises: the same story
+    # (generated job, 3 ranks: the broken connection was taken for the root cause, DDP204 on rank 1)
+    ev["ranks"][0]["exc"]["message"] = "[Rank 0]: Rank 1 failed to pass monitoredBarrier in 8000 ms"
+    ev["ranks"][2] = rank(2, exc={"type": "RuntimeError", "location": site(47), "collective": barrier,
+                                  "message": "Rank 2 successfully reached monitoredBarrier, but received errors while "
+                                             "waiting for send/recv from rank 0. Connection closed by peer",
+                                  "in_collective": True, "t": 9.1}, exit={"exit_code": 1, "signal": None})
+    verdict, fs = diagnose(ev, {"reason": "exit", "rank": 2})
+    assert verdict == "hang" and [(f.code, f.ranks, f.location.line) for f in fs] == [("DDP205", [1], 40)]
+    # a broken connection alone (no rank timed out) is no wait
+    ev["ranks"][0]["exc"]["message"] = "Connection reset by peer"
+    verdict, fs = diagnose(ev, {"reason": "exit", "rank": 2})
+    assert verdict == "crash"
+
 
 def test_a_lost_node_whose_rank_finished_is_the_story_not_a_crash_of_the_diagnosis():
     """Seen in CI (2 nodes x 2 ranks): node 1's launcher went silent after its rank 2 had ended normally; the

@@ -493,6 +493,126 @@ def test_a_rank_local_no_sync_choice_is_the_decision(tmp_path):
     assert d["values"]["1"] == {"sync_now": "True", "tokens": "101"}
 
 
+def test_the_fewer_ranks_of_a_no_sync_choice_are_its_culprits(tmp_path):
+    """A per-rank no_sync() choice over 3+ ranks: the group of ranks in the minority -- the ones still in a
+    gradient sync (they synced more often), or the ones elsewhere (they synced less often) -- took the odd way:
+    DDP101 on them at the choice, not DDP203/DDP201 on whoever stood at the mismatch.  Of two ranks, neither."""
+    path = _script(tmp_path, """
+        def main(model, batches):
+            tokens = 0
+            for ids in batches:
+                tokens += count(ids)
+                sync_now = tokens >= 96
+                if not sync_now:  # decision
+                    with model.no_sync():
+                        model(ids).sum().backward()
+                else:
+                    model(ids).sum().backward()  # sync
+                if sync_now:
+                    tokens = 0
+            dist.all_reduce(done)  # end
+    """)
+    dec, sync, end = _line(path, "# decision"), _line(path, "# sync"), _line(path, "# end")
+
+    def job(in_sync: set[int], world: int):
+        return {r: _in_grad_sync(_rank(r, [Site(path, sync, "main")], {"main": {"sync_now": "True"}}), 12, 6)
+                if r in in_sync else replace(_rank(r, [Site(path, end, "main")], {"main": {"sync_now": "False"}}),
+                                             forwards=16, sync_forwards=5) for r in range(world)}
+
+    for in_sync, world, culprits in (({3}, 4, [3]), ({1, 2}, 3, [0])):
+        f = Finding("DDP203", "The ranks disagree.", "", location=Location(path, sync, "main"), ranks=[1])
+        f = provenance.with_decisions([f], job(in_sync, world))[0]
+        assert (f.code, f.ranks, f.location.line) == ("DDP101", culprits, dec), (in_sync, f.code, f.ranks)
+        assert f.evidence["decision"]["parting"] == "skip"
+        # `not sync_now` over a recorded True/False tests a flag, not an empty batch
+        assert "empty" not in f.evidence["decision"]["why"]
+    f = Finding("DDP203", "The ranks disagree.", "", location=Location(path, sync, "main"), ranks=[1])
+    f = provenance.with_decisions([f], job({1}, 2))[0]
+    assert (f.code, f.ranks, f.location.line) == ("DDP203", [1], dec)
+
+def test_a_while_loop_left_by_its_own_test_is_the_decision(tmp_path):
+    """A per-rank time budget, `while spent < budget:` with no break: the slower rank left after fewer optimizer
+    steps than the others are in.  No value read at the test survived (the ranks were killed); the step counts
+    and a loop with no other way out make its header the decision, DDP101 on the rank that left."""
+    path = _script(tmp_path, """
+        def main(model, opt, budget, cost):
+            spent = 0.0
+            while spent < budget:  # decision
+                model(x).sum().backward()  # sync
+                opt.step()
+                spent += cost
+            dist.all_reduce(done)  # end
+    """)
+    dec, sync, end = _line(path, "# decision"), _line(path, "# sync"), _line(path, "# end")
+    ranks = {0: replace(_in_grad_sync(_rank(0, [Site(path, sync, "main")]), 14, 14), step=13),
+             1: replace(_rank(1, [Site(path, end, "main")]), step=13)}
+    f = Finding("DDP201", "Rank 1 called all_reduce() at a line the others never reach.", "",
+                location=Location(path, end, "main"), ranks=[1])
+    f = provenance.with_decisions([f], ranks)[0]
+    assert (f.code, f.ranks, f.location.line) == ("DDP101", [1], dec)
+    assert "left it after 13 optimizer steps while rank 0 trains in it, in step 14" in f.message
+    # the same ranks with as many steps: nothing says the loop's test let one out sooner
+    ranks[1] = replace(ranks[1], step=14)
+    f = Finding("DDP201", "Rank 1 called all_reduce().", "", location=Location(path, end, "main"), ranks=[1])
+    assert provenance.with_decisions([f], ranks)[0].location.line != dec
+    # an epoch's loop inside an epoch loop: rank 0 may be in the next epoch's round of it (generated job: a
+    # rank-0-only step between epochs was blamed on the batch loop; a file of its own: sources are cached by path)
+    (tmp_path / "nested").mkdir()
+    path = _script(tmp_path / "nested", """
+        def main(model, opt, loader, epochs):
+            for epoch in range(epochs):
+                for x in loader:  # inner
+                    model(x).sum().backward()  # sync
+                    opt.step()
+                log_on_rank0()  # end
+    """)
+    inner, sync, end = _line(path, "# inner"), _line(path, "# sync"), _line(path, "# end")
+    ranks = {0: replace(_in_grad_sync(_rank(0, [Site(path, sync, "main")]), 5, 5), step=4),
+             1: replace(_rank(1, [Site(path, end, "main")]), step=4)}
+    f = Finding("DDP201", "Rank 1 called barrier().", "", location=Location(path, end, "main"), ranks=[1])
+    f = provenance.with_decisions([f], ranks)[0]
+    assert f.location.line != inner and "optimizer steps while" not in f.message
+
+def test_a_rank_that_went_alone_into_an_api_through_a_helper(tmp_path):
+    """A rank-0 evaluation of an FSDP2 model through a helper (3 ranks): rank 0 issued all-gathers at the helper's
+    forward line, which no other rank ran, and stands at the shared forward again by the time the mismatch shows.
+    The helper's every call is under `if rank == 0`: rank 0 went alone (generated job: rank 2 was blamed for
+    entering the backward more often)."""
+    from ddp_doctor.diagnose.apiwords import went_alone
+    from ddp_doctor.evidence import SiteCount
+
+    path = _script(tmp_path, """
+        def run_eval(model, x):
+            print(model(x).mean().item())  # eval
+
+        def main(model, opt):
+            for step in range(17):
+                loss = model(x).sum()  # fwd
+                loss.backward()  # bwd
+                if rank == 0 and step == 5:
+                    run_eval(model, x)
+                opt.step()
+    """)
+    ev, fwd, bwd = _line(path, "# eval"), _line(path, "# fwd"), _line(path, "# bwd")
+    at = {n: Site(path, ln, fn, api="fsdp2.forward") for n, ln, fn in
+          (("eval", ev, "run_eval"), ("fwd", fwd, "main"), ("bwd", bwd, "main"))}
+    seen = lambda *names: frozenset(("all_gather_single", at[n].key()) for n in names)  # noqa: E731
+    ranks = {0: replace(_rank(0, [Site(path, fwd, "main")]), sites_seen=seen("eval", "fwd", "bwd"),
+                        site_counts=(SiteCount("all_gather_single", at["eval"], 2),)),
+             1: replace(_rank(1, [Site(path, bwd, "main")]), sites_seen=seen("fwd", "bwd")),
+             2: replace(_rank(2, [Site(path, bwd, "main")]), sites_seen=seen("fwd", "bwd"))}
+    got = went_alone(ranks)
+    assert got is not None and got[0] == [0] and got[1].site.line == ev
+    # called from a line every rank runs too: not a rank's own way
+    path2 = tmp_path / "other"
+    path2.mkdir()
+    p2 = _script(path2, open(path).read().replace("if rank == 0 and step == 5:", "if step == 5:"))
+    moved = {r: replace(st, site_counts=tuple(SiteCount(c.op, replace(c.site, path=p2), c.calls) for c in st.site_counts),
+                        stack=(Site(p2, st.stack[0].line, "main"),),
+                        threads=(replace(st.threads[0], frames=(Site(p2, st.stack[0].line, "main"),)),))
+             for r, st in ranks.items()}
+    assert went_alone(moved) is None
+
 def test_an_accumulation_schedule_on_the_step_is_not_the_decision(tmp_path):
     """`if (step + 1) % accum != 0: with model.no_sync()` is the same on every rank at one step: ranks whose
     syncs differ parted elsewhere (uneven batches), so the choice is not named."""

@@ -118,18 +118,19 @@ def _count_at(st: RankState, op: str, key: tuple) -> int:
 
 
 def went_alone(ranks: dict[int, RankState]) -> tuple[list[int], SiteCount] | None:
-    """Ranks that issued collectives inside an API at a line inside a branch on the rank that no other rank ever
-    ran (a rank-0 evaluation through an FSDP2 model: its all-gathers paired silently with the others' training,
+    """Ranks that issued collectives inside an API at a line inside a branch on the rank (or in a helper only such
+    a branch calls) that no other rank ever ran (a rank-0 evaluation through an FSDP2 model: its all-gathers paired silently with the others' training,
     and it stands at a shared line again by the time the mismatch shows): (those ranks, that line's count), or
     None.  Facts: the probe's per-line counts and every rank's lines seen; the branch read from the source."""
     hits: dict[tuple, tuple[list[int], SiteCount]] = {}
+    files = tuple(sorted({fr.path for st in ranks.values() for fr in user_stack(st)}))  # the job's own files
     for r, st in sorted(ranks.items()):
         others = [o for o in ranks if o != r and not ranks[o].missing]
         for sc in st.site_counts:
             if sc.site is None or not sc.site.api or not others:
                 continue
             key = sc.site.key()
-            if any(key == k for o in others for _op, k in ranks[o].sites_seen) or not under_rank_branch(sc.site):
+            if any(key == k for o in others for _op, k in ranks[o].sites_seen) or not under_rank_branch(sc.site, files):
                 continue
             hits.setdefault(key, ([], sc))[0].append(r)
     found = [v for v in hits.values() if len(v[0]) < len(ranks)]

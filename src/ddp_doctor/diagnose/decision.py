@@ -13,7 +13,8 @@ from ddp_doctor.frames import is_user
 
 _CLOCK_WORDS = re.compile(r"\btime\b|time\(|monotonic|perf_counter|clock|elapsed|deadline|seconds|wall", re.I)
 _NAN_WORDS = re.compile(r"isnan|isfinite|isinf|\bnan\b|\binf\b", re.I)
-_EMPTY_WORDS = re.compile(r"\bis None\b|\bis not None\b|\blen\(|numel\(|\bempty\b|\bnot \w+$", re.I)
+_EMPTY_WORDS = re.compile(r"\bis None\b|\bis not None\b|\blen\(|numel\(|\bempty\b", re.I)
+_NOT_NAME = re.compile(r"\bnot ([\w.]+)$")  # ``not preds``: an emptiness test, unless the name holds a flag
 _FILE_WORDS = re.compile(r"exists\(|isfile\(|isdir\(|os\.path|glob\(|listdir\(", re.I)
 _EMPTY = ("None", "list of 0", "tuple of 0", "dict of 0")
 _NONFINITE = ("nan", "inf", "-inf")
@@ -102,6 +103,16 @@ def values_at(ranks: dict[int, RankState], order: list[int], site: Site, names: 
     return tuple(out)
 
 
+def _tests_emptiness(condition: str, values) -> bool:
+    """``not preds`` tests a container for emptiness -- but ``not sync_now`` over a recorded True/False tests a
+    flag: then the values, not the form, say why the ranks differ."""
+    m = _NOT_NAME.search(condition)
+    if m is None:
+        return False
+    held = [v for _r, kv in values for k, v in kv if k == m.group(1)]
+    return not (held and all(v in ("True", "False") for v in held))
+
+
 def why_it_varies(condition: str, values, by_rank: bool) -> str:
     """Why a condition's value differs between ranks, from its text, the values seen, and whether it reads
     the rank (``by_rank``)."""
@@ -110,7 +121,8 @@ def why_it_varies(condition: str, values, by_rank: bool) -> str:
         return "The condition reads the rank itself: the ranks take different ways by design."
     if _NAN_WORDS.search(condition) or any(v.removeprefix("tensor(").rstrip(")") in _NONFINITE for v in seen):
         return "It tests for a NaN/inf, which one rank's own batch can produce while the others' do not."
-    if _EMPTY_WORDS.search(condition) or (len(set(seen)) > 1 and any(v in _EMPTY for v in seen)):
+    if _EMPTY_WORDS.search(condition) or (len(set(seen)) > 1 and any(v in _EMPTY for v in seen)) \
+            or _tests_emptiness(condition, values):
         return "It tests for an empty or missing batch or shard, which only some ranks may get."
     if _FILE_WORDS.search(condition):
         return ("It reads the file system, which each rank sees on its own (a file one rank wrote, a node-local "

@@ -48,14 +48,20 @@ def timeouts_as_waits(ranks: dict[int, RankState]) -> dict[int, RankState]:
     failed = {r: st for r, st in ranks.items() if st.failed}
     if not failed:
         return {}
-    waits = {}
+    waits, timed_out = {}, False
     for r, st in failed.items():
         e = st.exc
-        if e is None or e.collective is None or not collective_timed_out(e.message):
+        if e is None or e.collective is None or (st.exit is not None and st.exit.killed):
             return {}
-        if st.exit is not None and st.exit.killed:
+        if collective_timed_out(e.message):
+            timed_out = True
+        elif not _consequence(st):
+            # (a broken connection in a collective is the timed-out peer's end: monitored_barrier's rank 0
+            # raises on its timeout, and the ranks that passed the barrier lose their connection to it)
             return {}
         waits[r] = st.with_(exc=None, exit=None, done=False, in_collective=e.collective)
+    if not timed_out:
+        return {}
     pos = {(c.in_collective.group, c.in_collective.seq) for c in waits.values()}
     apart = [r for r, st in ranks.items() if r not in failed and not st.missing and not st.done
              and (st.in_collective is None or (st.in_collective.group, st.in_collective.seq) not in pos)]

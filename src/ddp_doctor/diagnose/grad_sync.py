@@ -104,8 +104,15 @@ def sync_choice(ranks: dict[int, RankState]) -> Decision | None:
                "leave no_sync(), so its gradient all-reduces pair with other micro-batches on the other ranks and the "
                "ranks run different numbers of them: decide the accumulation boundary the same on every rank (a "
                "fixed number of micro-batches, or all_reduce the count or the flag first).")
+        # the ranks still in a gradient sync when the others are elsewhere synced more often than those: the
+        # fewer of the two groups took the odd way (left no_sync() where the others stayed in it, or stayed in it
+        # where the others left it: a per-rank skip of the sync, DDP101 on them); of two ranks neither is odd
+        more = tuple(r for r in waiting if r in with_ddp)
+        fewer = tuple(r for r in sorted(with_ddp) if r not in more)
+        odd = next((g for g in (more, fewer) if 2 * len(g) < len(with_ddp)), ())
         if isinstance(stmt, ast.If):
-            return Decision(site, "if", cond, ways, vals, why)
+            return Decision(site, "if", cond, ways, vals, why, parting="skip" if odd else "branch", culprits=odd)
         shown = stmt if isinstance(stmt, ast.Assign) else stmt.items[0].context_expr
-        return Decision(site, "value", source_of(shown, lines), ways, vals, why)
+        return Decision(site, "value", source_of(shown, lines), ways, vals, why, parting="skip" if odd else "branch",
+                        culprits=odd)
     return None

@@ -227,11 +227,15 @@ def _loop_header(loop, lines, left, stayed, ranks, path, fn, function) -> tuple[
     expr = loop.test if isinstance(loop, ast.While) else loop.iter
     vals = values_at(ranks, [left, stayed], at, names_read(expr))
     by_rank = reads_rank(path, fn, expr)
-    evident = by_rank or len({kv for _r, kv in vals}) > 1
+    fewer = _left_by_its_test(fn, loop, left, stayed, ranks)
+    evident = by_rank or len({kv for _r, kv in vals}) > 1 or fewer
     parting = "loop" if trains(ranks[stayed]) else "branch"
+    steps = (f"Rank {left} left it after {ranks[left].step} optimizer steps while rank {stayed} trains in it, in step "
+             f"{_steps_run(ranks[stayed])}; the loop has no `break`, `return` or `continue`: its test let rank {left} "
+             "out sooner. ") if fewer else ""
     if isinstance(loop, ast.While):
         cond = source_of(loop.test, lines)
-        return Decision(at, "while", cond, ways, vals, why_it_varies(cond, vals, by_rank), parting=parting,
+        return Decision(at, "while", cond, ways, vals, steps + why_it_varies(cond, vals, by_rank), parting=parting,
                         culprits=(left,)), evident
     cond = f"{ast.unparse(loop.target)} in {source_of(loop.iter, lines)}"
     count = _rank_assignment(fn, loop.iter, path)  # the rank-local value the loop counts with
@@ -249,7 +253,21 @@ def _loop_header(loop, lines, left, stayed, ranks, path, fn, function) -> tuple[
         return Decision(at, "for", cond, ways, vals, f"The ranks ran this loop a different number of times: {counts}.",
                         parting=parting, culprits=(left,)), True
     # no recorded fact says the loop ran a different number of times on the ranks: claim nothing about it
-    return Decision(at, "for", cond, ways, vals, "", parting=parting, culprits=(left,)), evident
+    return Decision(at, "for", cond, ways, vals, steps.strip(), parting=parting, culprits=(left,)), evident
+
+
+def _left_by_its_test(fn, loop, left, stayed, ranks) -> bool:
+    """The rank that left a training loop ran fewer optimizer steps than the one still training in it has
+    reached (facts the probe counted), and the loop has no way out but its own test -- no `break`, `return`,
+    `continue` or inner loop: its test ended the loop sooner on that rank (a per-rank time or token budget
+    in ``while spent < budget:``), even when no value read at the test survives to show it.  Not a loop
+    inside another loop of the function: the rank still in it may have left it too and come back in the
+    outer loop's next round (an epoch's batches, then a step only one rank made between epochs)."""
+    nested = any(isinstance(n, LOOPS) and n is not loop and n.lineno < loop.lineno
+                 and (n.end_lineno or n.lineno) >= (loop.end_lineno or loop.lineno) for n in own_nodes(fn))
+    return (not nested and trains(ranks[stayed]) and ranks[left].step < _steps_run(ranks[stayed])
+            and not exits_in(loop) and not continues_in(loop)
+            and not any(isinstance(n, (*LOOPS, ast.Break, ast.Return)) for s in loop.body for n in ast.walk(s)))
 
 
 def _rank_assignment(fn: ast.AST, expr: ast.expr, path: str) -> ast.Assign | None:

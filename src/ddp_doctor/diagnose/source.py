@@ -242,11 +242,16 @@ def pick_test(cands, path, fn, values_of, sure: bool = False):
     return cands[0] if len(cands) == 1 and not sure else None
 
 
-def under_rank_branch(site: Site) -> bool:
-    """Is ``site``'s line inside an arm of an `if` whose test reads the rank (``if rank == 0:``)?"""
+def under_rank_branch(site: Site, files: tuple[str, ...] = (), depth: int = 0) -> bool:
+    """Is ``site``'s line inside an arm of an `if` whose test reads the rank (``if rank == 0:``)?  With ``files``
+    (the job's own), also a line of a helper whose every call, in its file and those files, is such a line,
+    three calls deep (``if rank == 0: run_eval(model, x)``)."""
     parsed = parse_file(site.path)
     if parsed is None:
         return False
     fn = function_at(parsed[0], site.function, site.line)
-    return any(isinstance(n, ast.If) and arm(n, site.line) in ("body", "orelse") and reads_rank(site.path, fn, n.test)
-               for n in own_nodes(fn))
+    if any(isinstance(n, ast.If) and arm(n, site.line) in ("body", "orelse") and reads_rank(site.path, fn, n.test)
+           for n in own_nodes(fn)):
+        return True
+    calls = call_sites(site.path, site.function, files) if files and depth < 3 else []
+    return bool(calls) and all(under_rank_branch(c, files, depth + 1) for c in calls)
