@@ -520,14 +520,14 @@ def test_the_fewer_ranks_of_a_no_sync_choice_are_its_culprits(tmp_path):
                                              forwards=16, sync_forwards=5) for r in range(world)}
 
     for in_sync, world, culprits in (({3}, 4, [3]), ({1, 2}, 3, [0])):
-        f = Finding("DDP203", "The ranks disagree.", "", location=Location(path, sync, "main"), ranks=[1])
-        f = provenance.with_decisions([f], job(in_sync, world))[0]
+        f = Draft("DDP203", "The ranks disagree.", "", location=Location(path, sync, "main"), ranks=[1])
+        f = decided([f], job(in_sync, world))[0]
         assert (f.code, f.ranks, f.location.line) == ("DDP101", culprits, dec), (in_sync, f.code, f.ranks)
         assert f.evidence["decision"]["parting"] == "skip"
         # `not sync_now` over a recorded True/False tests a flag, not an empty batch
         assert "empty" not in f.evidence["decision"]["why"]
-    f = Finding("DDP203", "The ranks disagree.", "", location=Location(path, sync, "main"), ranks=[1])
-    f = provenance.with_decisions([f], job({1}, 2))[0]
+    f = Draft("DDP203", "The ranks disagree.", "", location=Location(path, sync, "main"), ranks=[1])
+    f = decided([f], job({1}, 2))[0]
     assert (f.code, f.ranks, f.location.line) == ("DDP203", [1], dec)
 
 def test_a_while_loop_left_by_its_own_test_is_the_decision(tmp_path):
@@ -546,15 +546,15 @@ def test_a_while_loop_left_by_its_own_test_is_the_decision(tmp_path):
     dec, sync, end = _line(path, "# decision"), _line(path, "# sync"), _line(path, "# end")
     ranks = {0: replace(_in_grad_sync(_rank(0, [Site(path, sync, "main")]), 14, 14), step=13),
              1: replace(_rank(1, [Site(path, end, "main")]), step=13)}
-    f = Finding("DDP201", "Rank 1 called all_reduce() at a line the others never reach.", "",
+    f = Draft("DDP201", "Rank 1 called all_reduce() at a line the others never reach.", "",
                 location=Location(path, end, "main"), ranks=[1])
-    f = provenance.with_decisions([f], ranks)[0]
+    f = decided([f], ranks)[0]
     assert (f.code, f.ranks, f.location.line) == ("DDP101", [1], dec)
     assert "left it after 13 optimizer steps while rank 0 trains in it, in step 14" in f.message
     # the same ranks with as many steps: nothing says the loop's test let one out sooner
     ranks[1] = replace(ranks[1], step=14)
-    f = Finding("DDP201", "Rank 1 called all_reduce().", "", location=Location(path, end, "main"), ranks=[1])
-    assert provenance.with_decisions([f], ranks)[0].location.line != dec
+    f = Draft("DDP201", "Rank 1 called all_reduce().", "", location=Location(path, end, "main"), ranks=[1])
+    assert decided([f], ranks)[0].location.line != dec
     # an epoch's loop inside an epoch loop: rank 0 may be in the next epoch's round of it (generated job: a
     # rank-0-only step between epochs was blamed on the batch loop; a file of its own: sources are cached by path)
     (tmp_path / "nested").mkdir()
@@ -569,8 +569,8 @@ def test_a_while_loop_left_by_its_own_test_is_the_decision(tmp_path):
     inner, sync, end = _line(path, "# inner"), _line(path, "# sync"), _line(path, "# end")
     ranks = {0: replace(_in_grad_sync(_rank(0, [Site(path, sync, "main")]), 5, 5), step=4),
              1: replace(_rank(1, [Site(path, end, "main")]), step=4)}
-    f = Finding("DDP201", "Rank 1 called barrier().", "", location=Location(path, end, "main"), ranks=[1])
-    f = provenance.with_decisions([f], ranks)[0]
+    f = Draft("DDP201", "Rank 1 called barrier().", "", location=Location(path, end, "main"), ranks=[1])
+    f = decided([f], ranks)[0]
     assert f.location.line != inner and "optimizer steps while" not in f.message
 
 def test_a_rank_that_went_alone_into_an_api_through_a_helper(tmp_path):
