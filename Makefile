@@ -23,8 +23,10 @@ browser:
 
 # Two pytest workers (pytest-xdist), a test module's tests on one worker so its shared fixture (one run of
 # a job, checked by several tests) runs once; the `timing` tests (perf measurements of real jobs: a loaded
-# machine changes what they measure) run afterwards, alone.
-PARALLEL := -n 2 --dist loadscope
+# machine changes what they measure) run afterwards, alone.  The modules go to the workers in the order
+# tests/conftest.py gives them, longest first (xdist would reorder them by test count, sending the modules of
+# one long test -- the generated-job samples -- last, to run alone at the end).
+PARALLEL := -n 2 --dist loadscope --no-loadscope-reorder
 
 test: setup browser
 	$(PY) -m pytest $(PARALLEL) -m "not timing"

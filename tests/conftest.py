@@ -1,8 +1,9 @@
 """The order tests are handed to the pytest-xdist workers: the longest modules first.
 
-`make test` runs two workers with `--dist loadscope`: each module goes whole to the next free worker, in
-collection order.  A long module collected last (the scenario runner, tests/run/) would leave one worker
-running it alone while the other has finished; started first, the short modules fill the tail instead.
+`make test` runs two workers with `--dist loadscope --no-loadscope-reorder`: each module goes whole to the next
+free worker, in collection order (xdist's own reorder, by test count, would send the modules of one long test
+-- the generated-job samples -- last).  A long module handed out last would leave one worker running it alone
+while the other has finished; started first, the short modules fill the tail instead.
 So: the modules that launch real multi-rank jobs (``scenario``) before the others, and among them the few
 longest (measured with `--durations`: a module fixture that runs tens of jobs) first of all.  The order of
 the tests inside a module is kept.

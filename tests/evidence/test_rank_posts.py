@@ -108,3 +108,17 @@ def test_the_probe_posts_deltas_that_the_watcher_reads_back_as_the_very_state_bu
     final = watcher.views[0].state
     assert final.done and final.exit_code == 0 and final.timeline is not None and len(final.fingerprints) == 256
     pub.store.close()
+
+
+def test_the_fingerprints_issued_after_a_base_that_held_none_reach_the_agent():
+    """A rank's first post comes before its first collective (a base with an empty ring): every fingerprint it
+    issues afterwards is in its next delta (they were left out until the next base, 30 s later, so the agent
+    saw no collective of that rank: an FSDP2 rank-0 call gloo aborted went unseen, and undiagnosed)."""
+    enc, dec = StateEncoder(), StateDecoder()
+    base, delta = enc.encode(RankState(rank=0), 0.0)
+    assert base is not None and dec.set_base(base) is not None and dec.decode(delta).fingerprints == ()
+    calls = tuple(Collective("world", s, "all_reduce", ("4",), ("float32",)) for s in (1, 2))
+    base, delta = enc.encode(RankState(rank=0, fingerprints=calls[:1]), 0.2)
+    assert base is None and [c.seq for c in dec.decode(delta).fingerprints] == [1]
+    base, delta = enc.encode(RankState(rank=0, fingerprints=calls), 0.4)
+    assert base is None and [c.seq for c in dec.decode(delta).fingerprints] == [1, 2]

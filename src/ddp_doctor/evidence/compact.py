@@ -270,7 +270,11 @@ class StateEncoder:
         """(a new base to post first, or None; the delta).  ``extra``: wire fields beside the state's own."""
         ring = st.fingerprints
         new: tuple | None = ()
-        if self.top is not None and ring and (ring[-1].group, ring[-1].seq) != self.top:
+        if self.top is None and self.light is not None and ring:
+            new = ring  # the base held none: every fingerprint since is new (the ring keeps the newest only)
+            if len(ring) >= RING_DELTA:
+                new = None
+        elif self.top is not None and ring and (ring[-1].group, ring[-1].seq) != self.top:
             for i in range(len(ring) - 1, -1, -1):
                 if (ring[i].group, ring[i].seq) == self.top:
                     new = ring[i + 1:]
