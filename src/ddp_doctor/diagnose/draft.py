@@ -35,7 +35,8 @@ class Draft:
     not_member: bool = False           # ranks passed a group they are not members of (torch skips the call)
     join_shadow: bool = False          # a collective of one's own inside a Join: its place is the decision
     chosen: tuple[str, int] | None = None  # the ranks passed different values as this (keyword, position) at
-    chosen_by: tuple = ()              # ... a call up to the line where it showed: (rank, ((name, value),)) each
+    chosen_by: tuple[tuple[int, tuple[tuple[str, str], ...]], ...] = ()  # ... a call up to the line where it
+    #                                    showed: (rank, ((name, value),)) each, as the probe recorded it
     then: tuple[str, ...] = ()         # what happens next, from the stall policy (the job runs on; the proof)
 
     def __post_init__(self) -> None:
