@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 # torch==2.13.0 first and pinned: a bare `torch` would pull multi-GB CUDA wheels.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test test-fast setup browser
+.PHONY: demo test test-fast setup browser compile
 
 # One resolve for everything (the pin next to the extras keeps torch the CPU build).
 $(VENV)/.installed: pyproject.toml
@@ -28,11 +28,16 @@ browser:
 # one long test -- the generated-job samples -- last, to run alone at the end).
 PARALLEL := -n 2 --dist loadscope --no-loadscope-reorder
 
-test: setup browser
+# Each test launches hundreds of Python processes that import ddp-doctor: compile its modules once here
+# (with PYTHONDONTWRITEBYTECODE set no process would cache them, and each recompiled about 90 modules).
+compile: setup
+	$(PY) -m compileall -q src
+
+test: setup browser compile
 	$(PY) -m pytest $(PARALLEL) -m "not timing"
 	$(PY) -m pytest -m timing
 
 # The fast tier (< 1 minute): everything that launches no multi-rank job (`scenario` marks those):
 # unit tests, lint fixtures, renderers fed with reports and evidence captured from real runs, golden texts.
-test-fast: setup browser
+test-fast: setup browser compile
 	$(PY) -m pytest $(PARALLEL) -m "not scenario" -q
