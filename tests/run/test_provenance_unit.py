@@ -692,3 +692,37 @@ def test_a_thread_that_makes_one_call_more_is_the_culprit_at_its_loop(tmp_path):
     assert (code, fault, site.line, group, b.why) == ("DDP201", [1], th, "pg:0,1~1", "thread")
     d = provenance.thread_loop(site, [1], ranks)
     assert d is not None and d.site.line == dec and d.kind == "for" and dict(d.ways) == {0: "left the loop", 1: "stayed in the loop"}
+
+
+def test_a_skip_of_the_training_loop_is_found_while_the_other_rank_is_in_its_accumulation_loop(tmp_path):
+    """A `while True` training loop whose counter moves on a skipped batch (`continue`), with a
+    gradient-accumulation loop inside it: rank 1 finished after 36 steps; rank 0 waits in its 37th step's
+    gradient sync, inside the accumulation loop (which has no `continue` of its own).  The skip of the outer
+    loop is the decision -- not "left the training loop" with no line."""
+    from ddp_doctor.diagnose import diagnose
+    from ddp_doctor.evidence import Collective, JobEvidence, Verdict
+
+    path = _script(tmp_path, """
+        it = 0
+        while True:
+            if noisy(xb):
+                it += 1
+                continue  # decision
+            for micro in range(accum):
+                loss = model(xb)
+                loss.backward()  # sync
+            opt.step()
+            it += 1
+            if it > max_iters:
+                break
+    """)
+    dec, sync = _line(path, "# decision"), _line(path, "# sync")
+    ranks = {0: RankState(rank=0, step=36, stack=(Site(path, sync, "<module>"),),
+                          in_collective=Collective("world", 37, "ddp.backward(allreduce_grads)",
+                                                   site=Site(path, sync, "<module>"))),
+             1: RankState(rank=1, step=36, done=True)}
+    verdict, findings = diagnose(JobEvidence(2, ranks), Verdict("exit", rank=1, finished=True))
+    f = next(f for f in findings if f.severity.value == "error")
+    assert (f.code, f.ranks, f.location.line) == ("DDP101", [1], dec), f.message
+    assert f.evidence["decision"]["ways"] == {"1": "left the loop after 36 optimizer steps",
+                                              "0": "is still in it, in step 37"}

@@ -163,9 +163,13 @@ def _loop_exit(fn, lines, line, a, b, ranks, path, function, sure: bool = False)
                                                                          reads_rank(path, fn, node.test))
             return Decision(Site(path, stmt.lineno, function), keyword(stmt), source_of(node.test, lines), ways, vals,
                             why, parting=parting, culprits=(left,))
-        if loops and (skip := _skipped_step(max(loops, key=lambda n: n.lineno), lines, left, stayed, ranks, path,
-                                            fn, function)) is not None:
-            return skip  # it left first because it skipped steps in the loop, not because it ran it fewer times
+        # it left first because it skipped steps in a loop, not because it ran it fewer times: the skip of the
+        # innermost loop that has one (a `continue` of the training loop while the rank still in it stands in a
+        # gradient-accumulation loop inside it, which has none)
+        skipper = next((n for n in sorted(loops, key=lambda n: -n.lineno) if continues_in(n)), None)
+        if skipper is not None and (skip := _skipped_step(skipper, lines, left, stayed, ranks, path, fn,
+                                                          function)) is not None:
+            return skip
         if loops:  # no rank-varying exit: the loop itself, when a recorded fact shows it ran unevenly
             header, evident = _loop_header(max(loops, key=lambda n: n.lineno), lines, left, stayed, ranks, path, fn,
                                            function)
