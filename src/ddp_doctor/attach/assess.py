@@ -1,16 +1,12 @@
 """Sampled ranks of a live job -> verdict and findings (pure: no I/O but an optional lint of the user's files).
 
-The product rule: blame the rank that is not where the others are, at its innermost user frame.
-``attach`` has no history (no sequence numbers), only where each rank is now and whether it moved
-during the sampling window, so the verdict policy is the cautious half of ``run``'s:
-
-* a rank that moves or computes is never stuck: no error while any involved rank progresses;
-* ranks stuck in a collective while others are stuck outside collectives: the outside ranks stall
-  the job (DDP205) — unless lint shows the waiting ranks' collective is rank-conditional (DDP201);
-* ranks stuck in different collectives: those in a collective the user called while the others
-  are in DDP's own (DDP201), else lint's rank-conditional line, else the minority (DDP203);
-* a rank gone (exited, zombie) while the others wait: DDP204;
-* every rank stuck outside collectives: DDP205 with each rank's and DataLoader worker's line.
+``attach`` has no history (no sequence numbers), only where each rank is now and whether it moved during
+the sampling window: :class:`Samples` hands exactly that to the one judge of a stuck job
+(``diagnose/stuck.py::judge``), which decides as for ``run`` and Flight Recorder with what it is given -- the
+cautious half of ``run``'s policy (a rank that moves is never stuck; ranks outside collectives stall the ones
+that wait, unless lint flags the waiting line as rank-conditional; a rank gone while the others wait:
+DDP204).  This module words the judge's answer with the samples' facts (each rank's line, its DataLoader
+workers, how long nothing changed).
 """
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """A hang: from where the ranks are stuck, DDP201/202/203 (a subset in a collective), DDP101 (ranks at
-different steps), DDP205 (stalled outside collectives, or every rank stuck in one transport call)."""
+different steps), DDP205 (stalled outside collectives, or every rank stuck in one transport call).  Who is to
+blame is decided by the one judge (``diagnose/stuck.py``), asked through :class:`ProbeStates`; this module
+asks the probe-only questions first and words the judge's answer with the probe's facts."""
 from __future__ import annotations
 
 import os
