@@ -103,7 +103,7 @@ class Samples:
         self.marks = tuple(lint)
 
     def standings(self) -> dict[int, Standing]:
-        out = {r: Standing(r, to_collective(v.activity) if v.activity.in_collective else None, gone=v.gone,
+        out = {r: Standing(r, to_collective(v.activity), gone=v.gone,
                            moving=not v.gone and not v.stuck, waits_on=DATA if v.activity.kind == "data" else None)
                for r, v in self.views.items()}
         return {**out, **{r: Standing(r, gone=True) for r in self.missing}}
