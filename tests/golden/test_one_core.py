@@ -224,3 +224,15 @@ def test_the_judge_orders_proof_gone_busy_transport_idle():
     j = judge(_Source([Standing(0), Standing(1)]))
     assert (j.kind, j.code, j.ranks) == (Kind.IDLE, "DDP205", (0, 1))
     assert judge(_Source([Standing(0, gone=True)])).kind == Kind.NONE
+
+
+def test_a_rank_gone_is_judged_after_the_live_ranks_own_split():
+    """A rank gone while the live ranks are split (one outside collectives, or in different collectives): the
+    live ranks are judged first, as run and Flight Recorder judge them (gloo aborts a rank on a mismatch)."""
+    from ddp_doctor.diagnose.stuck import Kind, Standing, judge
+
+    gone = Standing(2, gone=True)
+    assert judge(_Source([Standing(0, _c("barrier", 29)), Standing(1), gone])).kind == Kind.STALL
+    j = judge(_Source([Standing(0, _c("barrier", 29)), Standing(1, _c("ddp.backward(allreduce_grads)", 40,
+                                                                      origin="ddp")), gone]))
+    assert (j.kind, j.code, j.ranks) == (Kind.PAIRED, "DDP201", (0,))
