@@ -93,6 +93,40 @@ def test_one_policy_for_the_odd_rank_out():
     assert not bad, bad
 
 
+# -- one judge of a stuck job (issue 35): run's probe states, attach's samples and Flight Recorder's dumps each hand
+# their evidence to diagnose/stuck.py through a small EvidenceSource class of their own ----------------------------
+JUDGE = SRC / "diagnose" / "stuck.py"
+HANG_SOURCES = (SRC / "diagnose" / "hang.py", SRC / "attach" / "assess.py", SRC / "flightrec.py")
+JUDGES_TOOLS = {"blame_calls", "lint_code_at", "agreement", "odd_ones_out"}  # the judge asks them, not the sources
+SOURCE_METHODS = {"standings", "history", "lint"}  # diagnose.stuck.EvidenceSource
+
+
+def _called(tree: ast.AST) -> set[str]:
+    return {n.func.id if isinstance(n.func, ast.Name) else n.func.attr for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, (ast.Name, ast.Attribute))}
+
+
+def test_the_hang_decision_is_made_in_one_place():
+    """Who is the culprit of a stuck job (outside ranks stall or the waiting ones are alone, different
+    collectives, a rank gone, the transport) is decided by ``diagnose.stuck.judge`` alone: each source calls it
+    with an EvidenceSource class of its own and none asks the odd-rank-out policy itself."""
+    bad = []
+    for p in HANG_SOURCES:
+        tree = ast.parse(p.read_text(encoding="utf-8"))
+        called = _called(tree)
+        if "judge" not in called:
+            bad.append(f"{p.relative_to(SRC)}: never asks diagnose.stuck.judge")
+        bad += [f"{p.relative_to(SRC)}: calls {t} (the judge's to ask)" for t in sorted(called & JUDGES_TOOLS)]
+        sources = [c.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+                   and SOURCE_METHODS <= {f.name for f in c.body if isinstance(f, ast.FunctionDef)}]
+        if len(sources) != 1:
+            bad.append(f"{p.relative_to(SRC)}: {len(sources)} EvidenceSource classes, not one")
+    for p, text in _sources():
+        if p != JUDGE and "Standing(" in text and p not in HANG_SOURCES:
+            bad.append(f"{p.relative_to(SRC)}: builds the judge's standings outside a source")
+    assert not bad, bad
+
+
 def test_one_store():
     """Every TCPStore of ddp-doctor is made in store.py and read through channel.SideChannel (signed)."""
     bad = [str(p.relative_to(SRC)) for p, text in _sources() if "TCPStore(" in text and p != SRC / "store.py"]

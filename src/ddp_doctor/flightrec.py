@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from ddp_doctor.attach.classify import StackActivity, classify
-from ddp_doctor.diagnose.blame import blame_calls, lint_code_at, lint_rank_conditional
+from ddp_doctor.diagnose.blame import lint_rank_conditional
 from ddp_doctor.diagnose.common import loc, verdict_of, where
 from ddp_doctor.diagnose.draft import Draft
+from ddp_doctor.diagnose.stuck import Kind, Standing, Stuck, judge
 from ddp_doctor.diagnose.wording import decided
 from ddp_doctor.evidence import Collective, LintMark, RankState, Site
 from ddp_doctor.findings import Finding, runtime_fix
@@ -229,31 +230,21 @@ def judge_dumps(dumps: list[RankDump], lint: tuple[LintMark, ...] | None = None
         for seq in range(lo, hi + 1):
             at = {r: per_rank[r].get(seq) for r in present}
             there = {r: e for r, e in at.items() if e is not None}
-            if len({e.agrees() for e in there.values()}) > 1:
-                findings.append(_disagreement(seq, there, flags))
+            behind = sorted(r for r, e in at.items() if e is None)
+            if len({e.agrees() for e in there.values()}) == 1 and not behind:
+                continue
+            j = judge(DumpPosition(there, behind, [r for r in missing if r in group_ranks], flags))
+            if j.kind == Kind.PAIRED:
+                findings.append(_disagreement(seq, there, j))
                 if all(max(per_rank[r]) > seq for r in present):  # they went on past it: paired silently
                     desync = True
-                break
-            behind = sorted(r for r, e in at.items() if e is None)
-            if behind:
-                findings.append(_behind(seq, there, behind, per_rank, flags))
-                break
+            else:
+                findings.append(_behind(seq, there, behind, per_rank, j))
+            break
         if findings:
             break
     if missing:
-        ref = next((last[r] for r in sorted(last) if last[r] is not None), None)
-        msg = (f"{'Rank' if len(missing) == 1 else 'Ranks'} {', '.join(map(str, missing))} wrote no Flight Recorder "
-               "dump: crashed or killed (gloo aborts a rank on a size mismatch), stuck before its timeout handler, "
-               "or run with TORCH_FR_BUFFER_SIZE unset.")
-        if ref is not None:
-            holder = next(d for d in dumps if d.rank == min(r for r in last if last[r] is not None))
-            recent = sorted((e for e in holder.entries if not e.is_p2p and e.group == ref.group),
-                            key=lambda e: e.seq)[-3:]
-            msg += (f" Rank {holder.rank}'s last recorded collectives: " + "; ".join(_desc(e) for e in recent) + ".")
-        findings.append(Draft("DDP204", msg, runtime_fix("DDP204.no-dump"),
-                              location=_loc(ref) if ref else None, ranks=missing,
-                              severity="error" if not findings else "warning",
-                              evidence={"missing_dumps": missing}))
+        findings.append(_no_dump(missing, dumps, last, by_group, flags, parted=bool(findings)))
     verdict = verdict_of(("desync" if desync else "hang") if any(f.severity.value == "error" for f in findings)
                          else None)
     # where the ranks parted, as run and attach say it: each rank stands at its last recorded call's stack
@@ -261,10 +252,50 @@ def judge_dumps(dumps: list[RankDump], lint: tuple[LintMark, ...] | None = None
     return verdict, decided(findings, standing), last
 
 
-def _disagreement(seq, there: dict[int, Entry], lint: tuple[LintMark, ...]) -> Draft:
-    """Ranks recorded different calls at one sequence number: the odd ones out, by the one policy
-    (``diagnose.blame``)."""
-    b = blame_calls({r: e.collective() for r, e in there.items()}, lint)
+class DumpPosition:
+    """Flight Recorder's evidence for the judge (``diagnose.stuck``): every rank's entry at one position of one
+    group (where the ranks parted, or their last), the ranks with no entry there (behind: outside collectives)
+    and those that wrote no dump (gone).  No history a judge could trust (a ring buffer), no sign of life."""
+
+    def __init__(self, there: dict[int, Entry], behind: list[int], gone: list[int], lint: tuple[LintMark, ...]):
+        self.there, self.behind, self.gone, self.marks = there, behind, gone, tuple(lint)
+
+    def standings(self) -> dict[int, Standing]:
+        return {**{r: Standing(r, e.collective()) for r, e in self.there.items()},
+                **{r: Standing(r) for r in self.behind}, **{r: Standing(r, gone=True) for r in self.gone}}
+
+    def history(self) -> None:
+        return None
+
+    def lint(self) -> tuple[LintMark, ...]:
+        return self.marks
+
+
+def _no_dump(missing: list[int], dumps: list[RankDump], last: dict[int, Entry | None],
+             by_group: dict[str, dict[int, dict[int, Entry]]], lint: tuple[LintMark, ...], parted: bool) -> Draft:
+    """DDP204 for the ranks that wrote no dump: the cause (an error) where the judge finds the others waiting for
+    them at their last recorded call and nothing parted before; a note (a warning) beside a parting."""
+    ref = next((last[r] for r in sorted(last) if last[r] is not None), None)
+    msg = (f"{'Rank' if len(missing) == 1 else 'Ranks'} {', '.join(map(str, missing))} wrote no Flight Recorder "
+           "dump: crashed or killed (gloo aborts a rank on a size mismatch), stuck before its timeout handler, "
+           "or run with TORCH_FR_BUFFER_SIZE unset.")
+    cause = not parted
+    if ref is not None:
+        holder = next(d for d in dumps if d.rank == min(r for r in last if last[r] is not None))
+        recent = sorted((e for e in holder.entries if not e.is_p2p and e.group == ref.group),
+                        key=lambda e: e.seq)[-3:]
+        msg += (f" Rank {holder.rank}'s last recorded collectives: " + "; ".join(_desc(e) for e in recent) + ".")
+        if cause:  # the members' last recorded call of that group, where they wait for the ranks gone
+            per_rank = by_group[ref.group]
+            there = {r: es[max(es)] for r, es in per_rank.items()}
+            cause = judge(DumpPosition(there, [], missing, lint)).kind == Kind.GONE
+    return Draft("DDP204", msg, runtime_fix("DDP204.no-dump"), location=_loc(ref) if ref else None, ranks=missing,
+                 severity="error" if cause else "warning", evidence={"missing_dumps": missing})
+
+
+def _disagreement(seq, there: dict[int, Entry], b: Stuck) -> Draft:
+    """Ranks recorded different calls at one sequence number: the odd ones out, as the judge decided
+    (``diagnose.stuck``)."""
     per_rank = "; ".join(f"rank {r}: {_desc(e)}" for r, e in sorted(there.items()))
     ev = {"seq": seq, "group": next(iter(there.values())).group_desc,
           "calls": {str(r): e.report_call() | {"site": e.activity.site.to_json() if e.activity.site else None}
@@ -288,7 +319,9 @@ def _disagreement(seq, there: dict[int, Entry], lint: tuple[LintMark, ...]) -> D
     return Draft("DDP203", msg, FIX_203, location=loc(b.site), ranks=list(b.ranks), evidence=ev)
 
 
-def _behind(seq, there: dict[int, Entry], behind: list[int], per_rank, lint: tuple[LintMark, ...]) -> Draft:
+def _behind(seq, there: dict[int, Entry], behind: list[int], per_rank, j: Stuck) -> Draft:
+    """Ranks with no entry at a position the others entered: the judge's answer, worded with the dumps' facts
+    (the waiting ones in a collective lint calls rank-conditional, or the ones behind stalled)."""
     e = next(iter(there.values()))
     ahead = sorted(there)
     lasts = {r: per_rank[r][max(per_rank[r])] for r in behind}
@@ -296,13 +329,12 @@ def _behind(seq, there: dict[int, Entry], behind: list[int], per_rank, lint: tup
     ev = {"seq": seq, "group": e.group_desc or e.group,
           "waiting": {str(r): x.report_call() for r, x in there.items()},
           "last": {str(r): x.report_call() for r, x in lasts.items()}}
-    code = lint_code_at(lint, e.activity.site)
-    if code:
-        msg = (f"Ranks {', '.join(map(str, ahead))} entered {_desc(e)}, which ranks {', '.join(map(str, behind))} "
+    if j.kind == Kind.SUBSET:
+        msg = (f"Ranks {', '.join(map(str, j.ranks))} entered {_desc(e)}, which ranks {', '.join(map(str, behind))} "
                "never "
-               f"reached ({was}); ddp-doctor lint flags that line as {code} (reached under a rank-dependent "
+               f"reached ({was}); ddp-doctor lint flags that line as {j.code} (reached under a rank-dependent "
                "condition).")
-        return Draft(code, msg, FIX_201 if code == "DDP201" else FIX_202, location=_loc(e), ranks=ahead,
+        return Draft(j.code, msg, FIX_201 if j.code == "DDP201" else FIX_202, location=_loc(e), ranks=list(j.ranks),
                      evidence=ev)
     msg = (f"{'Rank' if len(behind) == 1 else 'Ranks'} {', '.join(map(str, behind))} never reached collective #{seq} "
            f"({_desc(e)}, entered by rank {', '.join(map(str, ahead))}): {was}, so it stalled outside collectives "

@@ -160,3 +160,79 @@ def test_a_diagnosis_that_raises_keeps_the_stacks_in_run_and_attach(monkeypatch)
     assert (verdict, findings) == ("hang", []) and error.startswith("KeyError: 'site' at ")
     verdict, findings, error = assess.diagnose_guarded(_attach_views(cap), len(cap.evidence.ranks), True)
     assert (verdict, findings) == ("hang", []) and error.startswith("KeyError: 'site' at ")
+
+
+# -- the one judge of a stuck job (diagnose/stuck.py): the order of its rules, on typed standings ----------------
+class _Source:
+    """An EvidenceSource of fixed standings: what run, attach and Flight Recorder each hand the judge."""
+
+    def __init__(self, standings, history=None, lint=()):
+        self._st, self._history, self._lint = {s.rank: s for s in standings}, history, lint
+
+    def standings(self):
+        return self._st
+
+    def history(self):
+        return self._history
+
+    def lint(self):
+        return self._lint
+
+
+def test_the_judge_blames_the_outside_ranks_unless_lint_or_the_history_says_the_waiting_ones_are_alone():
+    from ddp_doctor.diagnose.stuck import DATA, PEER, Kind, Standing, judge
+    from ddp_doctor.evidence import RankState
+
+    bar = _c("barrier", 29)
+    waits, out = Standing(0, bar), Standing(1)
+    # no history, no lint (attach, Flight Recorder): the cautious answer, the outside rank stalls
+    j = judge(_Source([waits, out]))
+    assert (j.kind, j.code, j.ranks) == (Kind.STALL, "DDP205", (1,))
+    # lint flags the waiting line as rank-conditional: the waiting rank is alone in it
+    j = judge(_Source([waits, out], lint=(LintMark("DDP201", "/job/train.py", 29),)))
+    assert (j.kind, j.code, j.ranks, j.site.line, j.lint_seen) == (Kind.SUBSET, "DDP201", (0,), 29, True)
+    # the history (run): rank 1 never ran that barrier -> alone; ran it before -> rank 1 did not come back
+    never = {0: RankState(rank=0), 1: RankState(rank=1)}
+    j = judge(_Source([waits, out], history=never))
+    assert (j.kind, j.code, j.ranks, j.lint_seen) == (Kind.SUBSET, "DDP201", (0,), False)
+    ran = {**never, 1: RankState(rank=1, sites_seen=frozenset({("barrier", bar.site.key())}))}
+    assert judge(_Source([waits, out], history=ran)).kind == Kind.STALL
+    # the outside rank waits on its data or on a peer outside the job: it stalls, whatever lint says
+    for on in (DATA, PEER):
+        j = judge(_Source([waits, Standing(1, waits_on=on)], history=never,
+                          lint=(LintMark("DDP201", "/job/train.py", 29),)))
+        assert (j.kind, j.ranks) == (Kind.STALL, (1,)), on
+
+
+def test_the_judge_orders_proof_gone_busy_transport_idle():
+    from ddp_doctor.diagnose.stuck import Kind, Standing, judge
+
+    # different collectives at one known position: paired calls that never match, whoever is elsewhere
+    j = judge(_Source([Standing(0, _c("barrier", 29, seq=5)), Standing(1, _c("broadcast", 21, seq=5)),
+                       Standing(2)]))
+    assert (j.kind, j.code, j.ranks) == (Kind.PAIRED, "DDP203", (0, 1))
+    # a rank gone while every live one waits in the same collective
+    same = [Standing(0, _c("all_reduce", 10)), Standing(1, _c("all_reduce", 10))]
+    j = judge(_Source([*same, Standing(2, gone=True)]))
+    assert (j.kind, j.code, j.ranks) == (Kind.GONE, "DDP204", (2,))
+    # ... and while another still moves: the rank gone is the answer; without it, a moving rank is no hang
+    assert judge(_Source([*same, Standing(2, gone=True), Standing(3, moving=True)])).kind == Kind.GONE
+    j = judge(_Source([*same, Standing(3, moving=True)]))
+    assert (j.kind, j.ranks) == (Kind.BUSY, (3,))
+    j = judge(_Source(same))
+    assert (j.kind, j.code, j.ranks, j.site.line) == (Kind.TRANSPORT, "DDP205", (0, 1), 10)
+    j = judge(_Source([Standing(0), Standing(1)]))
+    assert (j.kind, j.code, j.ranks) == (Kind.IDLE, "DDP205", (0, 1))
+    assert judge(_Source([Standing(0, gone=True)])).kind == Kind.NONE
+
+
+def test_a_rank_gone_is_judged_after_the_live_ranks_own_split():
+    """A rank gone while the live ranks are split (one outside collectives, or in different collectives): the
+    live ranks are judged first, as run and Flight Recorder judge them (gloo aborts a rank on a mismatch)."""
+    from ddp_doctor.diagnose.stuck import Kind, Standing, judge
+
+    gone = Standing(2, gone=True)
+    assert judge(_Source([Standing(0, _c("barrier", 29)), Standing(1), gone])).kind == Kind.STALL
+    j = judge(_Source([Standing(0, _c("barrier", 29)), Standing(1, _c("ddp.backward(allreduce_grads)", 40,
+                                                                      origin="ddp")), gone]))
+    assert (j.kind, j.code, j.ranks) == (Kind.PAIRED, "DDP201", (0,))

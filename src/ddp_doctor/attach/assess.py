@@ -1,16 +1,12 @@
 """Sampled ranks of a live job -> verdict and findings (pure: no I/O but an optional lint of the user's files).
 
-The product rule: blame the rank that is not where the others are, at its innermost user frame.
-``attach`` has no history (no sequence numbers), only where each rank is now and whether it moved
-during the sampling window, so the verdict policy is the cautious half of ``run``'s:
-
-* a rank that moves or computes is never stuck: no error while any involved rank progresses;
-* ranks stuck in a collective while others are stuck outside collectives: the outside ranks stall
-  the job (DDP205) — unless lint shows the waiting ranks' collective is rank-conditional (DDP201);
-* ranks stuck in different collectives: those in a collective the user called while the others
-  are in DDP's own (DDP201), else lint's rank-conditional line, else the minority (DDP203);
-* a rank gone (exited, zombie) while the others wait: DDP204;
-* every rank stuck outside collectives: DDP205 with each rank's and DataLoader worker's line.
+``attach`` has no history (no sequence numbers), only where each rank is now and whether it moved during
+the sampling window: :class:`Samples` hands exactly that to the one judge of a stuck job
+(``diagnose/stuck.py::judge``), which decides as for ``run`` and Flight Recorder with what it is given -- the
+cautious half of ``run``'s policy (a rank that moves is never stuck; ranks outside collectives stall the ones
+that wait, unless lint flags the waiting line as rank-conditional; a rank gone while the others wait:
+DDP204).  This module words the judge's answer with the samples' facts (each rank's line, its DataLoader
+workers, how long nothing changed).
 """
 from __future__ import annotations
 
@@ -18,10 +14,11 @@ from typing import Sequence
 
 from ddp_doctor.attach.classify import StackActivity, is_user, to_collective
 from ddp_doctor.attach.sample import SampledRank
-from ddp_doctor.diagnose.blame import agreement, blame_calls, lint_code_at, lint_rank_conditional
+from ddp_doctor.diagnose.blame import lint_rank_conditional
 from ddp_doctor.diagnose import failure_text
 from ddp_doctor.diagnose.common import loc, user_frame, verdict_of, where
 from ddp_doctor.diagnose.draft import Draft
+from ddp_doctor.diagnose.stuck import DATA, Kind, Standing, Stuck, judge
 from ddp_doctor.diagnose.wording import decided
 from ddp_doctor.evidence import LintMark, RankState
 from ddp_doctor.findings import Finding, runtime_fix
@@ -95,47 +92,65 @@ def diagnose_guarded(views: list[SampledRank], world_size: int, whole_job_here: 
         return verdict, [], failure_text(e)
 
 
+class Samples:
+    """``attach``'s evidence for the judge (``diagnose.stuck``): where each sampled rank stands and whether it
+    moved during the sampling window; no history (a stack has no sequence numbers), lint's marks."""
+
+    def __init__(self, views: list[SampledRank], world_size: int, whole_job_here: bool, lint: Sequence[LintMark]):
+        self.views = {v.proc.rank: v for v in views}
+        found = set(self.views)
+        self.missing = sorted(set(range(world_size)) - found) if whole_job_here else []
+        self.marks = tuple(lint)
+
+    def standings(self) -> dict[int, Standing]:
+        out = {r: Standing(r, to_collective(v.activity), gone=v.gone,
+                           moving=not v.gone and not v.stuck, waits_on=DATA if v.activity.kind == "data" else None)
+               for r, v in self.views.items()}
+        return {**out, **{r: Standing(r, gone=True) for r in self.missing}}
+
+    def history(self) -> None:
+        return None
+
+    def lint(self) -> tuple[LintMark, ...]:
+        return self.marks
+
+
 def _assess(views: list[SampledRank], world_size: int, whole_job_here: bool,
             lint: Sequence[LintMark] | None) -> tuple[str, list[Finding]]:
-    flags = _lint(views) if lint is None else tuple(lint)
+    src = Samples(views, world_size, whole_job_here, _lint(views) if lint is None else tuple(lint))
     live = [v for v in views if not v.gone]
-    found = {v.proc.rank for v in views}
-    missing = sorted(set(range(world_size)) - found) if whole_job_here else []
-    gone = sorted(v.proc.rank for v in views if v.gone) + missing
-    waiting = [v for v in live if v.activity.in_collective and v.stuck]
     ev = _evidence(views)
-    if gone and waiting:
+    j = judge(src)
+    waiting = [v for v in live if v.proc.rank in j.waiting]
+    if j.kind == Kind.GONE:
         others = "; ".join(_for(v) for v in waiting)
-        how = ", ".join(f"rank {r} " + ("is not running (no process on this node)" if r in missing
-                                          else "has exited (zombie, not yet reaped)") for r in gone)
+        how = ", ".join(f"rank {r} " + ("is not running (no process on this node)" if r in src.missing
+                                          else "has exited (zombie, not yet reaped)") for r in j.ranks)
         msg = f"{how.capitalize()} while the others wait for it: {others}."
-        return "crash", [Draft("DDP204", msg, FIX_204, location=loc(waiting[0].activity.site), ranks=gone,
-                               evidence={**ev, "gone": gone})]
-    if not live:
+        return "crash", [Draft("DDP204", msg, FIX_204, location=loc(j.site), ranks=list(j.ranks),
+                               evidence={**ev, "gone": list(j.ranks)})]
+    if j.kind == Kind.NONE:
         return "ok", []
-    if any(not v.stuck for v in live):
+    if j.kind == Kind.BUSY:
         return "ok", _busy_notes(live)
-    inside = [v for v in live if v.activity.in_collective]
-    outside = [v for v in live if not v.activity.in_collective]
-    one_call = len({agreement(c) for v in inside if (c := to_collective(v.activity))}) == 1
-    if inside and outside:
-        code = lint_code_at(flags, inside[0].activity.site) if one_call else None
-        if code:  # the waiting ranks stand in a collective lint calls rank-conditional: they are the odd ones
-            return "hang", [_subset(code, inside, outside, ev, lint_seen=True)]
-        return "hang", [_stall(outside, inside, ev)]
-    if inside:
-        if one_call:
-            a = inside[0].activity
-            if whole_job_here:
-                msg = (f"Every rank waits inside the same {a.op} at {where(a.site)} and it never completes: the "
-                       "transport is stuck (network, a dead peer, GPU).")
-            else:
-                msg = (f"Every rank on this node waits inside {a.op} at {where(a.site)}: a rank on another node is "
-                       "elsewhere, or the transport is stuck. Attach on every node and merge the reports with "
-                       "`ddp-doctor report a.json b.json ...` to name it.")
-            return "hang", [Draft("DDP205", msg, FIX_TRANSPORT, location=loc(a.site), ranks=sorted(found),
-                                  evidence=ev)]
-        return "hang", [_disagreement(inside, ev, flags)]
+    culprits = [v for v in live if v.proc.rank in j.ranks]
+    if j.kind == Kind.SUBSET:
+        return "hang", [_subset(j.code, culprits, [v for v in live if v not in culprits], ev, j.lint_seen)]
+    if j.kind == Kind.STALL:
+        return "hang", [_stall(culprits, waiting, ev)]
+    if j.kind == Kind.PAIRED:
+        return "hang", [_disagreement(j, waiting, ev)]
+    if j.kind == Kind.TRANSPORT:
+        a = waiting[0].activity
+        if whole_job_here:
+            msg = (f"Every rank waits inside the same {a.op} at {where(a.site)} and it never completes: the "
+                   "transport is stuck (network, a dead peer, GPU).")
+        else:
+            msg = (f"Every rank on this node waits inside {a.op} at {where(a.site)}: a rank on another node is "
+                   "elsewhere, or the transport is stuck. Attach on every node and merge the reports with "
+                   "`ddp-doctor report a.json b.json ...` to name it.")
+        return "hang", [Draft("DDP205", msg, FIX_TRANSPORT, location=loc(a.site),
+                              ranks=sorted(v.proc.rank for v in views), evidence=ev)]
     return "hang", [_stall(live, [], ev)]
 
 
@@ -150,16 +165,14 @@ def _subset(code: str, fault: list[SampledRank], others: list[SampledRank], ev: 
                  ranks=sorted(v.proc.rank for v in fault), evidence=ev)
 
 
-def _disagreement(inside: list[SampledRank], ev: dict, lint: Sequence[LintMark]) -> Draft:
-    """Ranks stuck in different collectives: the odd ones out, by the one policy (``diagnose.blame``)."""
-    calls = {v.proc.rank: c for v in inside if (c := to_collective(v.activity)) is not None}
-    b = blame_calls(calls, lint)
-    fault = [v for v in inside if v.proc.rank in b.ranks]
-    if b.code in ("DDP201", "DDP202"):
-        return _subset(b.code, fault, [v for v in inside if v not in fault], ev, lint_seen=b.lint_seen)
+def _disagreement(j: Stuck, inside: list[SampledRank], ev: dict) -> Draft:
+    """Ranks stuck in different collectives: the odd ones out, as the judge decided (``diagnose.stuck``)."""
+    fault = [v for v in inside if v.proc.rank in j.ranks]
+    if j.code in ("DDP201", "DDP202"):
+        return _subset(j.code, fault, [v for v in inside if v not in fault], ev, lint_seen=j.lint_seen)
     msg = ("At the same point the ranks wait in different collectives, which never pair: "
            + "; ".join(_for(v) for v in sorted(inside, key=lambda v: v.proc.rank)) + ".")
-    return Draft("DDP203", msg, FIX_203, location=loc(b.site), ranks=list(b.ranks), evidence=ev)
+    return Draft("DDP203", msg, FIX_203, location=loc(j.site), ranks=list(j.ranks), evidence=ev)
 
 
 def _stall(stuck: list[SampledRank], waiting: list[SampledRank], ev: dict) -> Draft:

@@ -208,61 +208,78 @@ def _went_on_alone(alone: list[int], done: list[int], ranks: dict[int, RankState
 
 
 def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Draft]:
+    """DDP204 and what led to it: the lost nodes first (the others' broken connections follow from them), then
+    a rank that ended while the others waited for it (:func:`_finished`), else the ranks that failed
+    (:func:`_failed`)."""
     ranks = ranks_of(ev)
-    lint = ev.lint
     out: list[Draft] = diagnose_lost_nodes(ev)
     if out:  # the lost nodes are the story; the others' broken connections follow from them
         ranks = beyond_lost_nodes(ev, ranks)
         if not any(st.failed for st in ranks.values()):
             return out
     if finished_case(ranks, d):
-        done = sorted(r for r, st in ranks.items() if st.finished)
-        waiting = {r: st for r, st in ranks.items() if r not in done}
-        steps = {r: st.step for r, st in ranks.items()}
-        parted = from_parted(ranks, parted_calls({r: {(c.group, c.seq): c for c in st.fingerprints}
-                                                  for r, st in ranks.items()}),
-                             f"it showed when rank {', '.join(map(str, done))} finished while the others waited "
-                             "for it", lint)
-        if parted is not None:  # where the ranks parted, not where it showed
-            out.append(parted)
-        elif len(set(steps.values())) <= 1 and (alone := _alone_after(waiting, [ranks[r] for r in done])):
-            out.append(_went_on_alone(alone, done, ranks))
-        elif len(set(steps.values())) <= 1 and waiting:
-            msg = (f"Rank {', '.join(map(str, done))} left the training loop and finished after "
-                   f"{steps[done[0]]} steps while the others still train: {others_text(ranks, set(done))}. "
-                   "Their next collective has no partner.")
-            site = next((rank_site(st) for st in waiting.values() if rank_site(st)), None)
-            site = lint_line(lint, "DDP101", site, None) or site
-            out.append(Draft("DDP101", msg, FIX_101, location=loc(site), ranks=done,
-                             evidence={"finished": done, **step_evidence(ranks)}))
-        elif len(set(steps.values())) > 1:
-            counts = {r: st.steps_by_epoch for r, st in ranks.items()}
-            n = min((len(c) for c in counts.values()), default=0)
-            for e in range(n):
-                vals = {r: c[e] for r, c in counts.items()}
-                if len(set(vals.values())) > 1:
-                    out.append(uneven_steps(ranks, e, vals, "a rank finished and the others wait for it "
-                                                              "forever", lint=lint))
-                    break
-            else:
-                out.append(uneven_steps(ranks, "(all)", steps, "a rank finished and the others wait for it "
-                                                              "forever", lint=lint))
-        site = None
-        for st in waiting.values():
-            site = rank_site(st)
-            if site:
-                break
-        exit_site = next((ranks[r].exit_site for r in done if ranks[r].exit_site), None)
-        if exit_site:
-            site = exit_site
-        msg = (f"Rank {', '.join(map(str, done))} " + (f"called sys.exit() at {where(exit_site)}" if exit_site else
-               "finished") + f" while the others still wait: {others_text(ranks, set(done))}.")
-        out.append(Draft("DDP204", msg, FIX_101 if len(set(steps.values())) > 1 else
-                         runtime_fix("DDP204.finished"),
-                         location=loc(site), ranks=done,
-                         evidence={"finished": done, "waiting": {str(r): doing(st) for r, st in waiting.items()},
-                                   **step_evidence(ranks)}))
-        return out
+        return out + _finished(ranks, ev.lint)
+    out += _failed(ranks)
+    if not out and not ev.lost_nodes:
+        out.append(Draft("DDP204", "A rank exited while the others were running (no detail was captured).",
+                         runtime_fix("DDP204.unknown"), ranks=[], evidence=step_evidence(ranks)))
+    return out
+
+
+def _finished(ranks: dict[int, RankState], lint) -> list[Draft]:
+    """A rank ended while the others wait for it: why it ended early (:func:`_why_finished`), then DDP204 on it."""
+    done = sorted(r for r, st in ranks.items() if st.finished)
+    waiting = {r: st for r, st in ranks.items() if r not in done}
+    steps = {r: st.step for r, st in ranks.items()}
+    why = _why_finished(ranks, done, waiting, lint)
+    site = next((s for s in (rank_site(st) for st in waiting.values()) if s), None)
+    exit_site = next((ranks[r].exit_site for r in done if ranks[r].exit_site), None)
+    if exit_site:
+        site = exit_site
+    msg = (f"Rank {', '.join(map(str, done))} " + (f"called sys.exit() at {where(exit_site)}" if exit_site else
+           "finished") + f" while the others still wait: {others_text(ranks, set(done))}.")
+    ended = Draft("DDP204", msg, FIX_101 if len(set(steps.values())) > 1 else runtime_fix("DDP204.finished"),
+                  location=loc(site), ranks=done,
+                  evidence={"finished": done, "waiting": {str(r): doing(st) for r, st in waiting.items()},
+                            **step_evidence(ranks)})
+    return [*([why] if why is not None else []), ended]
+
+
+def _why_finished(ranks: dict[int, RankState], done: list[int], waiting: dict[int, RankState],
+                  lint) -> Draft | None:
+    """Why a rank finished while the others wait: where the ranks parted before (``from_parted``), ranks that
+    went on alone after the same steps, a rank that left the loop (DDP101), or step counts that differ."""
+    steps = {r: st.step for r, st in ranks.items()}
+    parted = from_parted(ranks, parted_calls({r: {(c.group, c.seq): c for c in st.fingerprints}
+                                              for r, st in ranks.items()}),
+                         f"it showed when rank {', '.join(map(str, done))} finished while the others waited "
+                         "for it", lint)
+    if parted is not None:  # where the ranks parted, not where it showed
+        return parted
+    if len(set(steps.values())) <= 1:
+        if alone := _alone_after(waiting, [ranks[r] for r in done]):
+            return _went_on_alone(alone, done, ranks)
+        if not waiting:
+            return None
+        msg = (f"Rank {', '.join(map(str, done))} left the training loop and finished after "
+               f"{steps[done[0]]} steps while the others still train: {others_text(ranks, set(done))}. "
+               "Their next collective has no partner.")
+        site = next((rank_site(st) for st in waiting.values() if rank_site(st)), None)
+        site = lint_line(lint, "DDP101", site, None) or site
+        return Draft("DDP101", msg, FIX_101, location=loc(site), ranks=done,
+                     evidence={"finished": done, **step_evidence(ranks)})
+    counts = {r: st.steps_by_epoch for r, st in ranks.items()}
+    for e in range(min((len(c) for c in counts.values()), default=0)):
+        vals = {r: c[e] for r, c in counts.items()}
+        if len(set(vals.values())) > 1:
+            return uneven_steps(ranks, e, vals, "a rank finished and the others wait for it forever", lint=lint)
+    return uneven_steps(ranks, "(all)", steps, "a rank finished and the others wait for it forever", lint=lint)
+
+
+def _failed(ranks: dict[int, RankState]) -> list[Draft]:
+    """The ranks whose failure caused the others' (``_root_ranks``): the stages' own split of their batches,
+    DDP's unused-parameter error, one exception raised alike on several ranks, then each root rank's own."""
+    out: list[Draft] = []
     roots = _root_ranks(ranks)
     inside = [r for r in roots if in_schedule(ranks[r])]
     split = microbatch_split(ranks, "then " + "; ".join(
@@ -287,60 +304,60 @@ def diagnose_exit(ev: JobEvidence, d: Verdict) -> list[Draft]:
                          evidence={"exception": e, **step_evidence(ranks)}))
         roots = [r for r in roots if r not in same_exc]
     for r in roots[:4]:
-        st = ranks[r]
-        ex = st.exit or ExitStatus()
-        ex_ev = st.exit if st.exit else {}
-        others = others_text(ranks, {r})
-        worker = errors.diagnose_worker_died(ranks, r) if st.exc else None
-        if worker is not None:  # a DataLoader worker died: its loader, not the line where the error surfaced
-            out.append(worker)
-            continue
-        if st.exc:
-            e = st.exc
-            site = e.location
-            msg = (f"Rank {r} raised {e.type}: {e.message} at {where(site)}. This is the root cause; "
-                   f"the launcher's own error may name another rank. Meanwhile: {others}.")
-            fix = runtime_fix("DDP204.exception")
-            evidence = {"exception": e, "exit": ex_ev}
-        elif ex.signal in ("SIGABRT", "SIGSEGV") and not st.exc and st.exit_code in (0, None) \
-                and (st.done or st.teardown or _finished_with_the_others(r, ranks)):
-            # torch tore itself down badly (in destroy_process_group or at exit): the training had completed
-            site = st.exit_site or rank_site(st)
-            when = ("had finished normally (its main returned)" if st.done
-                    else "was tearing down its process group (destroy_process_group)" if st.teardown
-                    else "had run every step the others ran, and they had all finished normally,")
-            msg = (f"Rank {r}'s program {when} when the process died of "
-                   f"{ex.signal} during shutdown, after {st.step} steps: the training itself completed. This is "
-                   "torch's own teardown race (gloo/DDP print \"terminate called without an active exception\" when "
-                   "destroy_process_group() or interpreter exit tears down a collective's work still in flight), "
-                   f"not your training code; the launcher still reports the job as failed. Meanwhile: {others}.")
-            fix = runtime_fix("DDP204.teardown")
-            evidence = {"exit": ex_ev, "finished_program": True}
-        elif ex.signal == "SIGABRT" and (c := fatal_call(st)) is not None:
-            site = c.site or rank_site(st)
-            msg = (f"Rank {r} was aborted by gloo (SIGABRT) inside {op_text(c)} at {where(site)}: gloo aborts a "
-                   "process whose collective receives data that does not fit the call it made, so this follows from "
-                   "the ranks' mismatched calls, and the others' broken connections follow from this abort. "
-                   f"Meanwhile: {others}.")
-            fix = runtime_fix("DDP204.gloo-abort")
-            evidence = {"exit": ex_ev, "last_line": site}
-        elif ex.signal:
-            site = rank_site(st)
-            oom = ex.signal == "SIGKILL"
-            msg = (f"Rank {r} was killed by {ex.signal}" + (
-                " — on Linux almost always the out-of-memory killer (check `dmesg`)" if oom else "") +
-                f"; its last line was {where(site)}. Meanwhile: {others}.")
-            fix = runtime_fix("DDP204.oom") if oom else runtime_fix("DDP204.signal")
-            evidence = {"exit": ex_ev, "last_line": site}
-        else:
-            site = rank_site(st)
-            code = ex.exit_code
-            msg = f"Rank {r} exited with code {code} at {where(site)} while the job was running. Meanwhile: {others}."
-            fix = runtime_fix("DDP204.exit")
-            evidence = {"exit": ex_ev}
-        out.append(Draft("DDP204", msg, fix, location=loc(site), ranks=[r],
-                         evidence={**evidence, **step_evidence(ranks)}))
-    if not out and not ev.lost_nodes:
-        out.append(Draft("DDP204", "A rank exited while the others were running (no detail was captured).",
-                         runtime_fix("DDP204.unknown"), ranks=[], evidence=step_evidence(ranks)))
+        worker = errors.diagnose_worker_died(ranks, r) if ranks[r].exc else None
+        # a DataLoader worker died: its loader, not the line where the error surfaced
+        out.append(worker if worker is not None else _root_finding(r, ranks))
     return out
+
+
+def _root_finding(r: int, ranks: dict[int, RankState]) -> Draft:
+    """One root rank's end: its exception, torch's teardown race, gloo's abort on a mismatch, a signal (the
+    out-of-memory killer), or an exit code."""
+    st = ranks[r]
+    ex = st.exit or ExitStatus()
+    ex_ev = st.exit if st.exit else {}
+    others = others_text(ranks, {r})
+    if st.exc:
+        e = st.exc
+        site = e.location
+        msg = (f"Rank {r} raised {e.type}: {e.message} at {where(site)}. This is the root cause; "
+               f"the launcher's own error may name another rank. Meanwhile: {others}.")
+        fix = runtime_fix("DDP204.exception")
+        evidence = {"exception": e, "exit": ex_ev}
+    elif ex.signal in ("SIGABRT", "SIGSEGV") and not st.exc and st.exit_code in (0, None) \
+            and (st.done or st.teardown or _finished_with_the_others(r, ranks)):
+        # torch tore itself down badly (in destroy_process_group or at exit): the training had completed
+        site = st.exit_site or rank_site(st)
+        when = ("had finished normally (its main returned)" if st.done
+                else "was tearing down its process group (destroy_process_group)" if st.teardown
+                else "had run every step the others ran, and they had all finished normally,")
+        msg = (f"Rank {r}'s program {when} when the process died of "
+               f"{ex.signal} during shutdown, after {st.step} steps: the training itself completed. This is "
+               "torch's own teardown race (gloo/DDP print \"terminate called without an active exception\" when "
+               "destroy_process_group() or interpreter exit tears down a collective's work still in flight), "
+               f"not your training code; the launcher still reports the job as failed. Meanwhile: {others}.")
+        fix = runtime_fix("DDP204.teardown")
+        evidence = {"exit": ex_ev, "finished_program": True}
+    elif ex.signal == "SIGABRT" and (c := fatal_call(st)) is not None:
+        site = c.site or rank_site(st)
+        msg = (f"Rank {r} was aborted by gloo (SIGABRT) inside {op_text(c)} at {where(site)}: gloo aborts a "
+               "process whose collective receives data that does not fit the call it made, so this follows from "
+               "the ranks' mismatched calls, and the others' broken connections follow from this abort. "
+               f"Meanwhile: {others}.")
+        fix = runtime_fix("DDP204.gloo-abort")
+        evidence = {"exit": ex_ev, "last_line": site}
+    elif ex.signal:
+        site = rank_site(st)
+        oom = ex.signal == "SIGKILL"
+        msg = (f"Rank {r} was killed by {ex.signal}" + (
+            " — on Linux almost always the out-of-memory killer (check `dmesg`)" if oom else "") +
+            f"; its last line was {where(site)}. Meanwhile: {others}.")
+        fix = runtime_fix("DDP204.oom") if oom else runtime_fix("DDP204.signal")
+        evidence = {"exit": ex_ev, "last_line": site}
+    else:
+        site = rank_site(st)
+        code = ex.exit_code
+        msg = f"Rank {r} exited with code {code} at {where(site)} while the job was running. Meanwhile: {others}."
+        fix = runtime_fix("DDP204.exit")
+        evidence = {"exit": ex_ev}
+    return Draft("DDP204", msg, fix, location=loc(site), ranks=[r], evidence={**evidence, **step_evidence(ranks)})

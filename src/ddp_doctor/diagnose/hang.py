@@ -1,26 +1,56 @@
 """A hang: from where the ranks are stuck, DDP201/202/203 (a subset in a collective), DDP101 (ranks at
-different steps), DDP205 (stalled outside collectives, or every rank stuck in one transport call)."""
+different steps), DDP205 (stalled outside collectives, or every rank stuck in one transport call).  Who is to
+blame is decided by the one judge (``diagnose/stuck.py``), asked through :class:`ProbeStates`; this module
+asks the probe-only questions first and words the judge's answer with the probe's facts."""
 from __future__ import annotations
 
 import os
 from dataclasses import replace
 
 from ddp_doctor.diagnose.draft import Draft
-from ddp_doctor.evidence import Collective, JobEvidence, RankState, Verdict
+from ddp_doctor.evidence import Collective, JobEvidence, LintMark, RankState, Verdict
 from ddp_doctor.findings import runtime_fix
 
-from ddp_doctor.diagnose.blame import agreement, blame_calls
 from ddp_doctor.diagnose.collectives import blame_positions, finding_for_calls, not_member_blame, on_group
 from ddp_doctor.diagnose.common import (FIX_201, FIX_202, blocked_words, doing, loc, others_text, rank_site,
                                         ranks_of, step_evidence, user_frame, where)
 from ddp_doctor.diagnose.exits import diagnose_exit
 from ddp_doctor.diagnose.pipeline import microbatch_split, ran_schedule_more, schedule_finding
 from ddp_doctor.diagnose.steps import uneven_steps
+from ddp_doctor.diagnose.stuck import DATA, PEER, Kind, Standing, Stuck, judge
+
+
+class ProbeStates:
+    """``run``'s evidence for the judge (``diagnose.stuck``): the probe states of the live ranks, and their
+    history (the collectives each rank ever issued and where)."""
+
+    def __init__(self, ev: JobEvidence):
+        self.ranks = ranks_of(ev)
+        self.marks = tuple(ev.lint)
+
+    def standings(self) -> dict[int, Standing]:
+        return {r: Standing(r, st.in_collective, gone=not _live(st),
+                            waits_on=DATA if st.in_data_wait else PEER if st.outside and st.outside.peer() else None)
+                for r, st in self.ranks.items()}
+
+    def history(self) -> dict[int, RankState]:
+        return self.ranks
+
+    def lint(self) -> tuple[LintMark, ...]:
+        return self.marks
+
+
+def _live(st: RankState) -> bool:
+    return not st.missing and not st.done and not st.exc and st.exit is None
 
 
 def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Draft]:
-    ranks = ranks_of(ev)
-    live = {r: st for r, st in ranks.items() if not st.missing and not st.done and not st.exc and st.exit is None}
+    """The hang's finding: what only the probe knows first (ranks that passed a group they are not in, pipeline
+    stages that split their batches differently, collectives of several groups), then the one judge
+    (``diagnose.stuck.judge``), worded with the probe's facts."""
+    src = ProbeStates(ev)
+    ranks = src.ranks
+    live = {r: st for r, st in ranks.items() if _live(st)}
     stall = {"stalled_s": d.stalled_s, "hang_limit_s": d.limit_s, "hang_limit_how": d.limit_how}
     in_coll = {r: st.in_collective for r, st in live.items() if st.in_collective}
     out_coll = {r: st for r, st in live.items() if r not in in_coll}
@@ -38,57 +68,29 @@ def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Draft]:
         b = blame_positions(in_coll, ranks)
         if b:
             return [b.finding(ranks, how)]
-    if in_coll and out_coll:
-        if all(st.in_data_wait for st in out_coll.values()):
-            return [stall_finding(ranks, out_coll, stall, partial=in_coll)]
-        # blocked on a peer outside the job (a service, a child process, a file): where it is, not a collective
-        # the others entered without it (it comes to that collective once the peer answers)
-        waits_outside = {r: st for r, st in out_coll.items() if st.outside is not None and st.outside.peer()}
-        fix = runtime_fix("DDP205.pg-timeout") if d.kind == "pg-timeout" else None
-        if waits_outside:
-            return [stall_finding(ranks, waits_outside, stall, partial=in_coll, fix=fix)]
-        stuck = _stuck_outside(in_coll, out_coll, ranks)
-        if stuck:
-            return [stall_finding(ranks, stuck, stall, partial=in_coll, fix=fix)]
+    j = judge(src)
+    if j.kind == Kind.STALL:
+        fix = runtime_fix("DDP205.pg-timeout") if d.kind == "pg-timeout" and not all(
+            st.in_data_wait for st in out_coll.values()) else None
+        return [stall_finding(ranks, {r: ranks[r] for r in j.ranks}, stall, partial=in_coll, fix=fix)]
+    if j.kind == Kind.SUBSET:
         sched = ran_schedule_more(out_coll, ranks)
         if sched:  # a stage inside a pipeline schedule it ran more often than the others
             return [schedule_finding(sched, ranks, in_coll, how, stall)]
-        # a subset waits in a collective the others never entered
-        calls = dict(in_coll)
-        for r, st in out_coll.items():
-            calls[r] = None
-        by = {}
-        for r, c in in_coll.items():
-            by.setdefault((c.group, c.seq, c.op), []).append(r)
-        (group, seq, op), subset = max(by.items(), key=lambda kv: len(kv[1]))
-        site = in_coll[subset[0]].site
-        code = "DDP202" if op.startswith("ddp.forward") else "DDP201"
-        fault = set(subset)
-        msg = (f"Rank {', '.join(map(str, sorted(fault)))} waits in {op}() at {where(site)} "
-               f"(collective #{seq} on {on_group(group, ranks)}), which the other ranks never entered: "
-               f"{others_text(ranks, fault)}. {how}.")
-        ev_ = {"group": group, "seq": seq, "in_collective": {str(r): c for r, c in in_coll.items()},
-               "where": {str(r): rank_site(st) for r, st in out_coll.items()}, **stall, **step_evidence(ranks)}
-        return [Draft(code, msg, FIX_201 if code == "DDP201" else FIX_202, location=loc(site),
-                      ranks=sorted(fault), evidence=ev_)]
-    if in_coll:
-        keys = {(c.group, c.seq, *agreement(c)) for c in in_coll.values()}
-        if len(keys) > 1:
-            calls = {r: c for r, c in in_coll.items()}
-            seqs = {c.seq for c in calls.values()}
-            if len({c.op for c in calls.values()}) == 1 and len(seqs) > 1:
-                steps = {r: st.step for r, st in live.items()}
-                if len(set(steps.values())) > 1:
-                    return [uneven_steps(ranks, "(all)", steps, how.lower(), lint=ev.lint)]
-            code, fault, site = blame_calls(calls, ranks=ranks).unpack()
-            seq = min(c.seq for c in calls.values())
-            group = next(iter(calls.values())).group
-            return [finding_for_calls(code, fault, site, calls, ranks, group, seq, how)]
-        # every live rank waits in the very same collective: someone is missing from it
-        gone = {r: st for r, st in ranks.items() if r not in live}
+        return [_subset_finding(j, ranks, out_coll, how, stall)]
+    if j.kind == Kind.PAIRED:
+        seqs = {c.seq for c in in_coll.values()}
+        if len({c.op for c in in_coll.values()}) == 1 and len(seqs) > 1:
+            steps = {r: st.step for r, st in live.items()}
+            if len(set(steps.values())) > 1:
+                return [uneven_steps(ranks, "(all)", steps, how.lower(), lint=ev.lint)]
+        seq = min(c.seq for c in in_coll.values())
+        group = next(iter(in_coll.values())).group
+        return [finding_for_calls(j.code, list(j.ranks), j.site, in_coll, ranks, group, seq, how)]
+    if j.kind == Kind.GONE:  # every live rank waits in the very same collective: someone is missing from it
+        return diagnose_exit(ev, Verdict("exit", finished=True))
+    if j.kind == Kind.TRANSPORT:
         c = next(iter(in_coll.values()))
-        if gone:
-            return diagnose_exit(ev, Verdict("exit", finished=True))
         msg = (f"Every rank waits inside the same {c.op} (#{c.seq} on {c.group}) at {where(c.site)} "
                f"and it never completes: the transport is stuck (network, a dead peer on another node, GPU). {how}.")
         return [Draft("DDP205", msg, runtime_fix("DDP205.transport"),
@@ -96,15 +98,17 @@ def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Draft]:
     return [stall_finding(ranks, live, stall)]
 
 
-def _stuck_outside(in_coll: dict[int, Collective], out_coll: dict[int, RankState],
-                   ranks: dict[int, RankState]) -> dict[int, RankState]:
-    """The ranks outside collectives that the waiting ones wait for: they ran the collective the others
-    wait in before (it is not a rank-conditional one), so it is they who did not come back to it."""
-    out = {}
-    for r, st in out_coll.items():
-        if any((c.op, c.site.key() if c.site else None) in st.sites_seen for c in in_coll.values()):
-            out[r] = st
-    return out
+def _subset_finding(j: Stuck, ranks: dict[int, RankState], out_coll: dict[int, RankState], how: str,
+                    stall: dict) -> Draft:
+    """DDP201/202: the waiting ranks are in a collective the others never entered."""
+    c = j.waiting[j.ranks[0]]
+    msg = (f"Rank {', '.join(map(str, j.ranks))} waits in {c.op}() at {where(c.site)} "
+           f"(collective #{c.seq} on {on_group(c.group, ranks)}), which the other ranks never entered: "
+           f"{others_text(ranks, set(j.ranks))}. {how}.")
+    ev_ = {"group": c.group, "seq": c.seq, "in_collective": {str(r): x for r, x in j.waiting.items()},
+           "where": {str(r): rank_site(st) for r, st in out_coll.items()}, **stall, **step_evidence(ranks)}
+    return Draft(j.code, msg, FIX_201 if j.code == "DDP201" else FIX_202, location=loc(c.site),
+                 ranks=list(j.ranks), evidence=ev_)
 
 
 def stall_finding(ranks: dict[int, RankState], stuck: dict[int, RankState], stall: dict,
