@@ -47,3 +47,20 @@ def test_a_sync_forward_with_no_backward_is_a_skipped_sync():
         if it != 3:
             rec.pending_grad_sync = None   # the backward hook consumed it
     assert rec.sync_forwards == 5 and rec.syncs_skipped == 1 and rec.skipped_syncs[0][0] == 3
+
+
+def test_a_sync_left_pending_into_the_next_accumulation_is_a_skipped_sync_once():
+    """Micro-steps of 2 (the first under no_sync()): iteration 2's last micro-step `continue`s before its
+    backward, so the sync it prepared runs at iteration 3's first backward: skipped once, however many forwards
+    overtake it; a no-sync forward with nothing pending counts nothing."""
+    rec = Recorder()
+    for it in range(1, 5):
+        rec.sync_overtaken()                # micro-step 0: a forward under no_sync()
+        rec.pending_grad_sync = None        # its backward (runs a pending sync, if any)
+        rec.sync_forward("world", 0)        # micro-step 1 prepares the sync
+        if it != 2:
+            rec.pending_grad_sync = None    # its backward ran the sync
+        else:
+            rec.sync_overtaken()            # `continue`: the next forward, under no_sync(), overtakes it ...
+            rec.sync_overtaken()            # ... and so does any other before a backward: counted once
+    assert rec.sync_forwards == 4 and rec.syncs_skipped == 1 and [x[0] for x in rec.skipped_syncs] == [2]

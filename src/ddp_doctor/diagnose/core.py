@@ -70,6 +70,7 @@ def diagnose(evidence: JobEvidence, decision: Verdict | None,
     findings += steps.diagnose_sampler(evidence)
     findings += groups.diagnose_groups(evidence)  # a warning whatever the verdict: it never stops a job
     if verdict == "ok":
+        findings += steps.syncs_out_of_step(evidence)  # (never a stop: the job ended well)
         findings += hang.stalls_resumed(evidence)  # (before the longest warning: the same wait, in more words)
         findings += hang.slow_not_stuck(evidence)
         findings += _perf(evidence)

@@ -102,8 +102,12 @@ def _exit_decision(at: Site, forward: Site, fault: list[int], order: list[int], 
         vals = values_at(ranks, order, Site(at.path, node.lineno, function), names_read(node.test))
         why = why_it_varies(cond, vals, reads_rank(at.path, fn, node.test))
     fwd = f"line {forward.line}" if forward.path == at.path else f"{os.path.basename(forward.path)}:{forward.line}"
+    def went_on(o: int) -> str:  # (a rank that skipped fewer syncs: how many, not "never")
+        n = ranks[o].syncs_skipped
+        return "went on to backward" if not n else f"skipped fewer gradient syncs ({n})"
+
     ways = tuple((f, f"left the step at line {stmt.lineno} after the DDP forward at {fwd}, before any backward")
-                 for f in fault) + tuple((o, "went on to backward") for o in sorted(ranks) if o not in fault)
+                 for f in fault) + tuple((o, went_on(o)) for o in sorted(ranks) if o not in fault)
     kind = "except" if isinstance(node, ast.ExceptHandler) else keyword(stmt)
     return Decision(Site(at.path, stmt.lineno, function), kind, cond, ways, vals, why, parting="skip",
                     culprits=tuple(fault))

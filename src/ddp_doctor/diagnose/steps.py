@@ -6,6 +6,7 @@ from ddp_doctor.evidence import JobEvidence, LoaderState, Site
 from ddp_doctor.findings import runtime_fix
 
 from ddp_doctor.diagnose.common import FIX_101, lint_line, loc, ranks_of, step_evidence, where
+from ddp_doctor.diagnose.stepexit import skipped_syncs
 
 
 _NO_LOADER = LoaderState()
@@ -70,6 +71,29 @@ def uneven_steps(ranks, epoch, steps: dict[int, int], how: str, *, lint=None, fa
                          "skipped_syncs": {str(r): ranks[r].syncs_skipped for r in ranks},
                          "loader_len": {str(r): n for r, n in lens.items()}, **step_evidence(ranks)},
                  after_forward=cause == "sync")
+
+
+def syncs_out_of_step(ev: JobEvidence) -> list[Draft]:
+    """A warning for a job that ended well: some ranks ran the training forward, which prepared a gradient sync,
+    and no backward after it more often than the others (counted by the probe).  DDP runs a pending sync at the
+    rank's next backward, so the job can end without a hang while that rank's gradient all-reduces pair with
+    the others' of other steps: the replicas were averaged out of step, silently."""
+    ranks = ranks_of(ev)
+    culprits = skipped_syncs(ranks)
+    if not culprits:
+        return []
+    counts = {r: st.syncs_skipped for r, st in sorted(ranks.items()) if not st.missing}
+    first = next(x for x in ranks[culprits[0]].skipped_syncs if x.site)
+    seen = "; ".join(f"rank {r}: its sync-preparing forwards " + ", ".join(f"#{x.iteration}" for x in
+                                                                         ranks[r].skipped_syncs[:3]) for r in culprits)
+    msg = (f"Rank {', '.join(map(str, culprits))} ran the DDP forward at {where(first.site)}, which prepared a "
+           f"gradient sync, and then no backward ({seen}; per rank: "
+           + ", ".join(f"rank {r}: {n}" for r, n in counts.items()) + "). DDP runs a pending sync at the rank's next "
+           "backward, so from then on its gradient all-reduces paired with the other ranks' of other steps: the "
+           "job ended, but its replicas averaged gradients out of step.")
+    return [Draft("DDP101", msg, FIX_101, location=loc(first.site), severity="warning", ranks=culprits,
+                  evidence={"skipped_syncs": {str(r): n for r, n in counts.items()}, **step_evidence(ranks)},
+                  after_forward=True)]
 
 
 # -- DDP102 --------------------------------------------------------------------------------

@@ -188,8 +188,9 @@ class Activity:
 
 @dataclass(frozen=True, slots=True)
 class SkippedSync:
-    """A DDP forward that prepared a gradient sync followed by no backward before the next one: that
-    iteration's all-reduce never ran on this rank (``iteration``: the forward's number, 1-based)."""
+    """A DDP forward that prepared a gradient sync followed by no backward before the next forward: DDP runs
+    that sync's all-reduce at the rank's next backward, a step late, or never (``iteration``: the forward's
+    number among those that prepared a sync, 1-based)."""
     iteration: int
     site: Site | None = None
     epoch: int | None = None

@@ -241,6 +241,8 @@ def _patch_ddp() -> None:
             try:
                 if torch.is_grad_enabled() and self.require_backward_grad_sync:
                     REC.sync_forward(_group_key(self.process_group), key[1])
+                elif torch.is_grad_enabled():
+                    REC.sync_overtaken()
                 rd = self.__dict__.get("_ddpd_rec")
                 if rd is not None and rd["find_unused_parameters"] and REC.forwards % 16 == 2:
                     # read here, in the user's thread: the probe's thread never holds the model

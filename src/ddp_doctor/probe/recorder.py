@@ -152,6 +152,7 @@ class Recorder:
         self.pending_sync_site = -1
         self.sync_forwards = 0    # DDP forwards that prepared a gradient sync (grad mode, sync not disabled)
         self.syncs_skipped = 0    # ... followed by no backward before the next one
+        self.pending_skipped = False  # the pending sync is already counted as skipped (``sync_overtaken``)
         self.skipped_syncs: list[tuple[int, int, int | None]] = []  # (iteration, site index, epoch), the first few
         self.join_depth = 0   # inside DDP's Join context manager (probe/groups.py)
         self.teardown = False  # destroy_process_group() of the default group was called
@@ -267,14 +268,24 @@ class Recorder:
     def sync_forward(self, group: str, site_idx: int) -> None:
         """A DDP forward prepared a gradient sync; if the previous one's backward never ran, that
         iteration's sync was skipped on this rank (an early ``return``/``continue`` before backward)."""
+        self.sync_overtaken()
         self.sync_forwards += 1
-        if self.pending_grad_sync is not None:
-            self.syncs_skipped += 1
-            if len(self.skipped_syncs) < 8:
-                self.skipped_syncs.append((self.sync_forwards - 1, self.pending_sync_site, self.epoch_ctx()[0]))
-            self.version += 1
         self.pending_grad_sync = group
         self.pending_sync_site = site_idx
+        self.pending_skipped = False
+
+    def sync_overtaken(self) -> None:
+        """Another DDP forward ran while the previous one's gradient sync is still pending: that forward's
+        backward never ran.  Also when the new forward prepares no sync of its own (the first micro-step of
+        the next gradient accumulation, under ``no_sync()``): DDP then runs the pending sync at that forward's
+        backward, a step late on this rank."""
+        if self.pending_grad_sync is None or self.pending_skipped:
+            return
+        self.syncs_skipped += 1
+        if len(self.skipped_syncs) < 8:
+            self.skipped_syncs.append((self.sync_forwards, self.pending_sync_site, self.epoch_ctx()[0]))
+        self.pending_skipped = True
+        self.version += 1
 
     def trains_ddp(self, opt) -> bool:
         """Does this optimizer step a DDP model's parameters (a training step)?  A rank-local optimizer (a
