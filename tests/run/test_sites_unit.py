@@ -323,3 +323,43 @@ def test_two_groups_of_the_same_ranks_keep_keys_of_their_own():
         assert group_ranks("pg:0~1", 1) == {0}
     finally:
         dist.destroy_process_group()
+
+
+class _EntersWhileRead(Recorder):
+    """A recorder whose rank thread enters a collective at a new line right after the publisher has read
+    ``cur`` (the thread runs on while the publisher builds a state: the switch can fall anywhere)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        super().__init__()
+
+    @property
+    def cur(self):
+        got = self._cur
+        if self.armed:
+            self.armed = False
+            self.coll_enter("world", "all_reduce", ("1",), ("float32",), (S, 24, "main"))
+        return got
+
+    @cur.setter
+    def cur(self, value) -> None:
+        self._cur = value
+
+
+def test_a_published_call_is_one_the_rank_is_in_or_has_left_and_its_line_is_known():
+    """Seed 385 (4 ranks, rank 2's last batch count one short): gloo aborted rank 2 in its first all_reduce at
+    the final line before its stack was taken; its last post held that call's fingerprint but no current
+    collective (read before the call was entered), so no fact placed it past the loop and the decision was
+    lost (DDP201 at the all_reduce).  Whatever the thread does between the publisher's reads, every
+    published fingerprint is the current collective or one the rank left, with its line."""
+    rec = _EntersWhileRead()
+    rec.coll_leave(rec.coll_enter("world", "ddp.backward(allreduce_grads)", (), (), (S, 21, "main"), "ddp"))
+    rec.armed = True
+    st = snapshot(rec)
+    assert not rec.armed and rec.cur is not None  # the rank did enter the all_reduce during the snapshot
+    assert all(c.site is not None for c in st.fingerprints)
+    newest = max(st.fingerprints, key=lambda c: c.seq)
+    shown = [c for c in (st.in_collective, st.last_collective) if c is not None]
+    assert any((c.group, c.seq) == (newest.group, newest.seq) and c.site == newest.site for c in shown)
+    again = snapshot(rec)  # the next post: the call is current, with its line
+    assert again.in_collective.site == Site(S, 24, "main") and again.fingerprints[-1].site == Site(S, 24, "main")

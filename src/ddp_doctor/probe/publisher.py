@@ -45,9 +45,11 @@ def _coll(entry, sites: list[Site | None], *, pending: bool = True, blocking: bo
                       origin, round(time.monotonic() - t, 3) if pending else None, blocking=blocking)
 
 
-def _in_collective(rec: Recorder, sites: list[Site | None]) -> Collective | None:
+def _current(rec: Recorder) -> tuple[tuple | None, bool]:
+    """The recorder entry of the collective the rank's thread is inside (blocking), else the oldest one it
+    issued that has not completed; and whether it is inside it."""
     cur = rec.cur
-    return _coll(cur, sites, blocking=True) if cur is not None else _coll(rec.poll_pending(), sites)
+    return (cur, True) if cur is not None else (rec.poll_pending(), False)
 
 
 def current_collective(rec: Recorder) -> Collective | None:
@@ -91,12 +93,12 @@ def _sites(rec: Recorder) -> list[Site | None]:
     return list(rec.site_records)
 
 
-def _fingerprints(rec: Recorder, sites: list[Site | None]) -> tuple[Collective, ...]:
-    """The fingerprint ring as records; an entry already published keeps its record (4 publishes a
-    second would otherwise rebuild the same 256 records each time)."""
+def _fingerprints(rec: Recorder, ring: list[tuple], sites: list[Site | None]) -> tuple[Collective, ...]:
+    """The fingerprint ring (``ring``: read before ``sites``) as records; an entry already published keeps its
+    record (4 publishes a second would otherwise rebuild the same 256 records each time)."""
     n = len(sites)
     made: dict[tuple, Collective] = {}
-    for t in list(rec.ring):
+    for t in ring:
         c = rec.fp_records.get(t)
         if c is None:
             g, s, op, sh, dt, si, ep, stp, joined = t
@@ -122,7 +124,15 @@ def _main_site(stacks: dict[int, bytes], rec: Recorder) -> Site | None:
 
 def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
     """This rank's state as the typed record (cheap enough to build 4x a second; the hooks keep tuples).
-    Never touches a frame object (``stackdump``): the user's objects must never be freed in this thread."""
+    Never touches a frame object (``stackdump``): the user's objects must never be freed in this thread.
+
+    The rank's thread goes on while this one reads: the fingerprint ring is read first, then the current and
+    the last collective, then the site table -- so a published call is the one the rank is in or one it has
+    left, and the line of each is known.  (Read the other way round, a call entered in between was published
+    with no line, its record kept so, while the rank seemed in no collective: a rank gloo aborted before its
+    stack was taken then stood nowhere, and the decision was lost.)"""
+    ring = list(rec.ring)
+    (inside, blocking), last = _current(rec), rec.last
     epoch, step_in_epoch = rec.epoch_ctx()
     tl = rec.train_loader
     steps_time = sum(rec.step_times)
@@ -141,11 +151,11 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
         train_loader=_position(rec.loaders, tl), step_times=tuple(round(x, 5) for x in rec.step_times),
         cpu_s=round(time.process_time(), 3), activity=activity.sample(rec, stacks), pg_timeout_s=rec.pg_timeout_s,
         where=_main_site(stacks, rec),
-        in_collective=_in_collective(rec, sites), last_collective=_coll(rec.last, sites, pending=False),
+        in_collective=_coll(inside, sites, blocking=blocking), last_collective=_coll(last, sites, pending=False),
         in_data_wait=None if wait is None else DataWait(_position(rec.loaders, wait[0]),
                                                         round(time.monotonic() - wait[1], 3)),
         seq=dict(rec.seq),
-        fingerprints=_fingerprints(rec, sites),
+        fingerprints=_fingerprints(rec, ring, sites),
         site_counts=tuple(SiteCount(op, sites[si] if si < n else None, c)
                           for (op, si), c in list(rec.site_counts.items())),
         not_member=tuple(SiteCount(op, sites[si] if si < n else None, c) for (op, si), c in list(rec.not_member.items())),
