@@ -89,8 +89,8 @@ def syncs_out_of_step(ev: JobEvidence) -> list[Draft]:
     msg = (f"Rank {', '.join(map(str, culprits))} ran the DDP forward at {where(first.site)}, which prepared a "
            f"gradient sync, and then no backward ({seen}; per rank: "
            + ", ".join(f"rank {r}: {n}" for r, n in counts.items()) + "). DDP runs a pending sync at the rank's next "
-           "backward, so from then on its gradient all-reduces paired with the other ranks' of other steps: the "
-           "job ended, but its replicas averaged gradients out of step.")
+           "backward, so each gradient all-reduce it made after that paired with the other ranks' of another step: "
+           "the job ended, but its replicas averaged gradients out of step.")
     return [Draft("DDP101", msg, FIX_101, location=loc(first.site), severity="warning", ranks=culprits,
                   evidence={"skipped_syncs": {str(r): n for r, n in counts.items()}, **step_evidence(ranks)},
                   after_forward=True)]
