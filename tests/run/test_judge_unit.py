@@ -256,3 +256,50 @@ def test_a_summary_compares_only_the_positions_reached_since_the_last_yet_proves
                 assert (got.seq, got.group) == (odd_at, "world")
                 break
         assert want is not None or odd_at >= max(pos.values())
+
+
+def test_a_node_notes_no_rank_exit_once_the_root_ordered_the_stop():
+    """A node of several: after the root's stop order, its ranks end by that stop; noted as exits they reached
+    the root's final states as ranks gone while the others wait (DDP204 instead of the stall's DDP205, seen in
+    CI under load).  A rank that ends before the order is noted as before."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from types import SimpleNamespace
+
+    from ddp_doctor.watcher import Watcher
+    from ddp_doctor.watcher.views import RankView
+
+    class Uplink:
+        def pull_for_me(self, ctl):
+            return None
+
+    children = []  # (kept: a Popen collected reaps its child)
+
+    def dead_child() -> int:
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        children.append(p)
+        p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # poll, never reap: the watcher peeks with WNOWAIT
+            if os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return p.pid
+            time.sleep(0.01)
+        raise AssertionError("the child did not end")
+
+    stopped: list[bool] = []
+    w = Watcher(None, world_size=2, hang_timeout=None, run_dir="/nonexistent", uplink=Uplink(),
+                on_stop=lambda: stopped.append(True), local_world=2)
+    w.views = {0: RankView(0), 1: RankView(1)}
+    w.local_pids = {dead_child(): 0}
+    w.check_local_exits()
+    assert w.views[0].exit is not None and w.views[0].exit.signal == "SIGTERM"  # before the order: a fact
+    w._obey(SimpleNamespace(stop=True))
+    assert stopped == [True]
+    w.local_pids[dead_child()] = 1
+    w.check_local_exits()
+    assert w.views[1].exit is None  # after it: the stop's doing
+    for p in children:
+        p.wait()

@@ -74,6 +74,7 @@ class Watcher(threading.Thread):
         self.uplink = uplink          # a node of several: its summaries to the root (watch.uplink)
         self.root = root              # the root of several nodes: every node's summary (watch.root)
         self.on_stop = on_stop        # a node of several: the root stopped the job
+        self.stop_ordered = False     # a node of several: the root ordered the stop (exits after it are ours)
         self.poll = poll or POLL      # seconds between polls (several nodes: root.interval_for the nodes)
         self.summarizer = Summarizer(digests=uplink is not None or root is not None)
         self.node_summary: NodeSummary | None = None
@@ -140,7 +141,11 @@ class Watcher(threading.Thread):
     def check_local_exits(self) -> None:
         """Notice a local rank's death before the agent reaps it (waitid WNOWAIT keeps the zombie).  Only
         the pids the ranks posted are asked (``peek_exit`` answers for this process's children only):
-        scanning /proc for children every poll cost the watcher more than everything else it does."""
+        scanning /proc for children every poll cost the watcher more than everything else it does.  Once the
+        root ordered the stop, a rank's end is the stop's doing, no fact about the job (the root's diagnosis
+        would read it as a rank gone while the others wait): not noted."""
+        if self.stop_ordered:
+            return
         for pid, rank in list(self.local_pids.items()):
             if rank in self.exit_posted:
                 continue
@@ -282,6 +287,7 @@ class Watcher(threading.Thread):
                 self.ack_all()
             self.uplink.answer(self.node_detail(pull.req))
         if ctl.stop and self.on_stop is not None and not self.stopping.is_set():
+            self.stop_ordered = True
             self.on_stop()
 
     def node_detail(self, req: int, final: bool = False) -> NodeDetail:
