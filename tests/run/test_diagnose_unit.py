@@ -72,6 +72,24 @@ def test_exception_root_cause_beats_consequence():
     assert "ValueError" in fs[0].message
 
 
+def test_a_broken_connection_recorded_first_is_still_the_consequence():
+    """Both exceptions inside a collective, the broken connection recorded first (the failing rank posts its
+    own after its DataLoader's teardown): the rank whose error is its own is the root, whatever the times
+    (seen in CI under load: worker_killed blamed the rank that lost its peer).  And a broken connection
+    against a rank that exited with an error and recorded none: that rank."""
+    ddp = {"op": "ddp.backward(allreduce_grads)", "site": site(53)}
+    ev = {"ranks": {
+        0: rank(0, exc={"type": "RuntimeError", "message": "[pair.cc:553] Connection closed by peer",
+                        "location": site(53), "collective": ddp, "t": 4.0}, exit={"exit_code": 1, "signal": None}),
+        1: rank(1, exc={"type": "RuntimeError", "message": "DataLoader worker (pid 7) is killed by signal: Killed.",
+                        "location": site(53), "collective": ddp, "t": 5.0}, exit={"exit_code": 1, "signal": None})}}
+    verdict, fs = diagnose(ev, {"reason": "exit", "rank": 0})
+    assert verdict == "crash" and fs[0].code == "DDP204" and fs[0].ranks == [1], [(f.code, f.ranks) for f in fs]
+    del ev["ranks"][1]["exc"]
+    verdict, fs = diagnose(ev, {"reason": "exit", "rank": 0})
+    assert fs[0].code == "DDP204" and fs[0].ranks == [1], [(f.code, f.ranks) for f in fs]
+
+
 def test_sigkill_named_with_oom_hint():
     ev = {"ranks": {0: rank(0, in_collective={"group": "world", "seq": 9, "op": "all_reduce", "site": site(30)}),
                     1: rank(1, where=site(18))}}

@@ -19,10 +19,11 @@ from ddp_doctor.diagnose.steps import uneven_steps
 
 def _root_ranks(ranks: dict[int, RankState]) -> list[int]:
     """The rank(s) whose exit caused the others': an exception outside a collective, then a killing signal,
-    then an exception inside a collective (the first one), then a non-zero exit."""
-    exc = {r: st.exc for r, st in ranks.items() if st.exc}
-    # a broken connection outside a recorded call (an async collective's wait) follows from a peer's end
-    own = sorted((r for r, e in exc.items() if not e.collective and not _consequence(ranks[r])),
+    then an exception inside a collective (the first one), then a non-zero exit; a broken connection (a
+    peer's end, whenever it was recorded) only where no rank ended otherwise."""
+    broken = {r for r, st in ranks.items() if st.exc and _consequence(st)}
+    exc = {r: st.exc for r, st in ranks.items() if st.exc and r not in broken}
+    own = sorted((r for r, e in exc.items() if not e.collective),
                  key=lambda r: exc[r].t or 0)
     if own:
         first = exc[own[0]]
@@ -35,9 +36,11 @@ def _root_ranks(ranks: dict[int, RankState]) -> list[int]:
         return sorted(sig)
     if exc:
         return sorted(exc, key=lambda r: exc[r].t or 0)[:1]
-    bad = [r for r, st in ranks.items() if st.exit and st.exit.exit_code not in (None, 0, -15)]
+    bad = [r for r, st in ranks.items() if r not in broken and st.exit and st.exit.exit_code not in (None, 0, -15)]
     if bad:
         return sorted(bad)
+    if broken:
+        return sorted(broken, key=lambda r: ranks[r].exc.t or 0)[:1]
     return sorted(r for r, st in ranks.items() if st.signal)
 
 
