@@ -303,3 +303,33 @@ def test_a_node_notes_no_rank_exit_once_the_root_ordered_the_stop():
     assert w.views[1].exit is None  # after it: the stop's doing
     for p in children:
         p.wait()
+
+
+def test_a_summary_after_a_join_era_jump_costs_what_the_view_holds():
+    """After DDP's Join the probe numbers a group's calls from a new era (``probe.groups.ERA``: 10^9 per Join
+    exit).  A summary's window spanned every number between the lowest and the highest position gained -- a
+    billion lookups per view: the watcher spun there until the job ended (join_uneven's launcher burnt 7 CPU-s
+    and decided nothing after its Join).  The window now costs what each view holds, and finds the same."""
+    from ddp_doctor.diagnose.live import find_desync
+    from ddp_doctor.diagnose.summary import Summarizer
+    import time
+
+    from ddp_doctor.probe.groups import ERA
+
+    views = {r: RankView(r) for r in range(2)}
+    summ = Summarizer()
+    for r in range(2):
+        ring = tuple(Collective("world", s, "all_reduce", ("4",), ("float32",), TRAIN) for s in range(0, 30))
+        views[r].update(RankState(rank=r, progress=30, seq={"world": 30}, fingerprints=ring), 1.0)
+    assert summ.summary(views, 1.0).desync is None
+    for r in range(2):  # rank 1 gains its last pre-Join call late, both then run calls of the new era
+        late = (Collective("world", 30, "all_reduce", ("8",) if r else ("4",), ("float32",), TRAIN),) if r else ()
+        ring = late + tuple(Collective("world", ERA + s, "all_reduce", ("4",), ("float32",), TRAIN) for s in range(31))
+        if not r:
+            ring = (Collective("world", 30, "all_reduce", ("4",), ("float32",), TRAIN),) + ring
+        views[r].update(RankState(rank=r, progress=90, seq={"world": ERA + 31}, fingerprints=ring), 2.0)
+    t = time.process_time()
+    got = summ.summary(views, 2.0).desync
+    assert time.process_time() - t < 1.0
+    want = find_desync(views, 2)
+    assert want is not None and got is not None and (got.seq, got.group) == (want.seq, want.group) == (30, "world")

@@ -169,10 +169,14 @@ class Summarizer:
             fps = v.fps
             cut = {}
             for g, a in lo.items():
-                for seq in range(a, hi[g] + 1):
-                    c = fps.get((g, seq))
-                    if c is not None:
-                        cut[(g, seq)] = c
+                b = hi[g]
+                if b - a < len(fps):
+                    for seq in range(a, b + 1):
+                        c = fps.get((g, seq))
+                        if c is not None:
+                            cut[(g, seq)] = c
+                else:  # (a span wider than the view: a numbering that jumped -- DDP's Join starts a new era)
+                    cut.update(((g2, seq), c) for (g2, seq), c in fps.items() if g2 == g and a <= seq <= b)
             out[r] = _Cut(v.rank, v.state, v.exit, cut)
         return out
 
