@@ -88,6 +88,15 @@ def test_a_broken_connection_recorded_first_is_still_the_consequence():
     del ev["ranks"][1]["exc"]
     verdict, fs = diagnose(ev, {"reason": "exit", "rank": 0})
     assert fs[0].code == "DDP204" and fs[0].ranks == [1], [(f.code, f.ranks) for f in fs]
+    # the dead worker's batch fails first in the rank's own loop ('Connection reset by peer' from its queue),
+    # recorded after the peer's broken connection: the rank whose worker the probe found dead, at its loader
+    ev["ranks"][1]["exc"] = {"type": "ConnectionResetError", "message": "[Errno 104] Connection reset by peer",
+                             "location": site(51), "collective": None, "t": 5.0}
+    ev["ranks"][1]["loaders"] = [{"site": site(45), "num_workers": 2, "worker_pids": [7, 8],
+                                  "worker_exits": [{"pid": 7, "exit_code": None, "signal": "SIGKILL"}]}]
+    verdict, fs = diagnose(ev, {"reason": "exit", "rank": 0})
+    assert fs[0].code == "DDP204" and fs[0].ranks == [1] and fs[0].location.line == 45, [
+        (f.code, f.ranks, f.location) for f in fs]
 
 
 def test_sigkill_named_with_oom_hint():

@@ -180,9 +180,10 @@ def beyond_lost_nodes(ev: JobEvidence, ranks: dict[int, RankState]) -> dict[int,
 
 
 def _consequence(st: RankState) -> bool:
-    """A rank's exception reads as a lost peer's consequence (a broken connection)."""
+    """A rank's exception reads as a lost peer's consequence (a broken connection) -- unless the rank's own
+    DataLoader worker died (the connection that broke was the worker's queue: the rank's own failure)."""
     msg = (st.exc.message or "").lower() if st.exc else ""
-    return any(w in msg for w in _CONSEQUENCE_WORDS)
+    return any(w in msg for w in _CONSEQUENCE_WORDS) and not any(ld.worker_exits for ld in st.loaders)
 
 
 def _alone_after(waiting: dict[int, RankState], done: list[RankState]) -> list[int]:
