@@ -37,7 +37,7 @@ test: setup browser compile
 	$(PY) -m pytest $(PARALLEL) -m "not timing"
 	$(PY) -m pytest -m timing
 
-# The fast tier (< 1 minute): everything that launches no multi-rank job (`scenario` marks those):
+# The fast tier (< 1 minute): everything that launches no real rank process (`scenario` marks those):
 # unit tests, lint fixtures, renderers fed with reports and evidence captured from real runs, golden texts.
 test-fast: setup browser compile
 	$(PY) -m pytest $(PARALLEL) -m "not scenario" -q

@@ -16,6 +16,8 @@ import pytest
 
 from conftest import SCRIPTS, Blackhole, env
 
+pytestmark = pytest.mark.scenario  # real ranks under the probe and real stores: ~11 s a case (not the fast tier)
+
 SERVER = ("import sys, time, torch.distributed as d; s = d.TCPStore('127.0.0.1', 0, is_master=True, "
           "wait_for_workers=False); print(s.port, flush=True); time.sleep(300)")
 
