@@ -110,9 +110,11 @@ def test_a_rank_that_ran_the_sharded_model_once_more_is_the_culprit_not_the_one_
 
 
 def test_lint_names_the_rank_conditional_side_when_both_lines_are_new():
+    """Each rank at a line the others never ran: no position names a culprit, lint's flag on one side does
+    (the same rule for every source: ``blame_calls``), unless another rank ran that line too."""
     from types import SimpleNamespace
 
-    from ddp_doctor.diagnose.apiwords import lint_subset
+    from ddp_doctor.diagnose.blame import blame_calls
 
     save = Site("/x/t.py", 34, "main", "dcp.save")
     barrier = Site("/x/t.py", 35, "main")
@@ -120,12 +122,15 @@ def test_lint_names_the_rank_conditional_side_when_both_lines_are_new():
              1: Collective("world", 40, "barrier", site=barrier)}
     ranks = {r: RankState(rank=r) for r in calls}
     flagged = [SimpleNamespace(code="DDP201", path="/y/t.py", line=34, cause=None)]
-    assert lint_subset(calls, ranks, flagged) == [0]
-    assert lint_subset(calls, ranks, []) == []
+    assert blame_calls(calls, flagged, ranks).unpack() == ("DDP201", [0], save)
+    assert blame_calls(calls, [], ranks).code == "DDP203"
     both = flagged + [SimpleNamespace(code="DDP201", path="/y/t.py", line=35, cause=None)]
-    assert lint_subset(calls, ranks, both) == []
+    assert blame_calls(calls, both, ranks).code == "DDP203"
     seen = {1: RankState(rank=1, sites_seen=frozenset({("gather_object", save.key())}))}
-    assert lint_subset(calls, {**ranks, **seen}, flagged) == []  # rank 1 ran that line too
+    # rank 1 ran that line too: not lint's branch; the history names rank 1's barrier, at a line rank 0 never ran
+    b = blame_calls(calls, flagged, {**ranks, **seen})
+    assert b.unpack() == ("DDP201", [1], barrier) and not b.lint_seen
+    assert blame_calls(calls, flagged).unpack() == ("DDP201", [0], save)  # no history: lint's flag stands
 
 
 def test_the_stage_that_ran_the_pipeline_step_more_often_is_the_culprit():

@@ -44,25 +44,6 @@ def why_all(c: Collective) -> str:
     return f" {why[0].upper()}{why[1:]}."
 
 
-def lint_subset(calls: dict[int, Collective | None], ranks: dict[int, RankState], lint) -> list[int]:
-    """The ranks whose call is at a line lint flagged as rank-conditional (DDP201) and the other ranks never
-    ran, when those are some but not all of the ranks.  Asked where the positions alone name no culprit
-    (DDP203: each rank at a line the others never ran, a `dcp.save` under `if rank == 0` against the
-    barrier after it): the script says which branch only some ranks take.  Explains a proof (the calls
-    already disagree), never makes one."""
-    known = {r: c for r, c in calls.items() if c is not None and c.site is not None and c.group != GROUP_CREATION}
-    if len(known) < 2 or not lint:
-        return []
-    flagged = [r for r, c in known.items() if lint_flagged(lint, "DDP201", c.site)]
-    if not flagged or len(flagged) == len(known):
-        return []
-    seen = {r: {k for _op, k in ranks[r].sites_seen} for r in known if r in ranks}
-    flagged_lines = {known[r].site.key() for r in flagged}
-    if any(k in seen.get(o, ()) for k in flagged_lines for o in known if o not in flagged):
-        return []  # the others ran that line too: not a branch only these ranks take
-    return sorted(flagged)
-
-
 def api_parting(ranks: dict[int, RankState], stale: bool = False) -> tuple[list[int], dict] | None:
     """Where ranks parted inside an API before a mismatch showed: the first position whose calls agree as torch
     sees them, at least one issued inside a table API, some ranks at a line no other rank ever issued a

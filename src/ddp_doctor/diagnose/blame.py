@@ -138,16 +138,27 @@ def blame_calls(calls: Mapping[int, Collective | None], lint: Sequence[LintMark]
     collective only some ranks call"); without it, where each rank stands against DDP's own collectives; then
     the one group of agreeing calls lint flags as rank-conditional; else the ranks outside the majority
     (DDP203)."""
-    b = _by_history(calls, ranks) if ranks is not None else _by_position(calls, lint)
+    b = (_by_history(calls, ranks) if ranks is not None else _by_position(calls, lint)) or _by_lint(calls, lint, ranks)
     if b is not None:
         return b
-    flagged = [rs for rs in _agreeing(calls).values()
-               if lint_code_at(lint, calls[rs[0]].site)]  # type: ignore[union-attr]
-    if len(flagged) == 1 and len(flagged[0]) < len(calls):
-        site = calls[flagged[0][0]].site  # type: ignore[union-attr]
-        return Blame(lint_code_at(lint, site) or "DDP201", tuple(flagged[0]), site, lint_seen=True)
     fault, site = odd_ones_out(calls)
     return Blame("DDP203", tuple(fault), site)
+
+
+def _by_lint(calls: Mapping[int, Collective | None], lint: Sequence[LintMark] | None,
+             ranks: Mapping[int, RankState] | None) -> Blame | None:
+    """The one set of agreeing calls, fewer than all the ranks, at a line lint flags as rank-conditional: the script says
+    which branch only some ranks take.  Where the ranks' history is known, a line another rank ran too refutes
+    it (not a branch only these ranks take).  Explains calls that already disagree, never makes a proof."""
+    known = {r: c for r, c in calls.items() if c is not None and c.site is not None and c.group != GROUP_CREATION}
+    flagged = [rs for rs in _agreeing(known).values() if lint_code_at(lint, known[rs[0]].site)]
+    if len(flagged) != 1 or len(flagged[0]) >= len(calls):
+        return None
+    site = known[flagged[0][0]].site
+    if ranks is not None and any(site.key() in {k for _op, k in _st(ranks, o).sites_seen}  # type: ignore[union-attr]
+                                 for o in calls if o not in flagged[0]):
+        return None
+    return Blame(lint_code_at(lint, site) or "DDP201", tuple(flagged[0]), site, lint_seen=True)
 
 
 def _by_position(calls: Mapping[int, Collective | None], lint: Sequence[LintMark] | None) -> Blame | None:

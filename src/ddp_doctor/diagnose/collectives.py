@@ -11,7 +11,7 @@ from ddp_doctor.evidence.ops import C10D_FILE, collective_frame, op_name
 from ddp_doctor.findings import runtime_fix
 
 from ddp_doctor.diagnose.calltext import differs_text
-from ddp_doctor.diagnose.apiwords import (api_of, api_parting, called, lint_subset, more_often, op_text,
+from ddp_doctor.diagnose.apiwords import (api_of, api_parting, called, more_often, op_text,
                                           went_alone, why_all)
 from ddp_doctor.diagnose.blame import (agreement, blame_calls, ddp_subset_forwards, group_members, not_members_passed,
                                       thread_ran_on)
@@ -258,9 +258,7 @@ def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Draft]:
         alone = went_alone(ranks)
         return [_went_alone_finding(alone, calls, ranks, d.group, d.seq) if alone is not None
                 else _ran_longer(longer, calls, ranks, d.group, d.seq)]
-    code, fault, site = blame_calls(calls, ranks=ranks).unpack()
-    if code == "DDP203" and (flagged := lint_subset(calls, ranks, lint)):
-        code, fault, site = "DDP201", flagged, calls[flagged[0]].site
+    code, fault, site = blame_calls(calls, lint, ranks=ranks).unpack()
     if code == "DDP201":
         early = _left_loop_early(ranks, calls, fault, site, lint, d.group, d.seq)
         if early:
