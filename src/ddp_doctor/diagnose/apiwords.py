@@ -6,7 +6,7 @@ from __future__ import annotations
 from ddp_doctor.apis import collective_why
 from ddp_doctor.evidence import GROUP_CREATION, Collective, RankState, Site, SiteCount
 
-from ddp_doctor.diagnose.common import lint_flagged, where
+from ddp_doctor.diagnose.common import where
 from ddp_doctor.diagnose.decision import user_stack
 from ddp_doctor.diagnose.source import under_rank_branch
 

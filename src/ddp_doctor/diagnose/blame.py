@@ -147,9 +147,10 @@ def blame_calls(calls: Mapping[int, Collective | None], lint: Sequence[LintMark]
 
 def _by_lint(calls: Mapping[int, Collective | None], lint: Sequence[LintMark] | None,
              ranks: Mapping[int, RankState] | None) -> Blame | None:
-    """The one set of agreeing calls, fewer than all the ranks, at a line lint flags as rank-conditional: the script says
-    which branch only some ranks take.  Where the ranks' history is known, a line another rank ran too refutes
-    it (not a branch only these ranks take).  Explains calls that already disagree, never makes a proof."""
+    """The one set of agreeing calls, fewer than all the ranks, at a line lint flags as rank-conditional: the
+    script says which branch only some ranks take.  Where the ranks' history is known, a line another rank ran
+    too refutes it (not a branch only these ranks take).  Explains calls that already disagree, never makes a
+    proof."""
     known = {r: c for r, c in calls.items() if c is not None and c.site is not None and c.group != GROUP_CREATION}
     flagged = [rs for rs in _agreeing(known).values() if lint_code_at(lint, known[rs[0]].site)]
     if len(flagged) != 1 or len(flagged[0]) >= len(calls):
