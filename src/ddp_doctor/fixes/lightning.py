@@ -37,6 +37,20 @@ def _default_store():
     return None
 
 
+def _leave_together(store, prefix: str, rank: int, world: int, timeout: float) -> None:
+    """Rank 0 leaves the exchange only once every rank has read the counts.  Without torchrun's agent the store
+    lives in rank 0's process (Lightning's own launcher): after the last epoch rank 0 ends, and the store with it,
+    while another rank may still be reading (DistNetworkError on a healthy job).  The others' last call here is
+    a ``set``, which waits for no answer."""
+    store.set(f"{prefix}read/{rank}", "1")
+    if rank != 0:
+        return
+    try:
+        store.wait([f"{prefix}read/{r}" for r in range(world)], datetime.timedelta(seconds=timeout))
+    except Exception:  # a rank gone after it wrote its count: the counts read are compared all the same
+        pass
+
+
 class DDPDoctorCallback(Callback):
     """Check every epoch that all ranks run the same number of training batches.
 
@@ -122,7 +136,8 @@ class DDPDoctorCallback(Callback):
                     f"but rank(s) {missing} had not finished it {timeout:.0f} s later: they have more batches, and "
                     "their next gradient all-reduce waits for ranks that already left the loop (the job would hang "
                     "here). Make every rank run the same number of batches: ddp_doctor.fixes.EvenBatches.") from None
-            counts = {r: int(store.get(k)) for r, k in enumerate(keys)}
+            counts = {r: int(v) for r, v in enumerate(store.multi_get(keys))}
+            _leave_together(store, prefix, rank, world, timeout)
         if len(set(counts.values())) > 1:
             raise UnevenStepsError(
                 f"DDP101 uneven-steps: in epoch {epoch} the ranks ran different numbers of training batches {counts}: "
