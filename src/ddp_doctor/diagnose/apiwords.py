@@ -56,7 +56,7 @@ def api_parting(ranks: dict[int, RankState], stale: bool = False) -> tuple[list[
     if len(fps) < 2:
         return None
     common = set.intersection(*(set(m) for m in fps.values()))
-    seen = {r: {k for _op, k in ranks[r].sites_seen} for r in fps}
+    seen = {r: ranks[r].lines_seen() for r in fps}
     for key in sorted(common, key=lambda k: (k[1] if k[1] is not None else -1, str(k[0]))):
         calls = {r: m[key] for r, m in fps.items()}
         vals = list(calls.values())
@@ -111,7 +111,7 @@ def went_alone(ranks: dict[int, RankState]) -> tuple[list[int], SiteCount] | Non
             if sc.site is None or not sc.site.api or not others:
                 continue
             key = sc.site.key()
-            if any(key == k for o in others for _op, k in ranks[o].sites_seen) or not under_rank_branch(sc.site, files):
+            if any(key in ranks[o].lines_seen() for o in others) or not under_rank_branch(sc.site, files):
                 continue
             hits.setdefault(key, ([], sc))[0].append(r)
     found = [v for v in hits.values() if len(v[0]) < len(ranks)]
@@ -133,7 +133,7 @@ def more_often(calls: dict[int, Collective | None], ranks: dict[int, RankState])
         key, others = c.site.key(), [o for o in known if o != r]
         if not others or any(known[o].site.key() == key for o in others):
             continue
-        if not all(any(k == key for _op, k in ranks[o].sites_seen) for o in others):
+        if not all(key in ranks[o].lines_seen() for o in others):
             continue  # a line the others never ran: a rank-conditional call, not a longer loop
         if any(under_rank_branch(f) for o in others for f in [known[o].site, *user_stack(ranks[o])]):
             continue  # another went into a branch on the rank: that one went alone, not this one on longer

@@ -156,7 +156,7 @@ def _by_lint(calls: Mapping[int, Collective | None], lint: Sequence[LintMark] | 
     if len(flagged) != 1 or len(flagged[0]) >= len(calls):
         return None
     site = known[flagged[0][0]].site
-    if ranks is not None and any(site.key() in {k for _op, k in _st(ranks, o).sites_seen}  # type: ignore[union-attr]
+    if ranks is not None and any(site.key() in _st(ranks, o).lines_seen()  # type: ignore[union-attr]
                                  for o in calls if o not in flagged[0]):
         return None
     return Blame(lint_code_at(lint, site) or "DDP201", tuple(flagged[0]), site, lint_seen=True)
@@ -207,7 +207,7 @@ def _by_history(calls: Mapping[int, Collective | None], ranks: Mapping[int, Rank
     # are on the common path: in DDP's own collectives, or at a line the culprits issue collectives at too
     # (Lightning's per-batch broadcast at `trainer.fit`, a metric all_reduce every rank makes each step).
     # Before the DDP-op check below: a DDP backward the culprit has not reached yet is not a subset's.
-    lines = {r: {k for _op, k in seen[r]} for r in calls}
+    lines = {r: _st(ranks, r).lines_seen() for r in calls}
     subset = [r for r, c in calls.items()
               if c and not c.op.startswith("ddp.") and _line_unseen(r, c, calls, lines, reliable)]
 

@@ -190,7 +190,7 @@ def _alone_after(waiting: dict[int, RankState], done: list[RankState]) -> list[i
     """Waiting ranks in a collective of their own (not DDP's) at a line no finished rank ever reached: with the
     same step counts, not a rank that left training early but ranks that went on alone (an evaluation on
     the main process only)."""
-    seen = {k for st in done for _op, k in st.sites_seen}
+    seen = {k for st in done for k in st.lines_seen()}
     return sorted(r for r, st in waiting.items() if (c := _waited_in(st)) and c.site
                   and not c.op.startswith("ddp.") and c.site.key() not in seen)
 

@@ -97,6 +97,10 @@ class RankState:
         tl = self.train_loader
         return self.loaders[tl] if tl is not None and 0 <= tl < len(self.loaders) else None
 
+    def lines_seen(self) -> frozenset:
+        """The site keys (file, line, function) of every line the rank ever issued a collective at, whatever op."""
+        return frozenset(k for _op, k in self.sites_seen)
+
     def join_epochs(self) -> frozenset[int]:
         """Training epochs this rank ran (partly) inside DDP's Join, where step counts may differ."""
         tl = self.train_loader_state()
