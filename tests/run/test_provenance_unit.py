@@ -290,6 +290,28 @@ def test_a_while_loop_one_rank_left(tmp_path):
     d = provenance.locate([1], ranks)
     assert d is not None and d.site.line == dec and d.kind == "while" and d.condition == "tokens_seen < budget"
     assert dict(d.ways) == {1: "left the loop", 0: "stayed in the loop"}
+
+
+def test_every_rank_still_in_the_loop_is_named(tmp_path):
+    """Three ranks, one left: both ranks whose stacks stand inside the loop stayed in it (not only the one
+    compared with); a rank whose stack is elsewhere is left unsaid."""
+    path = _script(tmp_path, """
+        def main():
+            while tokens_seen < budget:  # decision
+                tokens_seen += step()  # rank0
+            dist.barrier()  # rank1
+        def elsewhere():
+            pass  # rank3
+    """)
+    dec, r0, r1, r3 = (_line(path, m) for m in ("# decision", "# rank0", "# rank1", "# rank3"))
+    vals = {"main": {"tokens_seen": "900", "budget": "1000"}}
+    ranks = {0: _rank(0, [Site(path, r0, "main")], vals),
+             1: _rank(1, [Site(path, r1, "main")], {"main": {"tokens_seen": "1012", "budget": "1000"}}),
+             2: _rank(2, [Site(path, r0, "main")], vals), 3: _rank(3, [Site(path, r3, "elsewhere")], vals)}
+    d = provenance.locate([1], ranks)
+    assert d is not None and d.site.line == dec and d.kind == "while"
+    assert dict(d.ways) == {1: "left the loop", 0: "stayed in the loop", 2: "stayed in the loop"}
+    assert "ranks 0, 2 stayed in the loop" in d.text()
     assert "differ between the ranks" in d.why
 
 

@@ -158,7 +158,8 @@ def _loop_exit(fn, lines, line, a, b, ranks, path, function, sure: bool = False)
             names = names_read(node.test)
             vals = values_at(ranks, order, Site(path, node.lineno, function), names)
             verb = "returned" if isinstance(stmt, ast.Return) else "left the loop"
-            ways = ((left, f"{verb} at line {stmt.lineno}"), (stayed, "stayed in the loop"))
+            ways = ((left, f"{verb} at line {stmt.lineno}"), (stayed, "stayed in the loop"),
+                    *_stayed_too(loop, path, function, ranks, order))
             why = set_on_some_ranks(path, fn, node.test) or why_it_varies(source_of(node.test, lines), vals,
                                                                          reads_rank(path, fn, node.test))
             return Decision(Site(path, stmt.lineno, function), keyword(stmt), source_of(node.test, lines), ways, vals,
@@ -176,6 +177,13 @@ def _loop_exit(fn, lines, line, a, b, ranks, path, function, sure: bool = False)
             if evident:
                 return header
     return None
+
+
+def _stayed_too(loop, path: str, function: str, ranks: dict[int, RankState], told) -> tuple[tuple[int, str], ...]:
+    """The ranks besides those ``told`` whose stack stands inside ``loop`` now: they stayed in it too (a
+    fact of their own stacks; a third rank elsewhere is left unsaid)."""
+    return tuple((r, "stayed in the loop") for r in sorted(ranks) if r not in told and any(
+        f.path == path and f.function == function and within(loop, f.line) for f in user_stack(ranks[r])))
 
 
 def _skips(st: RankState) -> int:
@@ -217,7 +225,8 @@ def _skipped_step(loop, lines, left, stayed, ranks, path, fn, function) -> Decis
                 (stayed, f"trained on its batches ({n_stayed} skipped)"))
     else:
         ways = ((left, f"left the loop after {ranks[left].step} optimizer steps"),
-                (stayed, f"is still in it, in step {_steps_run(ranks[stayed])}"))
+                *((r, f"is still in it, in step {_steps_run(ranks[r])}")
+                  for r in (stayed, *(o for o, _w in _stayed_too(loop, path, function, ranks, order)))))
     return Decision(Site(path, stmt.lineno, function), keyword(stmt), source_of(node.test, lines), ways, vals,
                     why_it_varies(source_of(node.test, lines), vals, reads_rank(path, fn, node.test)),
                     parting="skip", culprits=(left,))
@@ -226,7 +235,8 @@ def _skipped_step(loop, lines, left, stayed, ranks, path, fn, function) -> Decis
 def _loop_header(loop, lines, left, stayed, ranks, path, fn, function) -> tuple[Decision, bool]:
     """The loop as the decision, and whether its test or iterable shows it: it reads the rank, or its names
     hold different values on the ranks (``batches`` 4 on rank 0, 3 on rank 1)."""
-    ways = ((left, "left the loop"), (stayed, "stayed in the loop"))
+    ways = ((left, "left the loop"), (stayed, "stayed in the loop"), *_stayed_too(loop, path, function, ranks,
+                                                                                 [left, stayed]))
     at = Site(path, loop.lineno, function)
     expr = loop.test if isinstance(loop, ast.While) else loop.iter
     vals = values_at(ranks, [left, stayed], at, names_read(expr))
