@@ -95,6 +95,26 @@ def test_one_policy_for_the_odd_rank_out():
     assert not bad, bad
 
 
+
+def test_the_history_rules_are_asked_in_one_order():
+    """What the probe's history says of the odd rank out (an API entered once more than the others, ranks that
+    went alone into one) is asked by the policy alone, so a mismatch, gloo's abort and a hang get one order;
+    where the ranks parted before it showed (``api_parting``, ``from_parted``) is asked through
+    ``collectives.parted_first`` alone, whichever way it showed (the desync and abort paths once asked them in
+    two different orders of their own)."""
+    owners = {"more_often": {POLICY}, "went_alone": {POLICY},
+              "api_parting": {SRC / "diagnose" / "collectives.py"}, "from_parted": {SRC / "diagnose" / "collectives.py"}}
+    bad = []
+    for p, text in _sources():
+        for name in _called(ast.parse(text)) & set(owners):
+            if p not in owners[name]:
+                bad.append(f"{p.relative_to(SRC)}: asks {name}")
+    coll = ast.parse((SRC / "diagnose" / "collectives.py").read_text(encoding="utf-8"))
+    for fn in (n for n in ast.walk(coll) if isinstance(n, ast.FunctionDef) and n.name != "parted_first"):
+        for name in _called(fn) & {"_api_parted", "from_parted"}:
+            bad.append(f"collectives.{fn.name} asks {name} outside parted_first")
+    assert not bad, bad
+
 # -- one judge of a stuck job (issue 35): run's probe states, attach's samples and Flight Recorder's dumps each hand
 # their evidence to diagnose/stuck.py through a small EvidenceSource class of their own ----------------------------
 JUDGE = SRC / "diagnose" / "stuck.py"

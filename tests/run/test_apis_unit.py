@@ -83,11 +83,12 @@ def test_api_parting_finds_the_rank_that_alone_ran_the_sharded_model():
     # both ranks ran both lines: no one alone
     r1b = _fsdp_rank(1, [(1, train), (2, train)], [train.key(), ev.key()])
     assert api_parting({0: r0, 1: r1b}) is None
-    # a rank gloo killed posted up to position 1: past it, only with stale=True
+    # a rank gloo killed posted up to position 1: past it, judged by its last post
     dead = _fsdp_rank(1, [(1, train)], [train.key()], exit=ExitStatus(-6, "SIGABRT"))
-    assert api_parting({0: r0, 1: dead}) is None
-    fault, calls = api_parting({0: r0, 1: dead}, stale=True)
+    fault, calls = api_parting({0: r0, 1: dead})
     assert fault == [0] and calls[1] is None
+    # the same rank alive (it has not posted past position 1 yet): nothing known past it
+    assert api_parting({0: r0, 1: _fsdp_rank(1, [(1, train)], [train.key()])}) is None
 
 
 def test_a_rank_that_ran_the_sharded_model_once_more_is_the_culprit_not_the_one_that_went_on():
@@ -107,6 +108,32 @@ def test_a_rank_that_ran_the_sharded_model_once_more_is_the_culprit_not_the_one_
     assert fault == [0] and "rank 0: 13, rank 1: 12" in counts
     # rank 1 never ran the forward at all: not a longer loop (a rank-conditional call instead)
     assert more_often(calls, {0: st(0, 13, [fwd]), 1: st(1, 0, [])}) is None
+
+    # the one policy asks it, so a hang (both stuck there) gets the same culprit, worded with how it showed
+    from ddp_doctor.diagnose.blame import MORE_OFTEN, blame_calls
+    from ddp_doctor.diagnose.collectives import finding_for_blame
+    from ddp_doctor.diagnose.stuck import Kind, Standing, judge
+
+    ranks = {0: st(0, 13, [fwd]), 1: st(1, 12, [fwd])}
+    b = blame_calls(calls, [], ranks)
+    assert (b.code, b.ranks, b.site, b.why) == ("DDP201", (0,), fwd, MORE_OFTEN)
+
+    class Stuck2:
+        def standings(self):
+            return {r: Standing(r, c) for r, c in calls.items()}
+
+        def history(self):
+            return ranks
+
+        def lint(self):
+            return ()
+
+    j = judge(Stuck2())
+    assert j.kind == Kind.PAIRED and j.blame == b
+    f = finding_for_blame(j.blame, calls, ranks, "world", 12, "No rank progressed for 60s")
+    assert f.ranks == [0] and "more often than the other ranks (all_gather_single calls at that line: " \
+        "rank 0: 13, rank 1: 12)" in f.said
+    assert "No rank progressed for 60s" in f.said and "Detected as it happened" not in f.said
 
 
 def test_lint_names_the_rank_conditional_side_when_both_lines_are_new():

@@ -104,7 +104,7 @@ def test_a_rank_conditional_collective_inside_one_subgroup_names_that_group():
     verdict, fs = diagnose(_node_ranks({2}), HANG)
     f = fs[0]
     assert f.code == "DDP201" and f.ranks == [2] and f.location.line == 48
-    assert "on pg:2,3 (ranks 2, 3), a line the other ranks of that group never reach" in f.message
+    assert "on pg:2,3 (ranks 2, 3), a line the other ranks of that group have not reached" in f.message
     assert "rank 3 waits in ddp.backward(allreduce_grads)" in f.message
 
 

@@ -44,12 +44,12 @@ def why_all(c: Collective) -> str:
     return f" {why[0].upper()}{why[1:]}."
 
 
-def api_parting(ranks: dict[int, RankState], stale: bool = False) -> tuple[list[int], dict] | None:
+def api_parting(ranks: dict[int, RankState]) -> tuple[list[int], dict] | None:
     """Where ranks parted inside an API before a mismatch showed: the first position whose calls agree as torch
     sees them, at least one issued inside a table API, some ranks at a line no other rank ever issued a
     collective at (rank 0's evaluation through an FSDP2 model: its all-gathers pair silently with rank 1's
     next training forward, and only later a reduce-scatter meets an all-gather).  (those ranks, the calls),
-    or None.  ``stale``: ranks killed by a signal are judged by their last post (``_past_the_dead``).
+    or None.  Ranks killed by a signal are judged by their last post (``_past_the_dead``).
     Explains a proof, never makes one."""
     fps = {r: {(c.group, c.seq): c for c in st.fingerprints} for r, st in ranks.items()
            if st.fingerprints and not st.missing}
@@ -70,7 +70,7 @@ def api_parting(ranks: dict[int, RankState], stale: bool = False) -> tuple[list[
                        if all(c.site.key() not in seen[o] for o in calls if o != r))
         if 0 < len(fault) < len(calls):
             return fault, calls
-    return _past_the_dead(ranks, fps, seen) if stale else None
+    return _past_the_dead(ranks, fps, seen)
 
 
 def _past_the_dead(ranks: dict[int, RankState], fps: dict, seen: dict) -> tuple[list[int], dict] | None:

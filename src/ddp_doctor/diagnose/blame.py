@@ -10,24 +10,33 @@ import os
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
+from ddp_doctor.diagnose.apiwords import more_often, went_alone
 from ddp_doctor.diagnose.common import same_line
 from ddp_doctor.diagnose.live import group_ranks
-from ddp_doctor.evidence import GROUP_CREATION, Collective, LintMark, RankState, Site
+from ddp_doctor.evidence import GROUP_CREATION, Collective, LintMark, RankState, Site, SiteCount
 from ddp_doctor.findings import Finding
 
 # lint's codes that say "this line is reached under a rank-dependent condition"
 RANK_CONDITIONAL = ("DDP201", "DDP202")
+# why the history blames ranks, when it is not that their calls at this position differ (``Blame.why``)
+MORE_OFTEN = "more-often"  # they entered an API once more than the others, at a line every rank runs
+WENT_ALONE = "went-alone"  # they issued collectives inside an API in a branch on the rank no other rank ran
 
 
 @dataclass(frozen=True)
 class Blame:
     """The ranks at fault, the code, and the line to show; ``lint_seen``: the code is lint's (it flags that
-    line), not inferred from where the ranks stand."""
+    line), not inferred from where the ranks stand; ``why``: what in their history blames them (``MORE_OFTEN``
+    with the per-rank ``counts`` in words, ``WENT_ALONE`` with the line's count ``alone``), None when their
+    calls differ."""
 
     code: str
     ranks: tuple[int, ...]
     site: Site | None
     lint_seen: bool = False
+    why: str | None = None
+    counts: str = ""
+    alone: SiteCount | None = None
 
     def unpack(self) -> tuple[str, list[int], Site | None]:
         """(code, ranks at fault, their line), as run's wording takes them."""
@@ -134,8 +143,8 @@ def blame_calls(calls: Mapping[int, Collective | None], lint: Sequence[LintMark]
     collectives; ``attach``: where each is stuck; Flight Recorder: one sequence number).
 
     One order for every source, the firmest fact first: what the ranks' history proves, where there is one
-    (``ranks``: run's probe states; a line the others never ran is a fact, and one they did run refutes "a
-    collective only some ranks call"); without it, where each rank stands against DDP's own collectives; then
+    (``ranks``: run's probe states; an API entered once more than the others at a shared line, a line the
+    others never ran is a fact, and one they did run refutes "a collective only some ranks call"); without it, where each rank stands against DDP's own collectives; then
     the one group of agreeing calls lint flags as rank-conditional; else the ranks outside the majority
     (DDP203)."""
     b = (_by_history(calls, ranks) if ranks is not None else _by_position(calls, lint)) or _by_lint(calls, lint, ranks)
@@ -180,8 +189,17 @@ def _by_position(calls: Mapping[int, Collective | None], lint: Sequence[LintMark
 
 
 def _by_history(calls: Mapping[int, Collective | None], ranks: Mapping[int, RankState]) -> Blame | None:
-    """What the ranks' history proves (``run``'s probe: the collectives each rank ever issued and where, its DDP
-    forwards): ranks in a DDP forward or a collective at a line the others never ran (DDP202, DDP201)."""
+    """What the ranks' history proves (``run``'s probe: the collectives each rank ever issued and where, how
+    often, its DDP forwards): ranks that entered an API once more than the others at a line every rank runs --
+    unless another rank went alone into an API under a branch on the rank first, which put them ahead
+    (DDP201); ranks in a DDP forward or a collective at a line the others never ran (DDP202, DDP201)."""
+    longer = more_often(dict(calls), dict(ranks)) if _paired(calls) else None
+    if longer is not None:
+        alone = went_alone(dict(ranks))
+        if alone is not None:
+            return Blame("DDP201", tuple(alone[0]), alone[1].site, why=WENT_ALONE, alone=alone[1])
+        first = calls[longer[0][0]]
+        return Blame("DDP201", tuple(longer[0]), first.site if first else None, why=MORE_OFTEN, counts=longer[1])
     seen = {r: _st(ranks, r).sites_seen for r in calls}
     # a rank killed by a signal published its last state up to 0.25 s before: what it "never ran" is unknown
     reliable = {o for o in calls if not (_st(ranks, o).exit and _st(ranks, o).exit.killed)}
@@ -221,6 +239,15 @@ def _by_history(calls: Mapping[int, Collective | None], ranks: Mapping[int, Rank
     if subset and len(subset) < len(calls):
         return Blame("DDP202", tuple(subset), calls[subset[0]].site)
     return None
+
+
+def _paired(calls: Mapping[int, Collective | None]) -> bool:
+    """Every rank's call at one known position (a group and its sequence number): the calls were paired, so a
+    rank that entered an API more often than another did so before the same point of their shared collective
+    order -- a longer loop.  Calls of different positions (ranks blocked in several groups) prove no such
+    thing: a rank a step ahead has entered it more often too."""
+    pos = {(c.group, c.seq) for c in calls.values() if c is not None}
+    return None not in calls.values() and len(pos) == 1 and next(iter(pos))[1] is not None
 
 
 def _line_unseen(r: int, c: Collective, calls: Mapping[int, Collective | None], lines: dict[int, set],

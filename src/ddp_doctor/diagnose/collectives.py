@@ -11,10 +11,10 @@ from ddp_doctor.evidence.ops import C10D_FILE, collective_frame, op_name
 from ddp_doctor.findings import runtime_fix
 
 from ddp_doctor.diagnose.calltext import differs_text
-from ddp_doctor.diagnose.apiwords import (api_of, api_parting, called, more_often, op_text,
-                                          went_alone, why_all)
-from ddp_doctor.diagnose.blame import (agreement, blame_calls, ddp_subset_forwards, group_members, not_members_passed,
-                                      thread_ran_on)
+from ddp_doctor.diagnose.apiwords import api_of, api_parting, called, op_text, why_all
+from ddp_doctor.diagnose.blame import (MORE_OFTEN, WENT_ALONE, Blame, agreement, blame_calls, ddp_subset_forwards,
+                                      group_members, not_members_passed, thread_ran_on)
+from ddp_doctor.diagnose.live import parted_calls
 from ddp_doctor.diagnose.common import (FIX_101, FIX_201, FIX_202, FIX_203, lint_flagged, lint_line, loc, others_text, ranks_of,
                                         step_evidence, user_frame, where)
 from ddp_doctor.diagnose.sizes import explain as explain_sizes
@@ -66,8 +66,11 @@ class PositionBlame:
     group: str | None
     seq: int | str | None
     why: str | None = None
+    blame: Blame | None = None  # the judge's answer, when its history says why (``Blame.why``)
 
     def finding(self, ranks: dict[int, RankState], detected_how: str) -> Draft:
+        if self.blame is not None and self.blame.why is not None:
+            return finding_for_blame(self.blame, self.calls, ranks, self.group, self.seq, detected_how)
         return finding_for_calls(self.code, self.ranks, self.site, self.calls, ranks, self.group, self.seq,
                                  detected_how, why=self.why)
 
@@ -116,7 +119,11 @@ def blame_positions(in_coll: dict[int, Collective], ranks: dict[int, RankState])
         if ran_on and extra is None:  # a thread that made one call more: what the others' calls wait for
             extra = PositionBlame("DDP201", ran_on, calls[ran_on[0]].site, calls, g, s, THREAD_EXTRA)
             continue
-        code, fault, site = blame_calls(calls, ranks=ranks).unpack()
+        b = blame_calls(calls, ranks=ranks)
+        code, fault, site = b.unpack()
+        if b.why is not None and set(fault) <= set(waiters) and extra is None:  # the history says why: as it is
+            extra = PositionBlame(code, fault, site, calls, g, s, blame=b)
+            continue
         if code in ("DDP201", "DDP202") and set(fault) <= set(waiters):
             key = (code, site.key() if site else None)
             if key not in found:
@@ -146,9 +153,9 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
     own = sorted({calls[r].group for r in fault if calls.get(r)} - {None, "world", GROUP_CREATION})
     if own:  # a subgroup's collective: "the other ranks" are the group's other members
         on = f" on {' and '.join(on_group(g, ranks) for g in own)}"
-        never = f"a line the other ranks of {'that group' if len(own) == 1 else 'those groups'} never reach"
+        never = f"a line the other ranks of {'that group' if len(own) == 1 else 'those groups'} have not reached"
     else:
-        on, never = "", "a line the other ranks never reach"
+        on, never = "", "a line the other ranks have not reached"
     if code == "DDP201" and why == THREAD_EXTRA:
         c = calls[at_fault[0]]
         msg = (f"Rank {rs}'s own thread {called(c, site)}{on} once more than the other ranks' did: their thread "
@@ -244,60 +251,73 @@ def diagnose_desync(ev: JobEvidence, d: Verdict) -> list[Draft]:
             return [b.finding(ranks, "Detected as it happened, before any timeout: the ranks wait for each other "
                                      "in collectives of different groups")]
     shown = "; ".join(f"rank {r}: {_call_text(c, d.group, d.seq)}" for r, c in sorted(calls.items()))
-    api = _api_parted(ranks, f"it showed as a mismatch at collective #{d.seq} on {on_group(d.group, ranks)} ({shown})")
-    if api is not None:
-        return [api]
-    parted = from_parted(ranks, dict(d.parted), f"it showed as a mismatch at collective #{d.seq} on "
-                                                 f"{on_group(d.group, ranks)} ({shown})", lint)
-    if parted is not None:
-        parted.evidence.update({"group": d.group, "seq": d.seq, "calls": {str(r): c for r, c in calls.items()}})
-        return [parted]
-    longer = more_often(calls, ranks)
-    if longer is not None:
-        # ahead at a shared line because another went alone into an API under a branch on the rank first?
-        alone = went_alone(ranks)
-        return [_went_alone_finding(alone, calls, ranks, d.group, d.seq) if alone is not None
-                else _ran_longer(longer, calls, ranks, d.group, d.seq)]
-    code, fault, site = blame_calls(calls, lint, ranks=ranks).unpack()
-    if code == "DDP201":
-        early = _left_loop_early(ranks, calls, fault, site, lint, d.group, d.seq)
+    showed = f"it showed as a mismatch at collective #{d.seq} on {on_group(d.group, ranks)} ({shown})"
+    first = parted_first(ranks, showed, lint, dict(d.parted))
+    if first is not None:
+        for k, v in {"group": d.group, "seq": d.seq, "calls": {str(r): c for r, c in calls.items()}}.items():
+            first.evidence.setdefault(k, v)
+        return [first]
+    b = blame_calls(calls, lint, ranks=ranks)
+    if b.code == "DDP201" and b.why is None:
+        early = _left_loop_early(ranks, calls, list(b.ranks), b.site, lint, d.group, d.seq)
         if early:
             return [early]
-    return [finding_for_calls(code, fault, site, calls, ranks, d.group, d.seq,
-                               "Detected as it happened, before any timeout")]
+    return [finding_for_blame(b, calls, ranks, d.group, d.seq, "Detected as it happened, before any timeout")]
 
 
-def _went_alone_finding(alone, calls, ranks, group, seq) -> Draft:
+def parted_first(ranks: dict[int, RankState], showed: str, lint, parted: dict[int, Collective] | None = None
+                 ) -> Draft | None:
+    """Where the ranks parted before the divergence showed, told before what it showed as -- one order for each
+    way it shows in ``run`` (a mismatch, gloo's abort, a rank that finished while the others wait): ranks that
+    alone entered an API at a line no other rank ran (DDP201), then the first position where the ranks' calls
+    parted (``from_parted``: DDP202, DDP101; ``parted``: that position's calls, by default the first of all
+    the ranks' fingerprints).  ``showed``: how the divergence showed (kept in the message)."""
+    api = _api_parted(ranks, showed)
+    if api is not None:
+        return api
+    if parted is None:
+        parted = parted_calls({r: {(c.group, c.seq): c for c in st.fingerprints} for r, st in ranks.items()})
+    return from_parted(ranks, parted, showed, lint)
+
+
+def finding_for_blame(b: Blame, calls, ranks, group, seq, detected_how: str) -> Draft:
+    """The judge's answer (``blame_calls``) in words, with the calls at the position it showed at."""
+    if b.why == WENT_ALONE:
+        return _went_alone_finding(list(b.ranks), b.alone, calls, ranks, group, seq, detected_how)
+    if b.why == MORE_OFTEN:
+        return _ran_longer(list(b.ranks), b.counts, calls, ranks, group, seq, detected_how)
+    return finding_for_calls(b.code, list(b.ranks), b.site, calls, ranks, group, seq, detected_how)
+
+
+def _went_alone_finding(fault: list[int], sc, calls, ranks, group, seq, detected_how: str) -> Draft:
     """DDP201 for ranks that entered an API at a line inside a branch on the rank the others never ran."""
-    fault, sc = alone
     c = Collective(group, None, sc.op, site=sc.site)
     calls_txt = "; ".join(f"rank {r}: {_call_text(x, group, seq)}" for r, x in sorted(calls.items()) if x)
     msg = (f"Rank {', '.join(map(str, fault))} {called(c, sc.site)} ({sc.calls} {sc.op} call"
            f"{'s' * (sc.calls != 1)} there), a line inside a branch on the rank that the other ranks never ran: its "
            f"collectives paired with the others' unrelated ones; {others_text(ranks, set(fault))}.{why_all(c)} "
-           f"It showed as a mismatch, before any timeout, at collective #{seq} on {group} ({calls_txt}).")
+           f"{detected_how}; it showed at collective #{seq} on {group} ({calls_txt}).")
     ev = {"group": group, "seq": seq, "calls": {str(r): x for r, x in calls.items() if x},
           "alone_at": {"site": sc.site, "op": sc.op, "calls": sc.calls}, **step_evidence(ranks)}
     return Draft("DDP201", msg, api_fix(api_of(c)) or FIX_201, location=loc(sc.site), ranks=list(fault),
                  evidence=ev)
 
 
-def _ran_longer(longer: tuple[list[int], str], calls, ranks, group, seq) -> Draft:
+def _ran_longer(fault: list[int], counts: str, calls, ranks, group, seq, detected_how: str) -> Draft:
     """DDP201 for ranks that entered an API once more than the others at a line every rank runs."""
-    fault, counts = longer
     c = calls[fault[0]]
     calls_txt = "; ".join(f"rank {r}: {_call_text(x, group, seq)}" for r, x in sorted(calls.items()) if x)
     msg = (f"Rank {', '.join(map(str, fault))} {called(c, c.site)} more often than the other ranks ({counts}): a "
            f"loop that runs a different number of times per rank (micro-batches of each rank's own data); "
-           f"{others_text(ranks, set(fault))}.{why_all(c)} Detected as it happened, before any timeout "
+           f"{others_text(ranks, set(fault))}.{why_all(c)} {detected_how} "
            f"(collective #{seq} on {group}: {calls_txt}).")
     ev = {"group": group, "seq": seq, "calls": {str(r): x for r, x in calls.items() if x}, **step_evidence(ranks)}
     return Draft("DDP201", msg, runtime_fix("DDP201.count"), location=loc(c.site), ranks=fault, evidence=ev)
 
 
-def _api_parted(ranks: dict[int, RankState], showed: str, stale: bool = False) -> Draft | None:
+def _api_parted(ranks: dict[int, RankState], showed: str) -> Draft | None:
     """DDP201 where some ranks alone entered an API (``apiwords.api_parting``), with how it showed later."""
-    found = api_parting(ranks, stale)
+    found = api_parting(ranks)
     if found is None:
         return None
     fault, calls = found
@@ -368,16 +388,10 @@ def diagnose_fatal_collective(ev: JobEvidence) -> list[Draft]:
             calls[r] = c
     if not fatal_ops or len(calls) < 2:
         return []
-    api = _api_parted(ranks, "it showed when gloo aborted the process (SIGABRT) on a later mismatch", stale=True)
-    if api is not None:
-        return [api]
-    longer = more_often(calls, ranks)
-    if longer is not None:
-        c = calls[longer[0][0]]
-        return [_ran_longer(longer, calls, ranks, c.group, c.seq)]
-    code, fault, site = blame_calls(calls, ranks=ranks).unpack()
+    first = parted_first(ranks, "it showed when gloo aborted the process (SIGABRT) on a later mismatch", ev.lint)
+    if first is not None:
+        return [first]
     seqs = {(c.group, c.seq) for c in calls.values() if c.seq is not None}
     group, seq = seqs.pop() if len(seqs) == 1 else ("world", "?")
-    f = finding_for_calls(code, fault, site, calls, ranks, group, seq,
-                           "gloo aborted the process (SIGABRT) on the mismatch")
-    return [f]
+    return [finding_for_blame(blame_calls(calls, ranks=ranks), calls, ranks, group, seq,
+                              "gloo aborted the process (SIGABRT) on the mismatch")]

@@ -9,8 +9,7 @@ from ddp_doctor.findings import runtime_fix
 
 from ddp_doctor.diagnose import errors
 from ddp_doctor.diagnose.apiwords import op_text
-from ddp_doctor.diagnose.collectives import fatal_call, from_parted
-from ddp_doctor.diagnose.live import parted_calls
+from ddp_doctor.diagnose.collectives import fatal_call, parted_first
 from ddp_doctor.diagnose.common import (FIX_101, doing, gist, lint_line, loc, others_text, rank_site, ranks_of,
                                         step_evidence, user_frame, where)
 from ddp_doctor.diagnose.pipeline import in_schedule, microbatch_split
@@ -251,13 +250,11 @@ def _finished(ranks: dict[int, RankState], lint) -> list[Draft]:
 
 def _why_finished(ranks: dict[int, RankState], done: list[int], waiting: dict[int, RankState],
                   lint) -> Draft | None:
-    """Why a rank finished while the others wait: where the ranks parted before (``from_parted``), ranks that
+    """Why a rank finished while the others wait: where the ranks parted before (``parted_first``), ranks that
     went on alone after the same steps, a rank that left the loop (DDP101), or step counts that differ."""
     steps = {r: st.step for r, st in ranks.items()}
-    parted = from_parted(ranks, parted_calls({r: {(c.group, c.seq): c for c in st.fingerprints}
-                                              for r, st in ranks.items()}),
-                         f"it showed when rank {', '.join(map(str, done))} finished while the others waited "
-                         "for it", lint)
+    parted = parted_first(ranks, f"it showed when rank {', '.join(map(str, done))} finished while the others "
+                                 "waited for it", lint)
     if parted is not None:  # where the ranks parted, not where it showed
         return parted
     if len(set(steps.values())) <= 1:

@@ -11,7 +11,7 @@ from ddp_doctor.diagnose.draft import Draft
 from ddp_doctor.evidence import Collective, JobEvidence, LintMark, RankState, Verdict
 from ddp_doctor.findings import runtime_fix
 
-from ddp_doctor.diagnose.collectives import blame_positions, finding_for_calls, not_member_blame, on_group
+from ddp_doctor.diagnose.collectives import blame_positions, finding_for_blame, not_member_blame, on_group
 from ddp_doctor.diagnose.common import (FIX_201, FIX_202, blocked_words, doing, loc, others_text, rank_site,
                                         ranks_of, step_evidence, user_frame, where)
 from ddp_doctor.diagnose.exits import diagnose_exit
@@ -78,7 +78,7 @@ def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Draft]:
         if sched:  # a stage inside a pipeline schedule it ran more often than the others
             return [schedule_finding(sched, ranks, in_coll, how, stall)]
         return [_subset_finding(j, ranks, out_coll, how, stall)]
-    if j.kind == Kind.PAIRED:
+    if j.kind == Kind.PAIRED and j.blame is not None:  # (``judge`` gives every PAIRED answer its blame)
         seqs = {c.seq for c in in_coll.values()}
         if len({c.op for c in in_coll.values()}) == 1 and len(seqs) > 1:
             steps = {r: st.step for r, st in live.items()}
@@ -86,7 +86,7 @@ def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Draft]:
                 return [uneven_steps(ranks, "(all)", steps, how.lower(), lint=ev.lint)]
         seq = min(c.seq for c in in_coll.values())
         group = next(iter(in_coll.values())).group
-        return [finding_for_calls(j.code, list(j.ranks), j.site, in_coll, ranks, group, seq, how)]
+        return [finding_for_blame(j.blame, in_coll, ranks, group, seq, how)]
     if j.kind == Kind.GONE:  # every live rank waits in the very same collective: someone is missing from it
         return diagnose_exit(ev, Verdict("exit", finished=True))
     if j.kind == Kind.TRANSPORT:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Mapping, Protocol, Sequence
 
-from ddp_doctor.diagnose.blame import agreement, blame_calls, lint_code_at
+from ddp_doctor.diagnose.blame import Blame, agreement, blame_calls, lint_code_at
 from ddp_doctor.evidence import Collective, LintMark, RankState, Site
 
 DATA, PEER = "data", "peer"  # what a rank outside collectives is known to wait on (``Standing.waits_on``)
@@ -72,7 +72,8 @@ class Kind(str, Enum):
 @dataclass(frozen=True)
 class Stuck:
     """The judge's decision: the kind, the code, the culprit ranks and their line; ``waiting``: the live ranks in
-    collectives (the culprits' counterpart in the words); ``lint_seen``: the code is lint's."""
+    collectives (the culprits' counterpart in the words); ``lint_seen``: the code is lint's; ``blame``: for
+    ``Kind.PAIRED``, ``blame_calls``' whole answer (with what in the history blames them, if anything)."""
 
     kind: Kind
     code: str | None
@@ -80,6 +81,7 @@ class Stuck:
     site: Site | None = None
     waiting: Mapping[int, Collective] = field(default_factory=dict)
     lint_seen: bool = False
+    blame: Blame | None = None
 
 
 def judge(src: EvidenceSource) -> Stuck:
@@ -121,7 +123,7 @@ def _one_position(calls) -> bool:
 def _paired(waiting: dict[int, Collective], lint: tuple[LintMark, ...],
             history: Mapping[int, RankState] | None) -> Stuck:
     b = blame_calls(waiting, lint, ranks=history)
-    return Stuck(Kind.PAIRED, b.code, b.ranks, b.site, waiting, b.lint_seen)
+    return Stuck(Kind.PAIRED, b.code, b.ranks, b.site, waiting, b.lint_seen, b)
 
 
 def _in_and_out(waiting: dict[int, Collective], outside: dict[int, Standing], lint: tuple[LintMark, ...],
