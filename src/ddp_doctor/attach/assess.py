@@ -143,7 +143,7 @@ def _assess(views: list[SampledRank], world_size: int, whole_job_here: bool,
     if j.kind == Kind.TRANSPORT:
         a = waiting[0].activity
         if whole_job_here:
-            msg = (f"Every rank waits inside the same {a.op} at {where(a.site)} and it never completes: the "
+            msg = (f"Every rank waits inside the same {a.op} at {where(a.site)} and it has not completed: the "
                    "transport is stuck (network, a dead peer, GPU).")
         else:
             msg = (f"Every rank on this node waits inside {a.op} at {where(a.site)}: a rank on another node is "

@@ -168,7 +168,7 @@ def finding_for_calls(code: str, at_fault: list[int], site, calls, ranks, group,
                f"(collective #{seq} on {group}: {calls_txt}).")
         fix = api_fix(api_of(calls[at_fault[0]])) or FIX_201
     elif code == "DDP202":
-        msg = (f"Rank {rs} ran the DDP model at {where(site)}{on}, where the other ranks never do: its DDP "
+        msg = (f"Rank {rs} ran the DDP model at {where(site)}{on}, where the other ranks have not run it: its DDP "
                f"{'buffer broadcast' if 'forward' in calls[at_fault[0]].op else 'gradient all-reduce'} "
                f"pairs with the others' unrelated collectives; {others_text(ranks, fault)}. {detected_how} "
                f"(collective #{seq} on {group}: {calls_txt}).")

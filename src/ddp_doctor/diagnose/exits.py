@@ -273,8 +273,8 @@ def _why_finished(ranks: dict[int, RankState], done: list[int], waiting: dict[in
     for e in range(min((len(c) for c in counts.values()), default=0)):
         vals = {r: c[e] for r, c in counts.items()}
         if len(set(vals.values())) > 1:
-            return uneven_steps(ranks, e, vals, "a rank finished and the others wait for it forever", lint=lint)
-    return uneven_steps(ranks, "(all)", steps, "a rank finished and the others wait for it forever", lint=lint)
+            return uneven_steps(ranks, e, vals, "a rank finished while the others wait for it", lint=lint)
+    return uneven_steps(ranks, "(all)", steps, "a rank finished while the others wait for it", lint=lint)
 
 
 def _failed(ranks: dict[int, RankState]) -> list[Draft]:

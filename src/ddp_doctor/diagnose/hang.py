@@ -92,7 +92,7 @@ def diagnose_hang(ev: JobEvidence, d: Verdict) -> list[Draft]:
     if j.kind == Kind.TRANSPORT:
         c = next(iter(in_coll.values()))
         msg = (f"Every rank waits inside the same {c.op} (#{c.seq} on {c.group}) at {where(c.site)} "
-               f"and it never completes: the transport is stuck (network, a dead peer on another node, GPU). {how}.")
+               f"and it has not completed: the transport is stuck (network, a dead peer on another node, GPU). {how}.")
         return [Draft("DDP205", msg, runtime_fix("DDP205.transport"),
                       location=loc(c.site), ranks=sorted(in_coll), evidence={**stall, "collective": c})]
     return [stall_finding(ranks, live, stall)]
