@@ -6,7 +6,8 @@ Each job is one program (and, for some placements, a module beside it) built fro
 skipped by `continue`, by a helper's or another module's method's early `return`, by a caught exception; a
 collective or a DDP forward under a rank condition, inline, in a helper, in another module, behind a
 main-process-only decorator; an early stop on a rank-local signal; a per-rank batch count or time budget; a
-per-rank no_sync() choice; an object collective skipped on an empty shard; a prefetch thread that dies -- and the
+per-rank no_sync() choice; an object collective skipped on an empty shard; a prefetch thread that dies; a rank
+that raises or exits while the others train (DDP204); calls whose shapes or dtypes differ (DDP203) -- and the
 frameworks' own rank-0 places: a Lightning callback hook (``trainer.is_global_zero``, ``@rank_zero_only``), an HF
 ``TrainerCallback`` hook, an accelerate main-process block or decorator, Fabric's ``global_rank == 0`` -- with the
 plain loops also under Fabric and accelerate, at random names, ranks, steps and world sizes (2-4).  The truth is known by construction:
@@ -458,6 +459,55 @@ def k_time_budget(r, w, names, placement) -> Parts:
     """, 8))
 
 
+def k_rank_dies(r, w, names, placement) -> Parts:
+    """One rank's process ends mid-training while the others wait in a collective that needs it (DDP204 on that
+    rank, at the line it ended at): a record only its shard holds fails to decode -- the exception raised in a
+    helper, another module's function or a method -- or it leaves on a preemption notice only its node got
+    (``sys.exit``).  The line is where the process ended, not a decision between ranks."""
+    bad, k = r.randrange(w), r.randrange(3, 12)
+    if placement == "exit":
+        return Parts(imports="import sys\n", code="DDP204", culprits=[bad], body=_ind(f"""
+            if rank == {bad} and step == {k}:  # only this node got the preemption notice
+                sys.exit(0)  {MARK}
+        """, 8) + _train(names["model"]))
+    fn = r.choice(("decode_batch", "load_records", "read_batch", "fetch_batch"))
+    src = textwrap.dedent(f"""
+        def {fn}(x, corrupt):
+            if corrupt:  # a record only this rank's shard holds
+                raise ValueError("record could not be decoded: truncated file")  {MARK}
+            return x
+    """).lstrip()
+    helpers, module, imports, call = _place(r, src, fn, placement, names["module"], names["cls"])
+    return Parts(helpers=helpers, module=module, imports=imports, code="DDP204", culprits=[bad],
+                 truth_file="job.py" if module is None else names["module"] + ".py",
+                 body=_ind(f"x = {call}(x, corrupt=rank == {bad} and step == {k})", 8) + _train(names["model"]))
+
+
+def k_mismatch(r, w, names, placement) -> Parts:
+    """Ranks pair calls that torch requires to agree and they do not (DDP203 at the collective; the odd rank out
+    when the others agree, every rank of two): an all_gather of a validation shard one rank holds fewer rows of
+    (``gather``), an all_reduce of metrics one rank's config keeps in float64 (``dtype``)."""
+    bad, k = r.randrange(w), r.randrange(3, 12)
+    culprits = [bad] if w > 2 else list(range(w))
+    if placement == "gather":
+        body = _ind(f"""
+            if step == {k}:  # a validation pass on each rank's shard
+                n_valid = 3 if rank == {bad} else 4  # this rank's shard ends with a short batch
+                preds = x[:n_valid, 0].clone()
+                gathered = [torch.zeros_like(preds) for _ in range(dist.get_world_size())]
+                dist.all_gather(gathered, preds)  {MARK}
+        """, 8)
+    else:
+        body = _ind(f"""
+            if step == {k}:
+                stats = torch.tensor([float(step), 4.0])
+                if rank == {bad}:  # this node's config asks for fp64 metrics
+                    stats = stats.double()
+                dist.all_reduce(stats)  {MARK}
+        """, 8)
+    return Parts(code="DDP203", culprits=culprits, body=body + _train(names["model"]))
+
+
 def k_thread_dies(r, w, names, placement) -> Parts:
     """A prefetch thread that dies on one rank (the exception only printed by the thread): that rank's loop waits
     on the batch queue forever while the others wait in a collective (DDP205 on that rank, at its wait)."""
@@ -747,6 +797,8 @@ KINDS = {
     "accelerate_main": (k_accelerate_main, ("inline", "helper", "epoch_end", "decorator")),
     "lightning_hook": (k_lightning_hook, ("batch_end", "epoch_end", "rank_zero_only", "rank_zero_helper")),
     "hf_callback": (k_hf_callback, ("step_end", "epoch_end")),
+    "rank_dies": (k_rank_dies, ("helper", "module", "method", "exit")),
+    "mismatch": (k_mismatch, ("gather", "dtype")),
 }
 # the world sizes a kind is built for: a per-rank no_sync() choice needs a majority that agrees (3+ ranks); the
 # frameworks' jobs are the slow ones (2-3 ranks); every other kind 2-4
@@ -757,7 +809,7 @@ WORLDS = {"no_sync_choice": (3, 3, 4), "fabric_rank0": (2, 2, 3), "accelerate_ma
 # the plain-loop kinds also run under Lightning Fabric and accelerate (launched by torchrun, they adopt its ranks):
 # the framework wraps the model and the optimizer, the loop calls its backward
 FORM_KINDS = {"skip_continue", "skip_return", "skip_except", "rank_collective", "forward_rank0", "early_stop",
-              "uneven_count", "counter_continue", "time_budget", "empty_gather"}
+              "uneven_count", "counter_continue", "time_budget", "empty_gather", "rank_dies", "mismatch"}
 FORMS = ("ddp", "ddp", "fabric", "accelerate")
 FORM_IMPORTS = {"fabric": "from lightning.fabric import Fabric\n",
                 "accelerate": "from accelerate import Accelerator\nfrom accelerate.utils import InitProcessGroupKwargs\n"}
@@ -873,9 +925,12 @@ def table(outcomes: list[Outcome]) -> str:
     def row(label, os_):
         n = len(os_)
         return (f"| {label} | {n} | {sum(o.code_ok for o in os_)} | {sum(o.ranks_ok for o in os_)} | "
-                f"{sum(o.line_ok for o in os_)} | {sum(o.right for o in os_)} | {sum(bool(o.contradictions) for o in os_)} |")
+                f"{sum(o.line_ok for o in os_)} | {sum(o.right for o in os_)} | {sum(bool(o.contradictions) for o in os_)} "
+                f"| {sum(len(o.got) > 1 for o in os_)} |")
+    # "more errors": jobs whose report has error findings besides the closest one -- a consequence (a rank gloo
+    # aborted) or a wrong claim at another line; read them (the job lines print every one)
     lines = ["| kind / placement | jobs | code right | code + culprits right | code + line right | all right "
-             "| contradicted |", "|---|---|---|---|---|---|---|", row("**all**", outcomes)]
+             "| contradicted | more errors |", "|---|---|---|---|---|---|---|---|", row("**all**", outcomes)]
     for form in sorted({o.job.form for o in outcomes}):
         lines.append(row(f"form: {form}", [o for o in outcomes if o.job.form == form]))
     for key in sorted({(o.job.kind, o.job.placement) for o in outcomes}):

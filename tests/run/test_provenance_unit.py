@@ -748,3 +748,33 @@ def test_a_skip_of_the_training_loop_is_found_while_the_other_rank_is_in_its_acc
     assert (f.code, f.ranks, f.location.line) == ("DDP101", [1], dec), f.message
     assert f.evidence["decision"]["ways"] == {"1": "left the loop after 36 optimizer steps",
                                               "0": "is still in it, in step 37"}
+
+
+def test_a_rank_that_called_sys_exit_inside_the_loop_did_not_leave_it_by_its_test(tmp_path):
+    """Rank 1 called sys.exit() inside the training loop (a preemption notice only its node got) after 8 steps;
+    rank 0 waits in its 9th step's gradient sync.  The rank ended its process there: DDP204 at the exit, and no
+    "the ranks parted at `for step in range(18):` ... its test let rank 1 out sooner" (the loop's test let no
+    rank out; the report once said so)."""
+    from ddp_doctor.diagnose import diagnose
+    from ddp_doctor.evidence import Collective, JobEvidence, Verdict
+
+    path = _script(tmp_path, """
+        def main():
+            for step in range(18):  # loop
+                if rank == 1 and step == 8:
+                    sys.exit(0)  # exit
+                loss = model(x)
+                loss.backward()  # sync
+                opt.step()
+    """)
+    loop, ex, sync = _line(path, "# loop"), _line(path, "# exit"), _line(path, "# sync")
+    ranks = {0: RankState(rank=0, step=8, stack=(Site(path, sync, "main"),),
+                          in_collective=Collective("world", 9, "ddp.backward(allreduce_grads)",
+                                                   site=Site(path, sync, "main"))),
+             1: RankState(rank=1, step=8, done=True, exit_site=Site(path, ex, "main"))}
+    assert provenance.exited_inside_loop(ranks[1], [ranks[0]])
+    assert provenance.locate([1], ranks) is None
+    verdict, findings = diagnose(JobEvidence(2, ranks), Verdict("exit", rank=1, finished=True))
+    errors = [f for f in findings if f.severity.value == "error"]
+    assert [(f.code, f.ranks, f.location.line) for f in errors] == [("DDP204", [1], ex)], [f.message for f in errors]
+    assert not any("its test let" in f.message or f.location.line == loop for f in findings)

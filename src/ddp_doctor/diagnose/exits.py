@@ -10,6 +10,7 @@ from ddp_doctor.findings import runtime_fix
 from ddp_doctor.diagnose import errors
 from ddp_doctor.diagnose.apiwords import op_text
 from ddp_doctor.diagnose.collectives import fatal_call, parted_first
+from ddp_doctor.diagnose.provenance import exited_inside_loop
 from ddp_doctor.diagnose.common import (FIX_101, doing, gist, lint_line, loc, others_text, rank_site, ranks_of,
                                         step_evidence, user_frame, where)
 from ddp_doctor.diagnose.pipeline import in_schedule, microbatch_split
@@ -260,8 +261,8 @@ def _why_finished(ranks: dict[int, RankState], done: list[int], waiting: dict[in
     if len(set(steps.values())) <= 1:
         if alone := _alone_after(waiting, [ranks[r] for r in done]):
             return _went_on_alone(alone, done, ranks)
-        if not waiting:
-            return None
+        if not waiting or all(exited_inside_loop(ranks[r], list(waiting.values())) for r in done):
+            return None  # (called sys.exit() inside the loop the others train in: it left no loop; DDP204 says it)
         msg = (f"Rank {', '.join(map(str, done))} left the training loop and finished after "
                f"{steps[done[0]]} steps while the others still train: {others_text(ranks, set(done))}. "
                "Their next collective has no partner.")
