@@ -463,13 +463,25 @@ def k_rank_dies(r, w, names, placement) -> Parts:
     """One rank's process ends mid-training while the others wait in a collective that needs it (DDP204 on that
     rank, at the line it ended at): a record only its shard holds fails to decode -- the exception raised in a
     helper, another module's function or a method -- or it leaves on a preemption notice only its node got
-    (``sys.exit``).  The line is where the process ended, not a decision between ranks."""
+    (``sys.exit``, inline, or ``raise SystemExit`` in a helper or another module).  The line is where the process
+    ended, not a decision between ranks."""
     bad, k = r.randrange(w), r.randrange(3, 12)
     if placement == "exit":
         return Parts(imports="import sys\n", code="DDP204", culprits=[bad], body=_ind(f"""
             if rank == {bad} and step == {k}:  # only this node got the preemption notice
                 sys.exit(0)  {MARK}
         """, 8) + _train(names["model"]))
+    if placement.startswith("exit_"):  # the same exit inside a helper the loop calls: `raise SystemExit`
+        fn = r.choice(("check_preemption", "maybe_stop", "handle_signals"))
+        src = textwrap.dedent(f"""
+            def {fn}(notice):
+                if notice:  # only this node got the preemption notice
+                    raise SystemExit(0)  {MARK}
+        """).lstrip()
+        helpers, module, imports, call = _place(r, src, fn, placement[5:], names["module"], names["cls"])
+        return Parts(helpers=helpers, module=module, imports=imports, code="DDP204", culprits=[bad],
+                     truth_file="job.py" if module is None else names["module"] + ".py",
+                     body=_ind(f"{call}(notice=rank == {bad} and step == {k})", 8) + _train(names["model"]))
     fn = r.choice(("decode_batch", "load_records", "read_batch", "fetch_batch"))
     src = textwrap.dedent(f"""
         def {fn}(x, corrupt):
@@ -797,7 +809,7 @@ KINDS = {
     "accelerate_main": (k_accelerate_main, ("inline", "helper", "epoch_end", "decorator")),
     "lightning_hook": (k_lightning_hook, ("batch_end", "epoch_end", "rank_zero_only", "rank_zero_helper")),
     "hf_callback": (k_hf_callback, ("step_end", "epoch_end")),
-    "rank_dies": (k_rank_dies, ("helper", "module", "method", "exit")),
+    "rank_dies": (k_rank_dies, ("helper", "module", "method", "exit", "exit_helper", "exit_module")),
     "mismatch": (k_mismatch, ("gather", "dtype")),
 }
 # the world sizes a kind is built for: a per-rank no_sync() choice needs a majority that agrees (3+ ranks); the

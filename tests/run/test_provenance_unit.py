@@ -778,3 +778,60 @@ def test_a_rank_that_called_sys_exit_inside_the_loop_did_not_leave_it_by_its_tes
     errors = [f for f in findings if f.severity.value == "error"]
     assert [(f.code, f.ranks, f.location.line) for f in errors] == [("DDP204", [1], ex)], [f.message for f in errors]
     assert not any("its test let" in f.message or f.location.line == loop for f in findings)
+
+
+def test_a_rank_that_raised_system_exit_in_a_helper_the_loop_calls_did_not_leave_the_loop(tmp_path):
+    """The same exit, inside a helper the loop calls (``raise SystemExit(0)``): the exit's frames (the probe's
+    ``exit_stack``) put it inside the loop rank 0 still trains in."""
+    from ddp_doctor.diagnose import diagnose
+    from ddp_doctor.evidence import Collective, JobEvidence, Verdict
+
+    path = _script(tmp_path, """
+        def check_preemption(notice):
+            if notice:
+                raise SystemExit(0)  # exit
+        def main():
+            for step in range(18):  # loop
+                check_preemption(rank == 1 and step == 8)  # call
+                loss = model(x)
+                loss.backward()  # sync
+                opt.step()
+    """)
+    loop, ex, call, sync = (_line(path, m) for m in ("# loop", "# exit", "# call", "# sync"))
+    exit_site = Site(path, ex, "check_preemption")
+    ranks = {0: RankState(rank=0, step=8, stack=(Site(path, sync, "main"),),
+                          in_collective=Collective("world", 9, "ddp.backward(allreduce_grads)",
+                                                   site=Site(path, sync, "main"))),
+             1: RankState(rank=1, step=8, done=True, exit_site=exit_site,
+                          exit_stack=(Site(path, call, "main"), exit_site))}
+    assert provenance.exited_inside_loop(ranks[1], [ranks[0]])
+    assert not provenance.exited_inside_loop(ranks[1].with_(exit_stack=()), [ranks[0]])  # the helper alone: unknown
+    verdict, findings = diagnose(JobEvidence(2, ranks), Verdict("exit", rank=1, finished=True))
+    errors = [f for f in findings if f.severity.value == "error"]
+    assert [(f.code, f.ranks, f.location.line) for f in errors] == [("DDP204", [1], ex)], [f.message for f in errors]
+    assert not any("its test let" in f.message or f.location.line == loop for f in findings)
+
+
+def test_a_rank_that_exits_before_training_left_no_training_loop(tmp_path):
+    """Rank 1 has no shard and calls sys.exit() right after init; rank 0 waits in DDP's constructor: DDP204 at the
+    exit, not "Rank 1 left the training loop and finished after 0 steps while the others still train" (it was
+    never in one, and the others do not train yet; the report once said so)."""
+    from ddp_doctor.diagnose import diagnose
+    from ddp_doctor.evidence import Collective, JobEvidence, Verdict
+
+    path = _script(tmp_path, """
+        def main():
+            if not my_shards:
+                sys.exit(0)  # exit
+            model = DDP(net)  # ctor
+            for step in range(8):
+                train(model)
+    """)
+    ex, ctor = _line(path, "# exit"), _line(path, "# ctor")
+    ranks = {0: RankState(rank=0, stack=(Site(path, ctor, "main"),),
+                          in_collective=Collective("world", 0, "ddp.init(broadcast_params)", site=Site(path, ctor, "main"))),
+             1: RankState(rank=1, done=True, exit_site=Site(path, ex, "main"), exit_stack=(Site(path, ex, "main"),))}
+    verdict, findings = diagnose(JobEvidence(2, ranks), Verdict("exit", rank=1, finished=True))
+    errors = [f for f in findings if f.severity.value == "error"]
+    assert [(f.code, f.ranks, f.location.line) for f in errors] == [("DDP204", [1], ex)], [f.message for f in errors]
+    assert not any("training loop" in f.message for f in findings)

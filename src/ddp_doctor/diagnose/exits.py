@@ -261,8 +261,11 @@ def _why_finished(ranks: dict[int, RankState], done: list[int], waiting: dict[in
     if len(set(steps.values())) <= 1:
         if alone := _alone_after(waiting, [ranks[r] for r in done]):
             return _went_on_alone(alone, done, ranks)
-        if not waiting or all(exited_inside_loop(ranks[r], list(waiting.values())) for r in done):
-            return None  # (called sys.exit() inside the loop the others train in: it left no loop; DDP204 says it)
+        if not waiting or any(ranks[r].step == 0 for r in done) \
+                or all(exited_inside_loop(ranks[r], list(waiting.values())) for r in done):
+            # it made no training step (it never was in a training loop), or it called sys.exit() inside the loop
+            # the others train in: it left no training loop; the DDP204 beside this says where it ended
+            return None
         msg = (f"Rank {', '.join(map(str, done))} left the training loop and finished after "
                f"{steps[done[0]]} steps while the others still train: {others_text(ranks, set(done))}. "
                "Their next collective has no partner.")

@@ -70,37 +70,28 @@ def _finished_left(fault: list[int], ranks: dict[int, RankState]) -> Decision | 
         tree, lines = parsed
         fn = function_at(tree, frame.function, frame.line)
         if any(isinstance(n, LOOPS) and within(n, frame.line) for n in own_nodes(fn)):
-            if _ended_in(ranks[a], frame, fn):
-                return None  # it ended its process inside this function (sys.exit): it left no loop by its test
+            if exited_inside_loop(ranks[a], [ranks[b]]):
+                return None  # it ended its process inside this loop (sys.exit): it left no loop by its test
             past = (getattr(fn, "end_lineno", None) or len(lines)) + 1
             return _loop_exit(fn, lines, {a: past, b: frame.line}, a, b, ranks, frame.path, frame.function or
                               "<module>", sure=True)
     return None
 
 
-def _ended_in(st: RankState, frame: Site, fn) -> bool:
-    """The rank called sys.exit() at a line of ``frame``'s function (``fn``): where it ended is known, and it is
-    not past the function's end."""
-    site = st.exit_site
-    return site is not None and site.path == frame.path and site.function == frame.function and (
-        isinstance(fn, ast.Module) or within(fn, site.line))
-
-
 def exited_inside_loop(st: RankState, others: list[RankState]) -> bool:
-    """The rank called sys.exit() inside a loop another rank still stands in (the same function, one loop holding
-    both lines): it ended its process there, it did not leave the loop."""
-    site = st.exit_site
-    if site is None:
-        return False
+    """The rank called sys.exit() (or raised SystemExit) inside a loop another rank still stands in -- at a line of
+    that loop, or in a function called from one (its exit's frames: ``exit_stack``): it ended its process there, it
+    did not leave the loop."""
+    frames = st.exit_stack or ((st.exit_site,) if st.exit_site is not None else ())
     for o in others:
         for frame in user_stack(o):
-            if frame.path != site.path or frame.function != site.function:
-                continue
-            parsed = parse_file(frame.path)
+            mine = [f.line for f in frames if f.path == frame.path and f.function == frame.function]
+            parsed = parse_file(frame.path) if mine else None
             if parsed is None:
                 continue
             fn = function_at(parsed[0], frame.function, frame.line)
-            if any(isinstance(n, LOOPS) and within(n, frame.line) and within(n, site.line) for n in own_nodes(fn)):
+            if any(isinstance(n, LOOPS) and within(n, frame.line) and within(n, line)
+                   for n in own_nodes(fn) for line in mine):
                 return True
     return False
 

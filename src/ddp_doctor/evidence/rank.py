@@ -63,6 +63,7 @@ class RankState:
     teardown: bool = False           # it called destroy_process_group() (its training is over)
     exit_code: int | None = None     # the program's own exit code (probe side)
     exit_site: Site | None = None    # where sys.exit() was called
+    exit_stack: tuple[Site, ...] = ()  # the user frames it was called through, outermost first
     timeline: tuple[TimelineEvent, ...] | None = None  # only in full (final / on request) states
     perf: Mapping[str, Any] = field(default_factory=dict)
     refused: tuple[Refused, ...] = ()  # side-channel values this rank's probe dropped (a forged stop)
@@ -184,7 +185,7 @@ class RankState:
             loaders=tuple(LoaderState.from_json(ld) for ld in d.get("loaders") or ()),
             ddp=tuple(DdpModel.from_json(x) for x in d.get("ddp") or ()), exc=RaisedError.from_json(d.get("exc")),
             done=bool(d.get("done")), teardown=bool(d.get("teardown")), exit_code=d.get("exit_code"),
-            exit_site=Site.from_json(d.get("exit_site")),
+            exit_site=Site.from_json(d.get("exit_site")), exit_stack=_sites(d.get("exit_stack")),
             timeline=None if tl is None else tuple(TimelineEvent.from_json(e) for e in tl),
             perf={k: d[k] for k in PERF_KEYS if k in d},
             refused=tuple(Refused.from_json(x) for x in d.get("refused") or ()),
@@ -205,7 +206,8 @@ def missing_rank(rank: int) -> RankState:
 
 # newer fields, left out when unknown (older captures and states round-trip unchanged)
 _OMIT_WHEN_NONE = frozenset({"activity", "pg_timeout_s", "idle_s", "sync_forwards", "syncs_skipped", "skipped_syncs",
-                             "teardown", "refused", "mesh_dims", "outside", "microbatches"})
+                             "teardown", "refused", "mesh_dims", "outside", "microbatches",
+                             "exit_stack"})
 # encoded field by field; the others have a compact encoding of their own in to_json
 _PLAIN_FIELDS = tuple(f.name for f in fields(RankState)
                       if f.name not in ("fingerprints", "site_counts", "not_member", "perf", "sites_seen", "coll_count",

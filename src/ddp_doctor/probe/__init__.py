@@ -154,6 +154,10 @@ class Probe:
             elif isinstance(exit_exc, SystemExit):
                 self.record_exception(exit_exc)
                 self.rec.exit_site = self.rec.exc.location if self.rec.exc is not None else None
+                from ddp_doctor.frames import is_user
+
+                self.rec.exit_stack = tuple(f for f in self.rec.exc.traceback if is_user(f.path)) \
+                    if self.rec.exc is not None else ()
                 self.rec.exc = None
             self.rec.done = exc is None
             self.rec.exit_code = exit_code

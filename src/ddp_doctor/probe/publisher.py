@@ -167,6 +167,7 @@ def snapshot(rec: Recorder, *, with_stack: bool = False) -> RankState:
         loaders=tuple(_loader(lr, _site_of) for lr in list(rec.loaders)),
         ddp=tuple(_ddp(d) for d, _ref in list(rec.ddps)),
         exc=rec.exc, done=rec.done, teardown=rec.teardown, exit_code=rec.exit_code, exit_site=rec.exit_site,
+        exit_stack=rec.exit_stack,
         timeline=tuple(TimelineEvent(round(t, 4), k, round(d, 5), lab) for (t, k, d, lab) in list(rec.timeline))
         if with_stack else None,
     )

@@ -160,6 +160,7 @@ class Recorder:
         self.timeline: deque[tuple] = deque(maxlen=_TIMELINE)
         self.exc: Any = None  # evidence.RaisedError, set once by the probe when the program raises
         self.exit_site: Any = None  # evidence.Site where sys.exit() was called
+        self.exit_stack: tuple = ()  # the user frames it was called through (evidence.Site), outermost first
         self.done = False
         self.exit_code: int | None = None
         self.version = 0  # bumped on notable changes (the publisher posts early)
