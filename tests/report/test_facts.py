@@ -52,6 +52,12 @@ def test_equal_step_counts_are_not_different_numbers_of_steps():
                                       "rank 1: 15): rank 1 left the epoch early"))
 
 
+def test_a_rank_with_no_optimizer_step_never_left_a_training_loop():
+    msg = "Rank 1 left the training loop and finished after 0 steps while the others still train"
+    assert contradictions(_report(msg, ranks=[{"rank": 1, "step": 0}]))
+    assert not contradictions(_report(msg.replace("0 steps", "8 steps"), ranks=[{"rank": 1, "step": 8}]))
+
+
 def test_a_forward_without_backward_needs_the_skipped_sync_count():
     msg = "rank 1 ran a DDP forward that prepared a gradient sync and then no backward, so ..."
     assert contradictions(_report(msg, {"skipped_syncs": {"0": 0, "1": 0}}))

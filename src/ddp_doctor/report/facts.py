@@ -34,6 +34,7 @@ _CONST_RANGE = re.compile(r"\bin range\(\s*\d+\s*(?:,\s*\d+\s*){0,2}\)$")
 _LEFT_LOOP = re.compile(r"\branks? ([\d, ]+) left the loop\b")
 _SPLIT = re.compile(r"split their batches into different numbers of micro-batches")
 _LINT_SAW = re.compile(r"ddp-doctor lint flagged this line before the run \((DDP\d+)\)")
+_LEFT_TRAINING = re.compile(r"\b[Rr]anks? ([\d, ]+) left the training loop\b")
 _NO_BACKWARD = re.compile(r"\brank ([\d, ]+) ran a DDP forward that prepared a gradient sync and then no backward")
 
 
@@ -91,6 +92,11 @@ def finding_contradictions(f: dict[str, Any], ranks: dict[int, dict[str, Any]]) 
             if fr is not None and isinstance(fr.get("line"), int) and fr["line"] < (site.get("line") or 0):
                 out.append(Contradiction(code, m.group(0), f"rank {r} stands at line {fr['line']}, above the loop "
                                                            f"at line {site.get('line')}: it never entered it"))
+    if (m := _LEFT_TRAINING.search(msg)) is not None:
+        for r in _ranks(m.group(1)):
+            if (ranks.get(r) or {}).get("step") == 0:
+                out.append(Contradiction(code, m.group(0), f"rank {r} made no optimizer step: it was never in a "
+                                                           "training loop"))
     if (m := _NO_BACKWARD.search(msg)) is not None and isinstance(ev.get("skipped_syncs"), dict):
         skipped = {int(r): n for r, n in ev["skipped_syncs"].items() if isinstance(n, int)}
         low = min(skipped.values(), default=0)
