@@ -809,6 +809,7 @@ def test_a_rank_that_raised_system_exit_in_a_helper_the_loop_calls_did_not_leave
     verdict, findings = diagnose(JobEvidence(2, ranks), Verdict("exit", rank=1, finished=True))
     errors = [f for f in findings if f.severity.value == "error"]
     assert [(f.code, f.ranks, f.location.line) for f in errors] == [("DDP204", [1], ex)], [f.message for f in errors]
+    assert errors[0].message.startswith(f"Rank 1 raised SystemExit at train.py:{ex}")  # its line's words
     assert not any("its test let" in f.message or f.location.line == loop for f in findings)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ddp_doctor.diagnose.draft import Draft
-from ddp_doctor.evidence import ExitStatus, JobEvidence, RankState, Verdict
+from ddp_doctor.evidence import ExitStatus, JobEvidence, RankState, Site, Verdict
 from ddp_doctor.evidence.torch_errors import collective_timed_out
 from ddp_doctor.findings import runtime_fix
 
@@ -11,6 +11,7 @@ from ddp_doctor.diagnose import errors
 from ddp_doctor.diagnose.apiwords import op_text
 from ddp_doctor.diagnose.collectives import fatal_call, parted_first
 from ddp_doctor.diagnose.provenance import exited_inside_loop
+from ddp_doctor.diagnose.source import parse_file
 from ddp_doctor.diagnose.common import (FIX_101, doing, gist, lint_line, loc, others_text, rank_site, ranks_of,
                                         step_evidence, user_frame, where)
 from ddp_doctor.diagnose.pipeline import in_schedule, microbatch_split
@@ -240,13 +241,26 @@ def _finished(ranks: dict[int, RankState], lint) -> list[Draft]:
     exit_site = next((ranks[r].exit_site for r in done if ranks[r].exit_site), None)
     if exit_site:
         site = exit_site
-    msg = (f"Rank {', '.join(map(str, done))} " + (f"called sys.exit() at {where(exit_site)}" if exit_site else
-           "finished") + f" while the others still wait: {others_text(ranks, set(done))}.")
+    msg = (f"Rank {', '.join(map(str, done))} " + (f"{_exit_words(exit_site)} at {where(exit_site)}" if exit_site
+                                                    else "finished") +
+           f" while the others still wait: {others_text(ranks, set(done))}.")
     ended = Draft("DDP204", msg, FIX_101 if len(set(steps.values())) > 1 else runtime_fix("DDP204.finished"),
                   location=loc(site), ranks=done,
                   evidence={"finished": done, "waiting": {str(r): doing(st) for r, st in waiting.items()},
                             **step_evidence(ranks)})
     return [*([why] if why is not None else []), ended]
+
+
+def _exit_words(site: Site) -> str:
+    """How the program ended at ``site`` (a SystemExit), as its line says: "called sys.exit()", "raised
+    SystemExit", "called exit()"."""
+    parsed = parse_file(site.path)
+    text = parsed[1][site.line - 1] if parsed and 0 < site.line <= len(parsed[1]) else ""
+    for word, said in (("sys.exit(", "called sys.exit()"), ("raise SystemExit", "raised SystemExit"),
+                       ("quit(", "called quit()"), ("exit(", "called exit()")):
+        if word in text:
+            return said
+    return "ended its program (SystemExit)"
 
 
 def _why_finished(ranks: dict[int, RankState], done: list[int], waiting: dict[int, RankState],
