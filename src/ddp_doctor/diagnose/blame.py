@@ -144,9 +144,9 @@ def blame_calls(calls: Mapping[int, Collective | None], lint: Sequence[LintMark]
 
     One order for every source, the firmest fact first: what the ranks' history proves, where there is one
     (``ranks``: run's probe states; an API entered once more than the others at a shared line, a line the
-    others never ran is a fact, and one they did run refutes "a collective only some ranks call"); without it, where each rank stands against DDP's own collectives; then
-    the one group of agreeing calls lint flags as rank-conditional; else the ranks outside the majority
-    (DDP203)."""
+    others never ran is a fact, and one they did run refutes "a collective only some ranks call"); without it,
+    where each rank stands against DDP's own collectives; then the one group of agreeing calls lint flags as
+    rank-conditional; else the ranks outside the majority (DDP203)."""
     b = (_by_history(calls, ranks) if ranks is not None else _by_position(calls, lint)) or _by_lint(calls, lint, ranks)
     if b is not None:
         return b
