@@ -175,3 +175,38 @@ def test_the_stage_that_ran_the_pipeline_step_more_often_is_the_culprit():
     # the same count on every stage: the rank-conditional collective is the story, not the schedule
     assert ran_schedule_more({0: st(0, 3)}, {0: st(0, 3), 1: st(1, 3)}) is None
     assert ran_schedule_more({0: RankState(rank=0)}, {0: RankState(rank=0), 1: RankState(rank=1)}) is None
+
+
+def test_a_rank_killed_by_sigsegv_with_no_stack_is_judged_by_the_call_it_posted_it_was_inside():
+    """gloo's mismatch can end a rank by SIGSEGV before faulthandler dumps its stack (CI: objects_list_lengths,
+    rank 1 killed by SIGSEGV with no stack): its posted in-flight call (inside it, blocking) is its call, so the
+    mismatch (objects=3 against objects=2) is DDP203 -- not only "rank 1 was killed"."""
+    from ddp_doctor.diagnose.collectives import diagnose_fatal_collective, fatal_call
+    from ddp_doctor.evidence import ExitStatus, JobEvidence, RaisedError
+
+    at = Site("/x/t.py", 22, "main")
+    mine = Collective("world", 5, "broadcast_object_list", ("objects=2", "root=0"), site=at, blocking=True)
+    killed = RankState(rank=1, in_collective=mine, exit=ExitStatus(-11, "SIGSEGV"))
+    assert fatal_call(killed) == mine
+    assert fatal_call(killed.with_(in_collective=Collective("world", 5, "broadcast_object_list", site=at))) is None
+    theirs = Collective("world", 5, "broadcast_object_list", ("objects=3", "root=0"), site=at)
+    r0 = RankState(rank=0, last_collective=theirs, fingerprints=(theirs,),
+                   exc=RaisedError("RuntimeError", "builtins", "Connection reset by peer", at, (at,), True, theirs))
+    [f] = diagnose_fatal_collective(JobEvidence(2, {0: r0, 1: killed.with_(fingerprints=(mine,))}))
+    assert f.code == "DDP203" and f.location.line == 22
+
+
+def test_a_line_another_rank_stands_at_now_is_one_it_reached():
+    """Rank 1 was killed (its history is not trusted) and rank 2's post is old: rank 0's all_reduce line is not
+    "a line the other ranks have not reached" while rank 1 stands at that very line (CI: a report said so)."""
+    from ddp_doctor.diagnose.blame import blame_calls
+    from ddp_doctor.evidence import ExitStatus
+
+    end, init = Site("/x/t.py", 30, "main"), Site("/x/t.py", 15, "main")
+    calls = {0: Collective("world", 5, "all_reduce", ("1",), site=end), 1: Collective("world", 5, "all_reduce", ("1",), site=end),
+             2: Collective("world", 0, "ddp.init(broadcast_params)", site=init)}
+    seen = frozenset({("all_reduce", end.key())})
+    ranks = {0: RankState(rank=0, sites_seen=seen), 1: RankState(rank=1, sites_seen=seen, exit=ExitStatus(-6, "SIGABRT")),
+             2: RankState(rank=2)}
+    b = blame_calls(calls, [], ranks)
+    assert not (b.code == "DDP201" and b.ranks == (0,)), b

@@ -252,10 +252,13 @@ def _paired(calls: Mapping[int, Collective | None]) -> bool:
 
 def _line_unseen(r: int, c: Collective, calls: Mapping[int, Collective | None], lines: dict[int, set],
                  reliable: set[int]) -> bool:
-    """No other rank (whose record is reliable) ever issued any collective at ``c``'s line.  The others
-    include ranks outside collectives now (None): what they ever ran is still on record."""
+    """No other rank (whose record is reliable) ever issued any collective at ``c``'s line, and no other rank's
+    call stands at it now (a rank killed by a signal: its history may be stale, where it stood is not).  The
+    others include ranks outside collectives now (None): what they ever ran is still on record."""
     others = [o for o in calls if o != r and o in reliable]
-    return c.site is not None and bool(others) and all(c.site.key() not in lines[o] for o in others)
+    here = any(x is not None and x.site is not None and x.site.key() == c.site.key()
+               for o, x in calls.items() if o != r) if c.site is not None else False
+    return c.site is not None and bool(others) and not here and all(c.site.key() not in lines[o] for o in others)
 
 
 def ddp_forward_sites(st: RankState) -> dict[tuple, tuple[Site, int]]:

@@ -363,6 +363,8 @@ def fatal_call(st: RankState) -> Collective | None:
     if st.signal not in ("SIGABRT", "SIGSEGV", "SIGBUS"):
         return None
     known = st.in_collective  # posted before the call when it was the first at its line (shapes, dtypes)
+    if known is not None and known.blocking and not st.stack:
+        return known  # no stack was dumped (a SIGSEGV can end it first): it was inside this call at its last post
     site = user_frame(st.stack)
     if known and any(f.path.endswith(C10D_FILE) and op_name(f.function) == known.op for f in st.stack) \
             and (not known.site or not site or known.site.key() == site.key()):
