@@ -836,3 +836,19 @@ def test_a_rank_that_exits_before_training_left_no_training_loop(tmp_path):
     errors = [f for f in findings if f.severity.value == "error"]
     assert [(f.code, f.ranks, f.location.line) for f in errors] == [("DDP204", [1], ex)], [f.message for f in errors]
     assert not any("training loop" in f.message for f in findings)
+
+
+def test_how_a_program_ended_is_said_in_its_own_lines_words(tmp_path):
+    """The DDP204 of a SystemExit names what the line did: a method whose name ends in "exit" is no exit()."""
+    from ddp_doctor.diagnose.exits import _exit_words
+
+    path = _script(tmp_path, """
+        sys.exit(0)
+        raise SystemExit(2)
+        exit()
+        trainer.should_exit(flag)
+        runner.exit(0)
+    """)
+    assert [_exit_words(Site(path, n, "<module>")) for n in range(1, 6)] == [
+        "called sys.exit()", "raised SystemExit", "called exit()", "ended its program (SystemExit)",
+        "ended its program (SystemExit)"]

@@ -2,6 +2,8 @@
 (restarted ranks cannot connect through torch's stale shared rendezvous store)."""
 from __future__ import annotations
 
+import re
+
 from ddp_doctor.diagnose.draft import Draft
 from ddp_doctor.evidence import ExitStatus, JobEvidence, RankState, Site, Verdict
 from ddp_doctor.evidence.torch_errors import collective_timed_out
@@ -251,14 +253,18 @@ def _finished(ranks: dict[int, RankState], lint) -> list[Draft]:
     return [*([why] if why is not None else []), ended]
 
 
+# a call of exit()/quit() as the builtins, not a method or a name that ends so (``trainer.should_exit()``)
+_EXIT_WORDS = ((re.compile(r"\bsys\.exit\("), "called sys.exit()"), (re.compile(r"\braise\s+SystemExit\b"), "raised SystemExit"),
+               (re.compile(r"(?<![\w.])quit\("), "called quit()"), (re.compile(r"(?<![\w.])exit\("), "called exit()"))
+
+
 def _exit_words(site: Site) -> str:
     """How the program ended at ``site`` (a SystemExit), as its line says: "called sys.exit()", "raised
     SystemExit", "called exit()"."""
     parsed = parse_file(site.path)
     text = parsed[1][site.line - 1] if parsed and 0 < site.line <= len(parsed[1]) else ""
-    for word, said in (("sys.exit(", "called sys.exit()"), ("raise SystemExit", "raised SystemExit"),
-                       ("quit(", "called quit()"), ("exit(", "called exit()")):
-        if word in text:
+    for word, said in _EXIT_WORDS:
+        if word.search(text):
             return said
     return "ended its program (SystemExit)"
 

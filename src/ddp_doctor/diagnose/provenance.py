@@ -238,15 +238,15 @@ def _skipped_step(loop, lines, left, stayed, ranks, path, fn, function) -> Decis
         return None
     stmt = next(s for s, c in cands if c is node)
     vals = values_at(ranks, order, Site(path, node.lineno, function), names_read(node.test))
-    n_left, n_stayed = _skips(ranks[left]), _skips(ranks[stayed])
+    n_left = _skips(ranks[left])
+    still = (stayed, *(o for o, _w in _stayed_too(loop, path, function, ranks, order)))  # every rank in the loop
     if by_batches:
         ways = ((left, f"skipped the rest of a step at line {stmt.lineno} ({n_left} batch{'es' * (n_left != 1)} "
                        "drawn with no optimizer step in the whole run)"),
-                (stayed, f"trained on its batches ({n_stayed} skipped)"))
+                *((r, f"trained on its batches ({_skips(ranks[r])} skipped)") for r in still))
     else:
         ways = ((left, f"left the loop after {ranks[left].step} optimizer steps"),
-                *((r, f"is still in it, in step {_steps_run(ranks[r])}")
-                  for r in (stayed, *(o for o, _w in _stayed_too(loop, path, function, ranks, order)))))
+                *((r, f"is still in it, in step {_steps_run(ranks[r])}") for r in still))
     return Decision(Site(path, stmt.lineno, function), keyword(stmt), source_of(node.test, lines), ways, vals,
                     why_it_varies(source_of(node.test, lines), vals, reads_rank(path, fn, node.test)),
                     parting="skip", culprits=(left,))
